@@ -1,0 +1,645 @@
+"""Forward fixed-point solvers for equilibrium models: damped Picard, Anderson, Broyden.
+
+A deep equilibrium model (003 §3.1, Eq. 4) outputs the fixed point z* = f(z*, x). This module
+finds it. Every solver here works on a pytree ``z`` and returns a :class:`Solution` carrying the
+value, a per-sample :class:`Result`, and statistics (steps, function evaluations, the residual
+trace and the best residual).
+
+Tolerance rule (one rule for every solver)
+    A sample has converged when its *relative residual*
+
+    .. math:: \\rho(z) = \\frac{\\lVert f(z) - z \\rVert_2}{\\lVert f(z) \\rVert_2 + \\epsilon\\sqrt{D}}
+
+    satisfies ``rho <= tol``. Norms are taken per sample over all its entries (all leaves of the
+    pytree, D numbers in total); ``epsilon`` is the machine epsilon of the iterate's dtype, so a
+    fixed point at exactly zero is still reachable. With ``batch_axis=None`` the whole pytree is
+    one sample.
+
+Batches
+    With ``batch_axis=k`` the k-th axis of every leaf indexes independent samples. Each sample is
+    judged on its own (the batch is not judged by its worst member): a sample that has converged,
+    diverged or produced a non-finite value is frozen, its statistics stop, and the loop ends when
+    no sample is active or ``max_steps`` is reached. ``f`` is always evaluated on the whole batch,
+    so it must act on samples independently (as any batched network layer does).
+
+Failure is reported, never hidden
+    ``Result.DIVERGED`` when the absolute residual grows by ``divergence_factor`` over the best one
+    seen; ``Result.NONFINITE`` when ``f`` returns NaN or inf (the non-finite iterate is never
+    accepted); ``Result.MAX_STEPS_REACHED`` otherwise. The returned value is the best iterate (the
+    smallest relative residual seen), which is the last one whenever the residual decreased.
+    Inside ``jit`` nothing raises; outside, ``throw=True`` raises :class:`SolverError` listing the
+    failing samples and their residuals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "Result",
+    "SolveStats",
+    "Solution",
+    "SolverError",
+    "Picard",
+    "Anderson",
+    "Broyden",
+    "SOLVERS",
+    "get_solver",
+    "solve",
+    "relative_residual",
+]
+
+
+class Result(enum.IntEnum):
+    """Outcome of a solve, one per sample."""
+
+    SUCCESS = 0
+    MAX_STEPS_REACHED = 1
+    DIVERGED = 2
+    NONFINITE = 3
+
+
+class SolverError(RuntimeError):
+    """Raised by ``solve(..., throw=True)`` when some sample did not converge."""
+
+
+class SolveStats(NamedTuple):
+    """Statistics of one solve.
+
+    Attributes:
+        steps: iterations taken by each sample (shape ``(B,)``, or ``()`` without a batch axis).
+        nfe: number of evaluations of ``f`` on the batch (including the one at ``z0``).
+        residual_trace: relative residual of each sample after each step, shape
+            ``(max_steps + 1, B)`` (row 0 is at ``z0``); a frozen sample repeats its last value.
+        best_residual: smallest relative residual of each sample (that of the returned value).
+        residual: relative residual of the last accepted iterate of each sample.
+    """
+
+    steps: jax.Array
+    nfe: jax.Array
+    residual_trace: jax.Array
+    best_residual: jax.Array
+    residual: jax.Array
+
+
+class Solution(NamedTuple):
+    """Result of :func:`solve`: ``value`` (same pytree as ``z0``), ``result`` and ``stats``."""
+
+    value: Any
+    result: jax.Array
+    stats: SolveStats
+
+    @property
+    def converged(self) -> jax.Array:
+        """Boolean per sample: did it reach the tolerance?"""
+        return self.result == Result.SUCCESS
+
+
+# --------------------------------------------------------------------------------------------
+# Solver configurations
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+
+
+def _check_positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError(f"`{name}` must be a positive finite number, got {value!r}.")
+    if not math.isfinite(float(value)) or float(value) <= 0:
+        raise ValueError(f"`{name}` must be a positive finite number, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _SolverConfig:
+    tol: float = 1e-5
+    max_steps: int = 100
+    divergence_factor: float = 1e4
+
+    name = "base"
+
+    def __post_init__(self):
+        _check_positive_float("tol", self.tol)
+        _check_positive_int("max_steps", self.max_steps)
+        _check_positive_float("divergence_factor", self.divergence_factor)
+        if self.divergence_factor <= 1:
+            raise ValueError(
+                f"`divergence_factor` must be > 1, got {self.divergence_factor!r}."
+            )
+
+    # Each solver implements: init(z, fz) -> state and propose(z, fz, state) -> (z_next, state).
+    # Arrays are (B, D); states are pytrees of arrays whose leading axis is the batch.
+    def init(self, z, fz):
+        raise NotImplementedError
+
+    def propose(self, z, fz, state):
+        raise NotImplementedError
+
+    def record(self, z, fz, state):
+        """Update the solver's history with an evaluated proposal (default: nothing to keep)."""
+        return state
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Picard(_SolverConfig):
+    """Damped Picard iteration z <- (1 - damping) z + damping f(z) (003 Eq. 5 for damping=1).
+
+    Args:
+        damping: step fraction in (0, 1]; 1 is plain fixed-point iteration.
+        tol, max_steps, divergence_factor: see the module docstring.
+    """
+
+    damping: float = 1.0
+    name = "picard"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_unit_interval("damping", self.damping)
+
+    def init(self, z, fz):
+        return ()
+
+    def propose(self, z, fz, state):
+        return z + self.damping * (fz - z), state
+
+
+def _check_unit_interval(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
+        raise ValueError(f"`{name}` must be a number in (0, 1], got {value!r}.")
+    if not (0.0 < float(value) <= 1.0):
+        raise ValueError(f"`{name}` must be in (0, 1], got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Anderson(_SolverConfig):
+    """Anderson acceleration (type II) with a history of ``m`` iterates (Anderson 1965;
+    Walker & Ni 2011).
+
+    Each step solves, per sample, the regularised least-squares problem
+    min_alpha ||G alpha||^2 + ridge * s ||alpha||^2 subject to sum(alpha) = 1, where the columns of
+    G are the last ``m`` residuals g_i = f(z_i) - z_i and s is the mean of their squared norms
+    (so ``ridge`` is scale free), then mixes
+    z <- damping * sum_i alpha_i f(z_i) + (1 - damping) * sum_i alpha_i z_i.
+    Memory is fixed: 2 m iterates per sample, whatever ``max_steps`` is.
+
+    Args:
+        m: history size (>= 1; m = 1 is damped Picard).
+        ridge: Tikhonov regularisation of the mixing problem (>= 0).
+        damping: mixing parameter beta in (0, 1].
+    """
+
+    m: int = 5
+    ridge: float = 1e-4
+    damping: float = 1.0
+    name = "anderson"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_positive_int("m", self.m)
+        if isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float, np.floating)):
+            raise ValueError(f"`ridge` must be a finite number >= 0, got {self.ridge!r}.")
+        if not math.isfinite(float(self.ridge)) or self.ridge < 0:
+            raise ValueError(f"`ridge` must be a finite number >= 0, got {self.ridge!r}.")
+        _check_unit_interval("damping", self.damping)
+
+    def init(self, z, fz):
+        batch, dim = z.shape
+        zs = jnp.zeros((batch, self.m, dim), z.dtype).at[:, 0].set(z)
+        fs = jnp.zeros((batch, self.m, dim), z.dtype).at[:, 0].set(fz)
+        count = jnp.ones((batch,), jnp.int32)
+        return zs, fs, count
+
+    def propose(self, z, fz, state):
+        zs, fs, count = state
+        m = self.m
+        valid = jnp.arange(m)[None, :] < jnp.minimum(count, m)[:, None]  # (B, m)
+        residuals = fs - zs
+        gram = jnp.einsum("bid,bjd->bij", residuals, residuals)
+        both = valid[:, :, None] & valid[:, None, :]
+        gram = jnp.where(both, gram, 0.0)
+        diag = jnp.einsum("bii->bi", gram)
+        n_valid = jnp.maximum(jnp.sum(valid, axis=1), 1)
+        scale = jnp.sum(diag, axis=1) / n_valid + jnp.finfo(z.dtype).tiny
+        # Invalid slots get a unit diagonal and no constraint weight, which forces alpha_i = 0.
+        reg = jnp.where(valid, self.ridge * scale[:, None], 1.0)
+        gram = gram + jax.vmap(jnp.diag)(reg)
+        ones = valid.astype(z.dtype)
+        # KKT system of the constrained least-squares problem: [[0, 1^T], [1, G^T G]].
+        top = jnp.concatenate([jnp.zeros((z.shape[0], 1), z.dtype), ones], axis=1)
+        bottom = jnp.concatenate([ones[:, :, None], gram], axis=2)
+        kkt = jnp.concatenate([top[:, None, :], bottom], axis=1)
+        rhs = jnp.zeros((z.shape[0], m + 1), z.dtype).at[:, 0].set(1.0)
+        alpha = jnp.linalg.solve(kkt, rhs[..., None])[:, 1:, 0]
+        mixed_f = jnp.einsum("bi,bid->bd", alpha, fs)
+        mixed_z = jnp.einsum("bi,bid->bd", alpha, zs)
+        z_next = self.damping * mixed_f + (1.0 - self.damping) * mixed_z
+        return z_next, (zs, fs, count)
+
+    def record(self, z, fz, state):
+        zs, fs, count = state
+        slot = count % self.m
+        batch_index = jnp.arange(z.shape[0])
+        zs = zs.at[batch_index, slot].set(z)
+        fs = fs.at[batch_index, slot].set(fz)
+        return zs, fs, count + 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Broyden(_SolverConfig):
+    """Limited-memory ("good") Broyden's method on g(z) = f(z) - z (003 Eq. 6 and 10).
+
+    The inverse-Jacobian estimate starts at B_0 = -I and receives the rank-one update of 003
+    Eq. 10, B <- B + (dz - B dg) dz^T B / (dz^T B dg), stored as B = -I + sum_i u_i v_i^T with at
+    most ``m`` pairs; when the history is full it restarts from -I, so memory does not grow with
+    ``max_steps`` (the complaint of locuslab/deq issue 28). Steps are z <- z - step * B g.
+    The first step is a Picard step. Updates whose denominator is tiny are skipped.
+
+    Args:
+        m: history size (number of rank-one pairs kept, >= 1).
+        step: step length alpha of 003 Eq. 6, in (0, 1].
+    """
+
+    m: int = 8
+    step: float = 1.0
+    name = "broyden"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_positive_int("m", self.m)
+        _check_unit_interval("step", self.step)
+
+    def init(self, z, fz):
+        batch, dim = z.shape
+        us = jnp.zeros((batch, self.m, dim), z.dtype)
+        vs = jnp.zeros((batch, self.m, dim), z.dtype)
+        count = jnp.zeros((batch,), jnp.int32)
+        return us, vs, count, z, fz - z
+
+    @staticmethod
+    def _apply(us, vs, x):
+        """B x with B = -I + sum_i u_i v_i^T."""
+        return -x + jnp.einsum("bid,bi->bd", us, jnp.einsum("bid,bd->bi", vs, x))
+
+    @staticmethod
+    def _apply_transpose(us, vs, x):
+        """B^T x."""
+        return -x + jnp.einsum("bid,bi->bd", vs, jnp.einsum("bid,bd->bi", us, x))
+
+    def propose(self, z, fz, state):
+        us, vs, count, _, _ = state
+        g = fz - z
+        z_next = z - self.step * self._apply(us, vs, g)
+        return z_next, (us, vs, count, z, g)
+
+    def record(self, z, fz, state):
+        us, vs, count, z_prev, g_prev = state
+        # A full history restarts from B = -I: dropping only the oldest pair would leave the others
+        # (each built on top of it) inconsistent, which diverges in practice.
+        full = count >= self.m
+        us = jnp.where(full[:, None, None], 0.0, us)
+        vs = jnp.where(full[:, None, None], 0.0, vs)
+        count = jnp.where(full, 0, count)
+        g = fz - z
+        dz = z - z_prev
+        dg = g - g_prev
+        b_dg = self._apply(us, vs, dg)
+        denom = jnp.einsum("bd,bd->b", dz, b_dg)
+        eps = jnp.finfo(z.dtype).eps
+        size = jnp.linalg.norm(dz, axis=1) * jnp.linalg.norm(b_dg, axis=1)
+        ok = (jnp.abs(denom) > eps * size) & (size > 0)
+        safe = jnp.where(ok, denom, 1.0)
+        u = (dz - b_dg) / safe[:, None]
+        v = self._apply_transpose(us, vs, dz)
+        batch_index = jnp.arange(z.shape[0])
+        keep = ok[:, None, None]
+        us = jnp.where(keep, us.at[batch_index, count].set(u), us)
+        vs = jnp.where(keep, vs.at[batch_index, count].set(v), vs)
+        count = count + ok.astype(count.dtype)
+        return us, vs, count, z, g
+
+
+SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
+
+
+def get_solver(solver: str | _SolverConfig = "anderson", **overrides) -> _SolverConfig:
+    """Return a solver configuration from a name or a configured object.
+
+    ``overrides`` whose value is None are ignored, so ``get_solver("picard", tol=None)`` keeps the
+    default tolerance.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(solver, _SolverConfig):
+        return dataclasses.replace(solver, **overrides) if overrides else solver
+    if isinstance(solver, str) and solver in SOLVERS:
+        return SOLVERS[solver](**overrides)
+    raise ValueError(
+        f"`solver` must be one of {sorted(SOLVERS)} or a solver object such as "
+        f"deqlab.solvers.Anderson(m=5), got {solver!r}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Flattening a (possibly batched) pytree into a (B, D) matrix
+
+
+class _Flattener:
+    """Maps a pytree whose leaves share a batch axis to a (B, D) array and back."""
+
+    def __init__(self, tree, batch_axis):
+        leaves, self.treedef = jax.tree_util.tree_flatten(tree)
+        if not leaves:
+            raise ValueError("`z0` must contain at least one array.")
+        for leaf in leaves:
+            if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+                raise ValueError(
+                    f"`z0` must hold floating-point arrays, got dtype {jnp.result_type(leaf)}."
+                )
+        self.dtype = jnp.result_type(*leaves)
+        self.batch_axis = batch_axis
+        self.shapes = [jnp.shape(leaf) for leaf in leaves]
+        self.dtypes = [jnp.result_type(leaf) for leaf in leaves]
+        if batch_axis is None:
+            self.batch = 1
+        else:
+            sizes = set()
+            for shape in self.shapes:
+                if not -len(shape) <= batch_axis < len(shape):
+                    raise ValueError(
+                        f"`batch_axis` must index an axis of every leaf of z0 (ndim "
+                        f"{len(shape)}), got {batch_axis}."
+                    )
+                sizes.add(shape[batch_axis])
+            if len(sizes) != 1:
+                raise ValueError(
+                    f"`z0` leaves disagree on the size of batch axis {batch_axis}: {sorted(sizes)}."
+                )
+            self.batch = sizes.pop()
+        moved = [self._moved_shape(s) for s in self.shapes]
+        self.sizes = [int(np.prod(s[1:], dtype=np.int64)) for s in moved]
+        self.dim = int(sum(self.sizes))
+
+    def _moved_shape(self, shape):
+        if self.batch_axis is None:
+            return (1,) + tuple(shape)
+        axis = self.batch_axis % len(shape)
+        return (shape[axis],) + tuple(s for i, s in enumerate(shape) if i != axis)
+
+    def flatten(self, tree):
+        leaves = jax.tree_util.tree_leaves(tree)
+        cols = []
+        for leaf in leaves:
+            leaf = jnp.asarray(leaf, self.dtype)
+            if self.batch_axis is None:
+                cols.append(leaf.reshape(1, -1))
+            else:
+                cols.append(jnp.moveaxis(leaf, self.batch_axis, 0).reshape(self.batch, -1))
+        return jnp.concatenate(cols, axis=1)
+
+    def unflatten(self, flat):
+        leaves, start = [], 0
+        for shape, size, dtype in zip(self.shapes, self.sizes, self.dtypes):
+            block = flat[:, start : start + size]
+            start += size
+            moved = self._moved_shape(shape)
+            block = block.reshape(moved)
+            if self.batch_axis is None:
+                leaf = block[0]
+            else:
+                leaf = jnp.moveaxis(block, 0, self.batch_axis % len(shape))
+            leaves.append(leaf.astype(dtype))
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+    def per_sample(self, x):
+        """Drop the batch axis of per-sample statistics when the problem has none."""
+        return x[..., 0] if self.batch_axis is None else x
+
+
+def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
+    """Relative residual of each row of (B, D) arrays (the tolerance rule of this module)."""
+    eps = jnp.finfo(z.dtype).eps
+    scale = jnp.linalg.norm(fz, axis=-1) + eps * math.sqrt(z.shape[-1])
+    return jnp.linalg.norm(fz - z, axis=-1) / scale
+
+
+def _is_concrete(tree) -> bool:
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _check_problem(f, z0, args, flattener):
+    if not callable(f):
+        raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
+    try:
+        out = jax.eval_shape(lambda z, a: f(z, *a), z0, args)
+    except TypeError as err:
+        raise ValueError(f"`f` could not be evaluated as f(z0, *args): {err}") from err
+    in_struct = jax.tree_util.tree_structure(z0)
+    out_struct = jax.tree_util.tree_structure(out)
+    if in_struct != out_struct:
+        raise ValueError(
+            f"`f` must return the same pytree structure as `z0`: got {out_struct}, "
+            f"expected {in_struct}."
+        )
+    for leaf_in, leaf_out in zip(jax.tree_util.tree_leaves(z0), jax.tree_util.tree_leaves(out)):
+        if jnp.shape(leaf_in) != leaf_out.shape:
+            raise ValueError(
+                f"`f` must map `z0` to an array of the same shape: z0 has shape "
+                f"{jnp.shape(leaf_in)}, f(z0) has shape {leaf_out.shape}."
+            )
+    if _is_concrete(z0):
+        for leaf in jax.tree_util.tree_leaves(z0):
+            if not np.all(np.isfinite(np.asarray(leaf))):
+                raise ValueError("`z0` contains NaN or inf; the initial guess must be finite.")
+
+
+def _where_batch(mask, new, old):
+    """Per-sample select on pytrees whose leaves have a leading batch axis."""
+
+    def select(a, b):
+        if jnp.ndim(a) == 0:
+            return a
+        shaped = mask.reshape(mask.shape + (1,) * (jnp.ndim(a) - 1))
+        return jnp.where(shaped, a, b)
+
+    return jax.tree_util.tree_map(select, new, old)
+
+
+def _run(config, func, z0_flat, unrolled):
+    """The shared iteration loop on (B, D) arrays.
+
+    ``unrolled=True`` uses ``lax.scan`` over exactly ``max_steps`` (frozen samples are masked), so
+    reverse-mode differentiation through the iterations works; otherwise ``lax.while_loop``.
+    """
+    tol = config.tol
+    fz0 = func(z0_flat)
+    finite0 = jnp.all(jnp.isfinite(fz0), axis=1)
+    res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), jnp.inf)
+    abs0 = jnp.linalg.norm(fz0 - z0_flat, axis=1)
+    batch = z0_flat.shape[0]
+    result0 = jnp.where(
+        ~finite0, Result.NONFINITE, jnp.where(res0 <= tol, Result.SUCCESS, Result.MAX_STEPS_REACHED)
+    ).astype(jnp.int32)
+    active0 = result0 == Result.MAX_STEPS_REACHED
+    trace0 = jnp.zeros((config.max_steps + 1, batch), z0_flat.dtype)
+    trace0 = trace0.at[0].set(jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max))
+    fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
+    solver_state0 = config.init(z0_flat, fz0_safe)
+    carry0 = dict(
+        z=z0_flat,
+        fz=fz0_safe,
+        res=jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max),
+        best_z=z0_flat,
+        best_res=jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max),
+        best_abs=jnp.where(finite0, abs0, jnp.finfo(z0_flat.dtype).max),
+        active=active0,
+        result=result0,
+        steps=jnp.zeros((batch,), jnp.int32),
+        step=jnp.zeros((), jnp.int32),
+        nfe=jnp.ones((), jnp.int32),
+        trace=trace0,
+        state=solver_state0,
+    )
+
+    def body(carry):
+        z_prop, state_prop = config.propose(carry["z"], carry["fz"], carry["state"])
+        fz_prop = func(z_prop)
+        finite = jnp.all(jnp.isfinite(fz_prop), axis=1) & jnp.all(jnp.isfinite(z_prop), axis=1)
+        active = carry["active"]
+        accept = active & finite
+        z = jnp.where(accept[:, None], z_prop, carry["z"])
+        fz = jnp.where(accept[:, None], fz_prop, carry["fz"])
+        # Guard the residual of rejected (possibly non-finite) proposals.
+        res_prop = relative_residual(jnp.where(finite[:, None], fz_prop, z), jnp.where(finite[:, None], z_prop, z))
+        abs_prop = jnp.linalg.norm(jnp.where(finite[:, None], fz_prop - z_prop, 0.0), axis=1)
+        res = jnp.where(accept, res_prop, carry["res"])
+        state = config.record(z_prop, fz_prop, state_prop)
+        state = _where_batch(accept, state, carry["state"])
+        improved = accept & (res_prop < carry["best_res"])
+        best_z = jnp.where(improved[:, None], z_prop, carry["best_z"])
+        best_res = jnp.where(improved, res_prop, carry["best_res"])
+        best_abs = jnp.where(accept, jnp.minimum(carry["best_abs"], abs_prop), carry["best_abs"])
+        converged = accept & (res_prop <= tol)
+        diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry["best_abs"])
+        result = carry["result"]
+        result = jnp.where(active & ~finite, Result.NONFINITE, result)
+        result = jnp.where(converged, Result.SUCCESS, result)
+        result = jnp.where(diverged, Result.DIVERGED, result).astype(jnp.int32)
+        step = carry["step"] + 1
+        steps = carry["steps"] + active.astype(jnp.int32)
+        trace = carry["trace"].at[step].set(res)
+        return dict(
+            z=z,
+            fz=fz,
+            res=res,
+            best_z=best_z,
+            best_res=best_res,
+            best_abs=best_abs,
+            active=active & finite & ~converged & ~diverged,
+            result=result,
+            steps=steps,
+            step=step,
+            nfe=carry["nfe"] + 1,
+            trace=trace,
+            state=state,
+        )
+
+    if unrolled:
+        final, _ = jax.lax.scan(lambda c, _: (body(c), None), carry0, None, length=config.max_steps)
+    else:
+
+        def cond(carry):
+            return jnp.any(carry["active"]) & (carry["step"] < config.max_steps)
+
+        final = jax.lax.while_loop(cond, body, carry0)
+
+    # Rows after the last step repeat the final residual, so the trace is finite and plottable.
+    rows = jnp.arange(config.max_steps + 1)[:, None]
+    trace = jnp.where(rows <= final["step"], final["trace"], final["res"][None, :])
+    # In unrolled mode the value must be differentiable through the iterations; the best iterate
+    # selection is a where() and keeps that property.
+    stats = dict(
+        steps=final["steps"],
+        nfe=final["nfe"],
+        trace=trace,
+        best_res=final["best_res"],
+        res=final["res"],
+    )
+    return final["best_z"], final["result"], stats
+
+
+def solve(
+    f: Callable[..., Any],
+    z0: Any,
+    *args: Any,
+    solver: str | _SolverConfig = "anderson",
+    tol: float | None = None,
+    max_steps: int | None = None,
+    batch_axis: int | None = None,
+    throw: bool = False,
+    unrolled: bool = False,
+) -> Solution:
+    """Find z* = f(z*, *args) starting from ``z0`` (003 Eq. 4-6).
+
+    Args:
+        f: the map, called as ``f(z, *args)``; must return a pytree shaped like ``z``.
+        z0: initial guess (any pytree of floating arrays).
+        *args: further arguments of ``f`` (parameters, inputs), passed explicitly.
+        solver: ``"picard"``, ``"anderson"``, ``"broyden"`` or a configured object such as
+            ``Anderson(m=5, tol=1e-6)``.
+        tol: relative-residual tolerance (overrides the solver's), see the module docstring.
+        max_steps: iteration limit (overrides the solver's).
+        batch_axis: axis of every leaf of ``z0`` that indexes independent samples, or None.
+        throw: raise :class:`SolverError` if any sample fails (only outside ``jit``).
+        unrolled: iterate with ``lax.scan`` for exactly ``max_steps`` (frozen samples masked) so
+            that reverse-mode autodiff can go through the iterations.
+
+    Returns:
+        :class:`Solution` with per-sample ``result``, ``converged`` and ``stats``.
+    """
+    config = get_solver(solver, tol=tol, max_steps=max_steps)
+    if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
+        raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
+    flattener = _Flattener(z0, batch_axis)
+    _check_problem(f, z0, args, flattener)
+
+    def func(z_flat):
+        return flattener.flatten(f(flattener.unflatten(z_flat), *args))
+
+    value, result, stats = _run(config, func, flattener.flatten(z0), unrolled)
+    solution = Solution(
+        value=flattener.unflatten(value),
+        result=flattener.per_sample(result),
+        stats=SolveStats(
+            steps=flattener.per_sample(stats["steps"]),
+            nfe=stats["nfe"],
+            residual_trace=flattener.per_sample(stats["trace"]),
+            best_residual=flattener.per_sample(stats["best_res"]),
+            residual=flattener.per_sample(stats["res"]),
+        ),
+    )
+    if throw:
+        raise_if_failed(solution)
+    return solution
+
+
+def raise_if_failed(solution: Solution, what: str = "fixed-point solve") -> None:
+    """Raise :class:`SolverError` naming the failing samples (outside ``jit`` only)."""
+    if not _is_concrete(solution.result):
+        raise ValueError("`throw=True` needs concrete values: it cannot be used inside jit.")
+    result = np.atleast_1d(np.asarray(solution.result))
+    residual = np.atleast_1d(np.asarray(solution.stats.best_residual))
+    failed = np.flatnonzero(result != Result.SUCCESS)
+    if failed.size:
+        shown = ", ".join(
+            f"sample {i}: {Result(int(result[i])).name.lower()} (residual {residual[i]:.3e})"
+            for i in failed[:8]
+        )
+        more = f" and {failed.size - 8} more" if failed.size > 8 else ""
+        raise SolverError(f"{what} failed for {failed.size}/{result.size} samples: {shown}{more}.")
