@@ -453,10 +453,16 @@ def _check_problem(f, z0, args, flattener):
                 f"`f` must map `z0` to an array of the same shape: z0 has shape "
                 f"{jnp.shape(leaf_in)}, f(z0) has shape {leaf_out.shape}."
             )
-    if _is_concrete(z0):
-        for leaf in jax.tree_util.tree_leaves(z0):
-            if not np.all(np.isfinite(np.asarray(leaf))):
-                raise ValueError("`z0` contains NaN or inf; the initial guess must be finite.")
+    # NaN inputs are rejected where they can be seen (outside jit); inside jit they surface as
+    # Result.NONFINITE for the samples they touch.
+    named = [("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
+    with jax.ensure_compile_time_eval():
+        for name, tree in named:
+            for leaf in jax.tree_util.tree_leaves(tree):
+                if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
+                    continue
+                if jnp.issubdtype(leaf.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(leaf))):
+                    raise ValueError(f"`{name}` contains NaN or inf; inputs must be finite.")
 
 
 def _where_batch(mask, new, old):

@@ -1,0 +1,233 @@
+"""Forward solvers: fixed points of linear and tanh DEQs, per-sample convergence, failure modes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+from deqlab import ensembles, solvers  # noqa: E402
+from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, solve  # noqa: E402
+
+SOLVER_NAMES = ["picard", "anderson", "broyden"]
+
+
+def linear_map(z, w, x):
+    return w @ z + x
+
+
+def batched_linear_map(z, w, x):
+    return z @ w.T + x
+
+
+def tanh_map(z, w, u, x):
+    return jnp.tanh(z @ w.T + x @ u.T)
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+@pytest.mark.parametrize("ensemble", ["gaussian", "orthogonal", "goe"])
+def test_linear_deq_reaches_exact_fixed_point(name, ensemble):
+    # z* = (I - W)^-1 x exactly; at 0.8 of the critical scale every solver must reach it. The
+    # error bound follows from the tolerance: |z - z*| <= ||(I-W)^-1|| * ||f(z) - z||.
+    n = 48
+    w = ensembles.sample(ensemble, jax.random.PRNGKey(1), n, 0.8 * ensembles.critical_scale(ensemble), jnp.float64)
+    x = jax.random.normal(jax.random.PRNGKey(2), (n,))
+    exact = jnp.linalg.solve(jnp.eye(n) - w, x)
+    sol = solve(linear_map, jnp.zeros(n), w, x, solver=name, tol=1e-12, max_steps=2000)
+    assert sol.result == Result.SUCCESS and bool(sol.converged)
+    inverse_norm = jnp.linalg.norm(jnp.linalg.inv(jnp.eye(n) - w), 2)
+    bound = inverse_norm * 1e-12 * jnp.linalg.norm(linear_map(sol.value, w, x)) * 1.01
+    assert jnp.linalg.norm(sol.value - exact) <= bound
+    assert sol.stats.best_residual <= 1e-12
+
+
+def test_anderson_beats_picard_on_goe_near_criticality():
+    # A symmetric W has a real spectrum, where Anderson (Krylov-like on linear maps) needs far fewer
+    # steps than Picard, whose rate is the spectral radius 2 * 0.49 = 0.98 (~1400 steps to 1e-12).
+    n = 200
+    w = ensembles.sample("goe", jax.random.PRNGKey(3), n, 0.49, jnp.float64)
+    x = jax.random.normal(jax.random.PRNGKey(4), (n,))
+    picard = solve(linear_map, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=5000)
+    anderson = solve(linear_map, jnp.zeros(n), w, x, solver=Anderson(m=10, tol=1e-10, max_steps=5000))
+    assert picard.converged and anderson.converged
+    assert int(anderson.stats.steps) * 4 < int(picard.stats.steps)
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+def test_batched_tanh_deq_and_jit(name):
+    n, batch = 32, 8
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    w = ensembles.sample("orthogonal", keys[0], n, 0.9, jnp.float64)
+    u = jax.random.normal(keys[1], (n, n)) / np.sqrt(n)
+    x = jax.random.normal(keys[2], (batch, n))
+    run = jax.jit(lambda w, u, x: solve(tanh_map, jnp.zeros((batch, n)), w, u, x, solver=name, tol=1e-10, batch_axis=0, max_steps=500))
+    sol = run(w, u, x)
+    assert sol.result.shape == (batch,) and sol.stats.steps.shape == (batch,)
+    assert bool(jnp.all(sol.converged))
+    assert jnp.max(jnp.abs(tanh_map(sol.value, w, u, x) - sol.value)) < 1e-8
+    # Each sample alone gives the same fixed point: the batch solve treats samples independently.
+    alone = solve(tanh_map, jnp.zeros(n), w, u, x[3], solver=name, tol=1e-10, max_steps=500)
+    np.testing.assert_allclose(alone.value, sol.value[3], atol=1e-8)
+
+
+def test_per_sample_convergence_mask_and_frozen_samples():
+    # Per-sample scales a_b: samples with a < 1 converge at different speeds, a = 1.5 diverges.
+    n = 16
+    o = ensembles.sample("orthogonal", jax.random.PRNGKey(5), n, 1.0, jnp.float64)
+    scales = jnp.array([0.2, 0.6, 0.95, 1.5])
+    x = jax.random.normal(jax.random.PRNGKey(6), (4, n))
+
+    def per_sample_map(z, a, x):
+        return a[:, None] * (z @ o.T) + x
+
+    sol = solve(per_sample_map, jnp.zeros((4, n)), scales, x, solver="picard", tol=1e-10, max_steps=1000, batch_axis=0)
+    assert list(np.asarray(sol.converged)) == [True, True, True, False]
+    assert int(sol.result[3]) in (Result.DIVERGED, Result.MAX_STEPS_REACHED)
+    steps = np.asarray(sol.stats.steps)
+    assert steps[0] < steps[1] < steps[2]  # the batch is not judged by its worst member
+    for b in range(3):
+        exact = jnp.linalg.solve(jnp.eye(n) - scales[b] * o, x[b])
+        np.testing.assert_allclose(sol.value[b], exact, atol=1e-8)
+        # Frozen after convergence: the residual trace stays constant after its own last step.
+        trace = np.asarray(sol.stats.residual_trace[:, b])
+        assert np.all(trace[steps[b]:] == trace[steps[b]])
+    assert np.all(np.isfinite(sol.stats.residual_trace))
+
+
+def test_batch_axis_other_than_zero_and_pytree_state():
+    n = 10
+    w = ensembles.sample("orthogonal", jax.random.PRNGKey(7), n, 0.7, jnp.float64)
+    x = jax.random.normal(jax.random.PRNGKey(8), (n, 3))  # batch on axis 1
+
+    def two_part_map(z, w, x):
+        a, b = z["a"], z["b"]
+        return {"a": jnp.tanh(w @ a + x), "b": 0.5 * b + jnp.sum(a, axis=0)}
+
+    z0 = {"a": jnp.zeros((n, 3)), "b": jnp.zeros((2, 3))}
+    sol = solve(two_part_map, z0, w, x, tol=1e-11, batch_axis=1)
+    assert sol.result.shape == (3,) and bool(jnp.all(sol.converged))
+    out = two_part_map(sol.value, w, x)
+    np.testing.assert_allclose(out["a"], sol.value["a"], atol=1e-9)
+    np.testing.assert_allclose(out["b"], sol.value["b"], atol=1e-9)
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+def test_divergent_problem_is_flagged_inside_jit(name):
+    # Spectral radius 1.5: Picard diverges; no solver may hang, raise inside jit or return NaNs.
+    n = 32
+    w = ensembles.sample("orthogonal", jax.random.PRNGKey(9), n, 1.5, jnp.float64)
+    x = jax.random.normal(jax.random.PRNGKey(10), (n,))
+    sol = jax.jit(lambda w, x: solve(linear_map, jnp.zeros(n), w, x, solver=name, max_steps=300))(w, x)
+    assert int(sol.result) in (Result.DIVERGED, Result.MAX_STEPS_REACHED)
+    assert not bool(sol.converged)
+    for leaf in jax.tree_util.tree_leaves(sol):
+        assert bool(jnp.all(jnp.isfinite(leaf)))
+    # The returned value is the best iterate, never worse than the start.
+    assert sol.stats.best_residual <= sol.stats.residual_trace[0]
+
+
+def test_throw_reports_residual_and_refuses_jit():
+    n = 8
+    w = 1.5 * jnp.eye(n)
+    x = jnp.ones(n)
+    with pytest.raises(SolverError, match=r"diverged \(residual"):
+        solve(linear_map, jnp.zeros(n), w, x, solver="picard", throw=True)
+    with pytest.raises(ValueError, match="throw"):
+        jax.jit(lambda w: solve(linear_map, jnp.zeros(n), w, x, throw=True).value)(w)
+
+
+def test_nonfinite_samples_are_reported_not_accepted():
+    # z = sqrt(c - z): c = 2 has the fixed point 1; c = -1 gives NaN at once.
+    c = jnp.array([2.0, -1.0, 2.0])
+    sol = solve(lambda z, c: jnp.sqrt(c - z), jnp.zeros(3), c, solver="anderson", tol=1e-12, batch_axis=0)
+    assert list(np.asarray(sol.result)) == [Result.SUCCESS, Result.NONFINITE, Result.SUCCESS]
+    np.testing.assert_allclose(sol.value[jnp.array([0, 2])], 1.0, atol=1e-10)
+    assert bool(jnp.all(jnp.isfinite(sol.value)))
+
+
+def test_memory_of_history_is_fixed():
+    # Anderson and Broyden keep m iterates whatever max_steps is (locuslab/deq issue 28).
+    z = jnp.zeros((2, 5))
+    for config in (Anderson(m=3), Broyden(m=4)):
+        state = config.init(z, z)
+        shapes = [leaf.shape for leaf in jax.tree_util.tree_leaves(state)]
+        assert max(int(np.prod(s)) for s in shapes) == 2 * config.m * 5
+
+
+def test_configured_object_and_name_agree():
+    n = 12
+    w = ensembles.sample("orthogonal", jax.random.PRNGKey(11), n, 0.8, jnp.float64)
+    x = jnp.ones(n)
+    by_name = solve(linear_map, jnp.zeros(n), w, x, solver="anderson", tol=1e-9)
+    by_object = solve(linear_map, jnp.zeros(n), w, x, solver=Anderson(tol=1e-9))
+    np.testing.assert_array_equal(by_name.value, by_object.value)
+    assert solvers.get_solver(Picard(tol=1e-3), max_steps=7) == Picard(tol=1e-3, max_steps=7)
+
+
+def test_vmap_over_problems():
+    n = 16
+    keys = jax.random.split(jax.random.PRNGKey(12), 5)
+    ws = jax.vmap(lambda k: ensembles.sample("gaussian", k, n, 0.5, jnp.float64))(keys)
+    x = jnp.ones(n)
+    sols = jax.vmap(lambda w: solve(linear_map, jnp.zeros(n), w, x, tol=1e-11))(ws)
+    exact = jax.vmap(lambda w: jnp.linalg.solve(jnp.eye(n) - w, x))(ws)
+    assert bool(jnp.all(sols.converged))
+    np.testing.assert_allclose(sols.value, exact, atol=1e-9)
+
+
+def test_fixed_point_at_zero_is_reachable():
+    # The relative rule has an epsilon floor, so z* = 0 converges instead of stalling.
+    sol = solve(lambda z: 0.5 * z, jnp.ones(4), solver="picard", tol=1e-6, max_steps=2000)
+    assert bool(sol.converged)
+
+
+def _bad(**kwargs):
+    n = 4
+    base = dict(f=linear_map, z0=jnp.zeros(n), args=(jnp.eye(n) * 0.5, jnp.ones(n)))
+    base.update(kwargs)
+    return lambda: solve(base["f"], base["z0"], *base["args"], **base.get("options", {}))
+
+
+BAD_SOLVE_CALLS = [
+    ("solver", dict(options=dict(solver="newton"))),
+    ("solver", dict(options=dict(solver=3))),
+    ("tol", dict(options=dict(tol=-1e-3))),
+    ("tol", dict(options=dict(tol=0.0))),
+    ("tol", dict(options=dict(tol=float("nan")))),
+    ("max_steps", dict(options=dict(max_steps=0))),
+    ("max_steps", dict(options=dict(max_steps=2.5))),
+    ("batch_axis", dict(options=dict(batch_axis=3))),
+    ("batch_axis", dict(options=dict(batch_axis="0"))),
+    ("f", dict(f=lambda z, w, x: jnp.concatenate([z, z]))),
+    ("f", dict(f=lambda z, w, x: (z, z))),
+    ("f", dict(f="not callable")),
+    ("z0", dict(z0=jnp.array([0.0, jnp.nan, 0.0, 0.0]))),
+    ("z0", dict(z0=jnp.zeros(4, jnp.int32))),
+    (r"args\[1\]", dict(args=(jnp.eye(4) * 0.5, jnp.array([1.0, jnp.inf, 0.0, 0.0])))),
+    ("z0", dict(z0={"a": jnp.zeros((2, 4)), "b": jnp.zeros((3, 4))}, f=lambda z, *a: z, options=dict(batch_axis=0))),
+]
+
+
+@pytest.mark.parametrize("argument,case", BAD_SOLVE_CALLS)
+def test_bad_solve_arguments_raise_value_error(argument, case):
+    with pytest.raises(ValueError, match=argument):
+        _bad(**case)()
+
+
+@pytest.mark.parametrize(
+    "argument,make",
+    [
+        ("m", lambda: Anderson(m=0)),
+        ("ridge", lambda: Anderson(ridge=-1.0)),
+        ("damping", lambda: Anderson(damping=0.0)),
+        ("damping", lambda: Picard(damping=1.5)),
+        ("step", lambda: Broyden(step=0.0)),
+        ("m", lambda: Broyden(m=-2)),
+        ("divergence_factor", lambda: Picard(divergence_factor=0.5)),
+        ("max_steps", lambda: Broyden(max_steps=-1)),
+    ],
+)
+def test_bad_solver_configurations_raise_value_error(argument, make):
+    with pytest.raises(ValueError, match=argument):
+        make()
