@@ -319,12 +319,17 @@ def check_gradients(
         errors["implicit_vs_fd"] = max(errors["implicit_vs_fd"], abs(float(_tree_dot(grad_implicit, v)) - fd) / scale)
         errors["unrolled_vs_fd"] = max(errors["unrolled_vs_fd"], abs(float(_tree_dot(grad_unrolled, v)) - fd) / scale)
 
-    sol = solve(f, z0, *args, **options)
-    cotangent = jax.grad(loss)(sol.value)
-    adjoint = adjoint_solve(
-        f, sol.value, args, cotangent, solver=solver if backward_solver is None else backward_solver,
-        tol=tol, max_steps=max_steps, batch_axis=batch_axis,
-    )
+    @jax.jit
+    def residuals(args):
+        sol = solve(f, z0, *args, **options)
+        cotangent = jax.grad(loss)(sol.value)
+        adjoint = adjoint_solve(
+            f, sol.value, args, cotangent, solver=solver if backward_solver is None else backward_solver,
+            tol=tol, max_steps=max_steps, batch_axis=batch_axis,
+        )
+        return sol, adjoint
+
+    sol, adjoint = residuals(args)
     errors["forward_residual"] = float(jnp.max(sol.stats.best_residual))
     errors["adjoint_residual"] = float(jnp.max(adjoint.stats.best_residual))
     return errors

@@ -211,11 +211,9 @@ class Anderson(_SolverConfig):
         _check_unit_interval("damping", self.damping)
 
     def init(self, z, fz):
-        batch, dim = z.shape
-        zs = jnp.zeros((batch, self.m, dim), z.dtype).at[:, 0].set(z)
-        fs = jnp.zeros((batch, self.m, dim), z.dtype).at[:, 0].set(fz)
-        count = jnp.ones((batch,), jnp.int32)
-        return zs, fs, count
+        zs = _set_slot(_empty_history(z, self.m), 0, z)
+        fs = _set_slot(_empty_history(z, self.m), 0, fz)
+        return zs, fs, _per_sample_zeros(z) + 1
 
     def propose(self, z, fz, state):
         zs, fs, count = state
@@ -233,10 +231,10 @@ class Anderson(_SolverConfig):
         gram = gram + jax.vmap(jnp.diag)(reg)
         ones = valid.astype(z.dtype)
         # KKT system of the constrained least-squares problem: [[0, 1^T], [1, G^T G]].
-        top = jnp.concatenate([jnp.zeros((z.shape[0], 1), z.dtype), ones], axis=1)
+        top = jnp.concatenate([jnp.zeros_like(ones[:, :1]), ones], axis=1)
         bottom = jnp.concatenate([ones[:, :, None], gram], axis=2)
         kkt = jnp.concatenate([top[:, None, :], bottom], axis=1)
-        rhs = jnp.zeros((z.shape[0], m + 1), z.dtype).at[:, 0].set(1.0)
+        rhs = jnp.concatenate([jnp.ones_like(ones[:, :1]), jnp.zeros_like(ones)], axis=1)
         alpha = jnp.linalg.solve(kkt, rhs[..., None])[:, 1:, 0]
         mixed_f = jnp.einsum("bi,bid->bd", alpha, fs)
         mixed_z = jnp.einsum("bi,bid->bd", alpha, zs)
@@ -246,10 +244,7 @@ class Anderson(_SolverConfig):
     def record(self, z, fz, state):
         zs, fs, count = state
         slot = count % self.m
-        batch_index = jnp.arange(z.shape[0])
-        zs = zs.at[batch_index, slot].set(z)
-        fs = fs.at[batch_index, slot].set(fz)
-        return zs, fs, count + 1
+        return _set_slot(zs, slot, z), _set_slot(fs, slot, fz), count + 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -277,11 +272,8 @@ class Broyden(_SolverConfig):
         _check_unit_interval("step", self.step)
 
     def init(self, z, fz):
-        batch, dim = z.shape
-        us = jnp.zeros((batch, self.m, dim), z.dtype)
-        vs = jnp.zeros((batch, self.m, dim), z.dtype)
-        count = jnp.zeros((batch,), jnp.int32)
-        return us, vs, count, z, fz - z
+        history = _empty_history(z, self.m)
+        return history, history, _per_sample_zeros(z), z, fz - z
 
     @staticmethod
     def _apply(us, vs, x):
@@ -318,12 +310,26 @@ class Broyden(_SolverConfig):
         safe = jnp.where(ok, denom, 1.0)
         u = (dz - b_dg) / safe[:, None]
         v = self._apply_transpose(us, vs, dz)
-        batch_index = jnp.arange(z.shape[0])
         keep = ok[:, None, None]
-        us = jnp.where(keep, us.at[batch_index, count].set(u), us)
-        vs = jnp.where(keep, vs.at[batch_index, count].set(v), vs)
+        us = jnp.where(keep, _set_slot(us, count, u), us)
+        vs = jnp.where(keep, _set_slot(vs, count, v), vs)
         count = count + ok.astype(count.dtype)
         return us, vs, count, z, g
+
+
+def _empty_history(z, m):
+    """Zeros of shape (B, m, D) that inherit the sharding of z (B, D)."""
+    return jnp.repeat(jnp.zeros_like(z)[:, None, :], m, axis=1)
+
+
+def _per_sample_zeros(z):
+    return jnp.zeros_like(z[:, 0], dtype=jnp.int32)
+
+
+def _set_slot(history, slot, value):
+    """history[b, slot[b]] = value[b] for every sample b, as a select rather than a scatter."""
+    slots = jnp.arange(history.shape[1])[None, :] == jnp.reshape(slot, (-1, 1))
+    return jnp.where(slots[:, :, None], value[:, None, :], history)
 
 
 SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
@@ -485,16 +491,19 @@ def _run(config, func, z0_flat, unrolled):
     """
     tol = config.tol
     fz0 = func(z0_flat)
+    # Adopt the layout of f's output: z0 is often a fresh, replicated zeros array while the input
+    # (and so f(z0)) is sharded over the batch.
+    z0_flat = z0_flat + jnp.zeros_like(fz0)
     finite0 = jnp.all(jnp.isfinite(fz0), axis=1)
     res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), jnp.inf)
     abs0 = jnp.linalg.norm(fz0 - z0_flat, axis=1)
-    batch = z0_flat.shape[0]
     result0 = jnp.where(
         ~finite0, Result.NONFINITE, jnp.where(res0 <= tol, Result.SUCCESS, Result.MAX_STEPS_REACHED)
     ).astype(jnp.int32)
     active0 = result0 == Result.MAX_STEPS_REACHED
-    trace0 = jnp.zeros((config.max_steps + 1, batch), z0_flat.dtype)
-    trace0 = trace0.at[0].set(jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max))
+    # The trace is kept batch-first and written with where(): no scatter, so a batch sharded
+    # across devices (explicit or automatic sharding) stays sharded.
+    trace0 = jnp.repeat(jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max)[:, None], config.max_steps + 1, axis=1)
     fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
     solver_state0 = config.init(z0_flat, fz0_safe)
     carry0 = dict(
@@ -506,7 +515,7 @@ def _run(config, func, z0_flat, unrolled):
         best_abs=jnp.where(finite0, abs0, jnp.finfo(z0_flat.dtype).max),
         active=active0,
         result=result0,
-        steps=jnp.zeros((batch,), jnp.int32),
+        steps=_per_sample_zeros(z0_flat),
         step=jnp.zeros((), jnp.int32),
         nfe=jnp.ones((), jnp.int32),
         trace=trace0,
@@ -539,7 +548,7 @@ def _run(config, func, z0_flat, unrolled):
         result = jnp.where(diverged, Result.DIVERGED, result).astype(jnp.int32)
         step = carry["step"] + 1
         steps = carry["steps"] + active.astype(jnp.int32)
-        trace = carry["trace"].at[step].set(res)
+        trace = jnp.where(jnp.arange(config.max_steps + 1)[None, :] == step, res[:, None], carry["trace"])
         return dict(
             z=z,
             fz=fz,
@@ -566,8 +575,8 @@ def _run(config, func, z0_flat, unrolled):
         final = jax.lax.while_loop(cond, body, carry0)
 
     # Rows after the last step repeat the final residual, so the trace is finite and plottable.
-    rows = jnp.arange(config.max_steps + 1)[:, None]
-    trace = jnp.where(rows <= final["step"], final["trace"], final["res"][None, :])
+    columns = jnp.arange(config.max_steps + 1)[None, :]
+    trace = jnp.where(columns <= final["step"], final["trace"], final["res"][:, None]).T
     # In unrolled mode the value must be differentiable through the iterations; the best iterate
     # selection is a where() and keeps that property.
     stats = dict(

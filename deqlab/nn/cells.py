@@ -29,20 +29,22 @@ class TanhCell(nnx.Module):
         in_features: size of the input x.
         ensemble: family of W (see :data:`deqlab.ensembles.ENSEMBLES`).
         scale: scale sqrt(V) of W; default 0.9 of the ensemble's critical scale.
+        param_dtype: dtype of the parameters (float32 for training, float64 for checks).
         rngs: ``nnx.Rngs``.
     """
 
     def __init__(self, width: int, in_features: int, *, ensemble: str = "orthogonal",
-                 scale: float | None = None, rngs: nnx.Rngs):
+                 scale: float | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         _check_width("width", width)
         _check_width("in_features", in_features)
         if scale is None:
             scale = 0.9 * ensembles.critical_scale(ensemble)
         self.width = width
         self.recurrent = nnx.Linear(
-            width, width, use_bias=False, kernel_init=ensembles.initializer(ensemble, scale), rngs=rngs
+            width, width, use_bias=False, kernel_init=ensembles.initializer(ensemble, scale),
+            param_dtype=param_dtype, rngs=rngs,
         )
-        self.inject = nnx.Linear(in_features, width, rngs=rngs)
+        self.inject = nnx.Linear(in_features, width, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
         return jnp.tanh(self.recurrent(z) + self.inject(x))
@@ -60,11 +62,13 @@ class ResNetCell(nnx.Module):
         in_features: size of x.
         hidden: width of the inner layer (default 2 * width).
         ensemble, scale: law and scale of W1 and W2 (scale defaults to 0.5 of critical).
+        param_dtype: dtype of the parameters.
         rngs: ``nnx.Rngs``.
     """
 
     def __init__(self, width: int, in_features: int, *, hidden: int | None = None,
-                 ensemble: str = "gaussian", scale: float | None = None, rngs: nnx.Rngs):
+                 ensemble: str = "gaussian", scale: float | None = None, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
         _check_width("width", width)
         _check_width("in_features", in_features)
         hidden = 2 * width if hidden is None else hidden
@@ -73,11 +77,12 @@ class ResNetCell(nnx.Module):
             scale = 0.5 * ensembles.critical_scale(ensemble)
         init = ensembles.initializer(ensemble, scale)
         self.width = width
-        self.expand = nnx.Linear(width, hidden, use_bias=False, kernel_init=init, rngs=rngs)
-        self.contract = nnx.Linear(hidden, width, use_bias=False, kernel_init=init, rngs=rngs)
-        self.inject = nnx.Linear(in_features, width, rngs=rngs)
-        self.inner_norm = nnx.LayerNorm(hidden, rngs=rngs)
-        self.outer_norm = nnx.LayerNorm(width, rngs=rngs)
+        dtypes = dict(param_dtype=param_dtype, rngs=rngs)
+        self.expand = nnx.Linear(width, hidden, use_bias=False, kernel_init=init, **dtypes)
+        self.contract = nnx.Linear(hidden, width, use_bias=False, kernel_init=init, **dtypes)
+        self.inject = nnx.Linear(in_features, width, **dtypes)
+        self.inner_norm = nnx.LayerNorm(hidden, **dtypes)
+        self.outer_norm = nnx.LayerNorm(width, **dtypes)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
         h = jax.nn.relu(self.inner_norm(self.expand(z)))
