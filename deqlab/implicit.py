@@ -124,11 +124,14 @@ def _warn_backward(result, residual):
     failed = np.flatnonzero(result != Result.SUCCESS)
     if failed.size == 0:  # under vmap, lax.cond runs both branches
         return
+    # The residual is rounded to its order of magnitude so that Python's warning filter shows a
+    # repeated failure once instead of once per training step.
+    exponent = int(np.ceil(np.log10(max(float(residual[failed].max()), 1e-300))))
     warnings.warn(
-        f"implicit backward: the adjoint solve did not converge for {failed.size}/{result.size} "
-        f"samples (worst relative residual {residual[failed].max():.3e}); their gradients are "
-        "inaccurate. Raise backward max_steps, change backward_solver, or check the forward "
-        "solve converged.",
+        f"implicit backward: the adjoint solve did not converge for some samples (worst relative "
+        f"residual below 1e{exponent}); their gradients are inaccurate. Raise backward_max_steps, "
+        "change backward_solver, or check that the forward solve converged. "
+        "deqlab.implicit.adjoint_solve reports per-sample results.",
         BackwardWarning,
         stacklevel=2,
     )

@@ -1,0 +1,10 @@
+"""Experiment helpers shared by the book's notebooks and the benchmarks.
+
+The size of every experiment is chosen by the environment variable ``DEQLAB_SCALE``
+(see :mod:`deqlab.experiments.config`): ``quick`` (the default, minutes on a laptop CPU, what CI
+runs) or ``full`` (the sizes used for the figures quoted in the book).
+"""
+
+from deqlab.experiments.config import SCALE_ENV, SCALES, get_scale, pick
+
+__all__ = ["SCALE_ENV", "SCALES", "get_scale", "pick"]

@@ -1,0 +1,195 @@
+"""Chapter 0, "Equilibrium models in practice": the experiments behind its pages.
+
+- :func:`tanh_problem`: the single-layer tanh DEQ z = tanh(W z + U x + b) (001 Eq. 21) as an
+  ``(f, z0, args)`` triple, the common test problem of the chapter;
+- :func:`weight_tied_depth`: the same layer as a weight-tied network unrolled to depth L (003
+  Eq. 3), converging to the equilibrium (003 Eq. 4);
+- :func:`solver_race`: Picard, Anderson and Broyden on one problem, residual against NFE;
+- :func:`memory_curve`: compiled memory of one gradient step, implicit against unrolled backward;
+- :func:`train_digits`: a small DEQ classifier trained end to end with optax on the offline digits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from deqlab import data, ensembles
+from deqlab.implicit import fixed_point
+from deqlab.nn import DEQ, TanhCell
+from deqlab.solvers import Solution, get_solver, solve
+
+__all__ = [
+    "tanh_map",
+    "tanh_problem",
+    "weight_tied_depth",
+    "depth_to_reach",
+    "solver_race",
+    "memory_curve",
+    "DigitsClassifier",
+    "train_digits",
+]
+
+
+def tanh_map(z, w, u, b, x):
+    """f(z; W, U, b, x) = tanh(z W^T + x U^T + b) on a batch of rows (001 Eq. 21, phi = tanh)."""
+    return jnp.tanh(z @ w.T + x @ u.T + b)
+
+
+class Problem(NamedTuple):
+    """A fixed-point problem ``f(z, *args)`` with its initial guess."""
+
+    f: Callable[..., Any]
+    z0: jax.Array
+    args: tuple
+
+
+def tanh_problem(key: jax.Array, *, width: int = 64, batch: int = 16, in_features: int = 16,
+                 ensemble: str = "orthogonal", scale: float = 0.9, input_scale: float = 1.0,
+                 dtype=jnp.float32) -> Problem:
+    """A batch of tanh-DEQ equilibria: W from ``ensemble`` at ``scale`` = sqrt(V), U Gaussian with
+    variance input_scale^2 / in_features, b = 0, x standard normal; z0 = 0.
+
+    A small ``input_scale`` keeps tanh in its linear regime, where the Jacobian at the fixed point
+    is close to W and the iteration is as slow as the spectral radius of W says.
+    """
+    k_w, k_u, k_x = jax.random.split(key, 3)
+    w = ensembles.sample(ensemble, k_w, width, scale, dtype)
+    u = input_scale * jax.random.normal(k_u, (width, in_features), dtype) / np.sqrt(in_features)
+    b = jnp.zeros((width,), dtype)
+    x = jax.random.normal(k_x, (batch, in_features), dtype)
+    return Problem(tanh_map, jnp.zeros((batch, width), dtype), (w, u, b, x))
+
+
+def weight_tied_depth(problem: Problem, depth: int) -> jax.Array:
+    """Distance ||z^[i] - z*|| / ||z*|| (mean over the batch) of the weight-tied network
+    z^[i+1] = f(z^[i]) at every depth i = 0..depth (003 Eq. 3-4), z* from a tight Anderson solve.
+    """
+    f, z0, args = problem
+    reference = solve(f, z0, *args, solver="anderson", tol=10 * float(jnp.finfo(z0.dtype).eps),
+                      max_steps=10 * depth, batch_axis=0).value
+
+    def layer(z, _):
+        return f(z, *args), z
+
+    last, states = jax.lax.scan(layer, z0, None, length=depth)
+    states = jnp.concatenate([states, last[None]], axis=0)
+    distance = jnp.linalg.norm(states - reference, axis=-1) / jnp.linalg.norm(reference, axis=-1)
+    return jnp.mean(distance, axis=1)
+
+
+def depth_to_reach(distance: jax.Array, threshold: float) -> int | None:
+    """First depth at which ``distance`` (from :func:`weight_tied_depth`) is below ``threshold``,
+    or None if it never is."""
+    below = np.flatnonzero(np.asarray(distance) < threshold)
+    return int(below[0]) if below.size else None
+
+
+def solver_race(problem: Problem, solvers: Sequence[Any] = ("picard", "anderson", "broyden"), *,
+                tol: float = 1e-5, max_steps: int = 300) -> dict[str, Solution]:
+    """Solve ``problem`` with each solver; every solver spends one f-evaluation per step, so each
+    Solution's ``stats.residual_trace`` (mean over the batch) is the residual-vs-NFE curve.
+    """
+    results = {}
+    for solver in solvers:
+        config = get_solver(solver, tol=tol, max_steps=max_steps)
+        run = jax.jit(lambda args, config=config: solve(problem.f, problem.z0, *args, solver=config, batch_axis=0))
+        results[config.name if isinstance(solver, str) else repr(solver)] = run(problem.args)
+    return results
+
+
+def memory_curve(problem: Problem, steps: Sequence[int] = (10, 25, 50, 100), *,
+                 backwards: Sequence[str] = ("implicit", "unrolled"),
+                 solver: Any = "picard") -> dict[str, list[int]]:
+    """Compiled temporary memory (bytes) of the gradient of sum(z*^2) w.r.t. (W, U, b), for each
+    backward mode and forward iteration limit.
+
+    ``jit(...).lower(...).compile().memory_analysis()`` reports what XLA will allocate; it works
+    on every backend (on CPU, ``device.memory_stats()`` is None). The forward solve is run for exactly
+    ``steps`` iterations (tolerance 0 is not allowed, so a tiny one is used and never met): the
+    unrolled mode has to keep every iterate, the implicit mode only z*.
+    """
+    f, z0, args = problem
+    curves: dict[str, list[int]] = {}
+    for backward in backwards:
+        curves[backward] = []
+        for max_steps in steps:
+            config = get_solver(solver, tol=1e-30, max_steps=int(max_steps))
+
+            def loss(params, x, config=config, backward=backward):
+                z = fixed_point(f, z0, *params, x, solver=config, backward=backward, batch_axis=0,
+                                backward_failure="ignore").value
+                return jnp.sum(z**2)
+
+            compiled = jax.jit(jax.grad(loss)).lower(args[:3], args[3]).compile()
+            curves[backward].append(int(compiled.memory_analysis().temp_size_in_bytes))
+    return curves
+
+
+class DigitsClassifier(nnx.Module):
+    """x -> DEQ(tanh cell) -> linear readout, for the 8x8 digits (64 inputs, 10 classes)."""
+
+    def __init__(self, *, width: int = 64, ensemble: str = "orthogonal", scale: float | None = None,
+                 solver: Any = "anderson", tol: float = 1e-4, max_steps: int = 50,
+                 backward: str = "implicit", rngs: nnx.Rngs):
+        self.deq = DEQ(TanhCell(width, 64, ensemble=ensemble, scale=scale, rngs=rngs),
+                       solver=solver, tol=tol, max_steps=max_steps, backward=backward)
+        self.readout = nnx.Linear(width, 10, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.readout(self.deq(x))
+
+
+def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float = 3e-3,
+                 seed: int = 0, progress: bool = True, **model_options: Any):
+    """Train :class:`DigitsClassifier` with Adam on the offline digits (float32).
+
+    Returns:
+        ``(model, history)``; ``history`` holds per-epoch lists ``loss``, ``train_accuracy``,
+        ``test_accuracy``, ``solver_steps`` (mean forward iterations) and ``converged`` (fraction
+        of training samples whose forward solve converged).
+    """
+    from tqdm.auto import tqdm
+
+    x_train, y_train = data.load_dataset("digits", split="train")
+    x_test, y_test = data.load_dataset("digits", split="test")
+    model = DigitsClassifier(rngs=nnx.Rngs(seed), **model_options)
+    optimizer = nnx.Optimizer(model, optax.adam(learning_rate), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        def loss_fn(model):
+            logits = model(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
+
+        (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        optimizer.update(model, grads)
+        stats = (model.deq.steps_mean[...], model.deq.converged_fraction[...])
+        return loss, jnp.mean(jnp.argmax(logits, -1) == y), stats
+
+    @nnx.jit
+    def accuracy(model, x, y):
+        return jnp.mean(jnp.argmax(model(x), -1) == y)
+
+    rng = np.random.default_rng(seed)
+    n_batches = len(x_train) // batch_size
+    history = {k: [] for k in ("loss", "train_accuracy", "test_accuracy", "solver_steps", "converged")}
+    bar = tqdm(range(epochs), desc="epochs", disable=not progress)
+    for _ in bar:
+        order = rng.permutation(len(x_train))
+        sums = np.zeros(4)
+        for i in range(n_batches):
+            idx = order[i * batch_size:(i + 1) * batch_size]
+            loss, acc, (steps, converged) = train_step(model, optimizer, jnp.asarray(x_train[idx]), jnp.asarray(y_train[idx]))
+            sums += [float(loss), float(acc), float(steps), float(converged)]
+        loss, train_acc, steps, converged = sums / n_batches
+        test_acc = float(accuracy(model, jnp.asarray(x_test), jnp.asarray(y_test)))
+        for k, v in zip(history, (loss, train_acc, test_acc, steps, converged)):
+            history[k].append(float(v))
+        bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test_acc:.3f}", steps=f"{steps:.1f}")
+    return model, history
