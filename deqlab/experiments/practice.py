@@ -31,6 +31,8 @@ __all__ = [
     "depth_to_reach",
     "solver_race",
     "memory_curve",
+    "parameter_gradient",
+    "phantom_gradient_errors",
     "DigitsClassifier",
     "train_digits",
 ]
@@ -129,6 +131,32 @@ def memory_curve(problem: Problem, steps: Sequence[int] = (10, 25, 50, 100), *,
             compiled = jax.jit(jax.grad(loss)).lower(args[:3], args[3]).compile()
             curves[backward].append(int(compiled.memory_analysis().temp_size_in_bytes))
     return curves
+
+
+def parameter_gradient(problem: Problem, *, backward: str = "implicit", **options: Any):
+    """Gradient of sum(z*^2) w.r.t. the parameters (W, U, b) of a :func:`tanh_problem`."""
+    f, z0, args = problem
+
+    def loss(params):
+        z = fixed_point(f, z0, *params, args[3], backward=backward, batch_axis=0, **options).value
+        return jnp.sum(z**2)
+
+    return jax.jit(jax.grad(loss))(args[:3])
+
+
+def phantom_gradient_errors(problem: Problem, steps: Sequence[int], *, damping: float = 0.5,
+                            tol: float = 1e-10, max_steps: int = 500) -> list[float]:
+    """Relative error of the phantom gradient with k damped steps (Geng et al. 2021), for each k in
+    ``steps``, against the implicit gradient of 003 Theorem 1."""
+    options = dict(tol=tol, max_steps=max_steps)
+    exact = parameter_gradient(problem, backward="implicit", **options)
+    norm = jnp.sqrt(sum(jnp.sum(g**2) for g in exact))
+    errors = []
+    for k in steps:
+        approx = parameter_gradient(problem, backward="phantom", phantom_steps=int(k),
+                                    phantom_damping=damping, **options)
+        errors.append(float(jnp.sqrt(sum(jnp.sum((a - e) ** 2) for a, e in zip(approx, exact))) / norm))
+    return errors
 
 
 class DigitsClassifier(nnx.Module):
