@@ -182,7 +182,7 @@ def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float
         ``test_accuracy``, ``solver_steps`` (mean forward iterations) and ``converged`` (fraction
         of training samples whose forward solve converged).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     x_train, y_train = data.load_dataset("digits", split="train")
     x_test, y_test = data.load_dataset("digits", split="test")
