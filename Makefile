@@ -1,0 +1,65 @@
+# Set-up, tests and book build for deqlab / *Equilibrium*. On a fresh clone, with only Python 3.11+
+# and pip:
+#
+#   make book   # create .venv, install deqlab[book,test], build the book (executing notebooks)
+#   make test   # create .venv if needed, run unit tests + every notebook under book/
+#
+# Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
+# point it at an existing environment with `make test VENV=/path/to/venv`), JOBS (pytest-xdist
+# workers, default 2). DEQLAB_SCALE (quick|full, default quick) is passed through to notebooks.
+
+PYTHON ?= python3
+VENV ?= .venv
+JOBS ?= 2
+BIN := $(VENV)/bin
+NB_TIMEOUT ?= 900
+
+# Persistent JAX compilation cache shared by tests, nbmake and the book build (absolute path:
+# notebooks run with their own folder as working directory).
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+STAMP := $(VENV)/.deqlab-installed
+
+.PHONY: install test unit book clean distclean strip help
+
+help:
+	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
+	@echo "make test     unit tests + execute every notebook in book/ (outputs written back)"
+	@echo "make unit     unit tests only"
+	@echo "make book     build the book into _build/html (-W -n --keep-going)"
+	@echo "make strip    remove outputs from notebooks (run before committing)"
+	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
+
+install: $(STAMP)
+
+# Re-install when the package metadata changes. The venv is only created if it does not exist.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[book,test]"
+	@touch $@
+
+# Unit tests and nbmake over every notebook in book/. --overwrite writes the executed notebooks
+# back, so a following `make book` renders them without executing them again. Outputs stay in the
+# working tree: run `make strip` before committing (tests/test_notebooks_clean.py checks git).
+test: install
+	$(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite
+
+unit: install
+	$(BIN)/python -m pytest -n $(JOBS) tests
+
+# `execute_notebooks: auto` + book/_ext/executed_notebooks.py: notebooks already executed by
+# `make test` are not executed again; on a fresh clone every notebook is executed once.
+book: install
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+strip:
+	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')
+
+clean:
+	rm -rf _build .jax_cache .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -not -path './.venv*' -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf .venv .venv-floor *.egg-info

@@ -1,0 +1,160 @@
+"""pyproject.toml, environment.yml and the CI floor pins must describe the same environment."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+yaml = pytest.importorskip("yaml")  # pyyaml is in the `test` extra
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Extras mirrored in environment.yml. `peers` is deliberately left out of it (benchmarks only;
+# environment.yml says so in a comment).
+MIRRORED_EXTRAS = ("book", "test")
+UNMIRRORED_EXTRAS = ("peers",)
+FLOORED = ("jax", "flax", "optax")
+
+
+def _norm(name: str) -> str:
+    # lower-case, and '-', '_', '.' equivalent (PEP 503)
+    return canonicalize_name(name)
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _pyproject_requirements() -> dict[str, Requirement]:
+    project = _pyproject()["project"]
+    reqs = list(project["dependencies"])
+    for extra in MIRRORED_EXTRAS:
+        reqs += project["optional-dependencies"][extra]
+    out: dict[str, Requirement] = {}
+    for line in reqs:
+        req = Requirement(line)
+        assert _norm(req.name) not in out, f"{req.name} declared twice in pyproject.toml"
+        out[_norm(req.name)] = req
+    return out
+
+
+def _conda_spec_to_requirement(spec: str) -> Requirement:
+    # conda match specs: "python=3.11", "numpy >=1.26", "pip"
+    m = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(.*)", spec)
+    assert m, spec
+    name, version = m.groups()
+    version = version.strip()
+    if version and version[0] not in "<>=!~":
+        version = "==" + version
+    elif version.startswith("=") and not version.startswith("=="):
+        version = "=" + version
+    return Requirement(name + version)
+
+
+def _environment() -> tuple[dict, dict[str, Requirement], dict[str, Requirement]]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda: dict[str, Requirement] = {}
+    pip: dict[str, Requirement] = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            for line in dep["pip"]:
+                line = line.strip()
+                if line.startswith(("-e ", "--editable")):
+                    continue  # deqlab itself
+                req = Requirement(line)
+                assert _norm(req.name) not in pip, f"{req.name} twice in environment.yml"
+                pip[_norm(req.name)] = req
+        else:
+            req = _conda_spec_to_requirement(dep)
+            conda[_norm(req.name)] = req
+    return env, conda, pip
+
+
+def _env_requirements() -> dict[str, Requirement]:
+    _, conda, pip = _environment()
+    both = set(conda) & set(pip)
+    assert not both, f"declared both as conda and pip packages: {sorted(both)}"
+    merged = {**conda, **pip}
+    # the interpreter and installer are not package requirements of deqlab
+    merged.pop("python", None)
+    merged.pop("pip", None)
+    return merged
+
+
+def test_environment_yml_shape():
+    env, conda, pip = _environment()
+    assert env["channels"] == ["conda-forge"]
+    assert str(conda["python"].specifier) == "==3.11"
+    assert "pip" in conda
+    assert pip, "environment.yml has no pip: section"
+
+
+def test_environment_installs_deqlab_itself():
+    env, _, _ = _environment()
+    pip_lines = [d for d in env["dependencies"] if isinstance(d, dict)][0]["pip"]
+    assert any(line.strip() in ("-e .", "--editable .") for line in pip_lines)
+
+
+def test_same_package_names():
+    py, env = _pyproject_requirements(), _env_requirements()
+    assert sorted(py) == sorted(env), (
+        f"only in pyproject.toml: {sorted(set(py) - set(env))}; "
+        f"only in environment.yml: {sorted(set(env) - set(py))}"
+    )
+
+
+def test_same_version_specifiers():
+    py, env = _pyproject_requirements(), _env_requirements()
+    for name in sorted(set(py) & set(env)):
+        assert py[name].specifier == env[name].specifier, (
+            f"{name}: pyproject.toml says {py[name].specifier or '(any)'}, "
+            f"environment.yml says {env[name].specifier or '(any)'}"
+        )
+
+
+def _floor(req: Requirement) -> str:
+    floors = [s.version for s in req.specifier if s.operator == ">="]
+    assert len(floors) == 1, f"{req.name} must declare exactly one '>=' floor, has {req.specifier}"
+    return floors[0]
+
+
+@pytest.mark.parametrize("name", FLOORED)
+def test_floors_declared_and_equal(name):
+    py, env = _pyproject_requirements(), _env_requirements()
+    assert name in py, f"{name} missing from pyproject.toml dependencies"
+    assert name in env, f"{name} missing from environment.yml"
+    assert _floor(py[name]) == _floor(env[name])
+
+
+def test_floor_values():
+    # The floors are a project decision (what Colab preinstalls): change them deliberately.
+    py = _pyproject_requirements()
+    assert {n: _floor(py[n]) for n in FLOORED} == {"jax": "0.7.0", "flax": "0.11.0", "optax": "0.2.8"}
+
+
+def test_ci_floor_pins_match_pyproject():
+    pins = {}
+    for line in (ROOT / ".ci" / "floor-constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[_norm(req.name)] = spec.version
+    py = _pyproject_requirements()
+    for name in FLOORED:
+        assert pins.get(name) == _floor(py[name]), f"{name}: CI floor pin differs from pyproject"
+    assert pins.get("jaxlib") == pins["jax"], "jaxlib must be pinned to the jax floor"
+
+
+def test_unmirrored_extras_are_absent_from_environment():
+    # Documented choice: the `peers` extra is not part of environment.yml.
+    project = _pyproject()["project"]
+    env = _env_requirements()
+    for extra in UNMIRRORED_EXTRAS:
+        names = {_norm(Requirement(r).name) for r in project["optional-dependencies"][extra]}
+        assert not names & set(env), f"extra {extra!r} is partly mirrored: {sorted(names & set(env))}"
+    assert set(project["optional-dependencies"]) == set(MIRRORED_EXTRAS) | set(UNMIRRORED_EXTRAS)

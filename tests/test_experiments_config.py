@@ -1,0 +1,56 @@
+import pytest
+
+from deqlab.experiments import SCALE_ENV, get_scale, pick
+
+
+def test_env_var_name():
+    assert SCALE_ENV == "DEQLAB_SCALE"
+
+
+def test_default_is_quick(monkeypatch):
+    monkeypatch.delenv(SCALE_ENV, raising=False)
+    assert get_scale() == "quick"
+    assert pick(quick=1, full=2) == 1
+
+
+@pytest.mark.parametrize("raw", ["", "  "])
+def test_empty_means_quick(monkeypatch, raw):
+    monkeypatch.setenv(SCALE_ENV, raw)
+    assert get_scale() == "quick"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("quick", "quick"), ("full", "full"), (" FULL ", "full"), ("Quick", "quick")]
+)
+def test_valid_values(monkeypatch, raw, expected):
+    monkeypatch.setenv(SCALE_ENV, raw)
+    assert get_scale() == expected
+
+
+def test_pick_full(monkeypatch):
+    monkeypatch.setenv(SCALE_ENV, "full")
+    sentinel = object()
+    assert pick(quick=None, full=sentinel) is sentinel
+
+
+def test_pick_is_read_at_call_time(monkeypatch):
+    monkeypatch.setenv(SCALE_ENV, "quick")
+    assert pick(quick="q", full="f") == "q"
+    monkeypatch.setenv(SCALE_ENV, "full")
+    assert pick(quick="q", full="f") == "f"
+
+
+@pytest.mark.parametrize("raw", ["fast", "medium", "1", "quick,full"])
+def test_invalid_value_names_variable_and_choices(monkeypatch, raw):
+    monkeypatch.setenv(SCALE_ENV, raw)
+    with pytest.raises(ValueError) as err:
+        get_scale()
+    msg = str(err.value)
+    assert "DEQLAB_SCALE" in msg and "'quick'" in msg and "'full'" in msg and repr(raw) in msg
+    with pytest.raises(ValueError):
+        pick(quick=1, full=2)
+
+
+def test_pick_is_keyword_only():
+    with pytest.raises(TypeError):
+        pick(1, 2)  # type: ignore[misc]
