@@ -9,16 +9,12 @@ happens below a critical variance ``V_c`` that depends only on the ensemble.
 Throughout this module ``scale = sqrt(V)`` is the multiplier of ``W0`` (a standard deviation,
 not a variance). The families, with the normalisation of ``W0`` (``n x n``):
 
-==================  ==============================================  ===========  =========
-name                ``W0``                                          ``rho(W)``   ``V_c``
-==================  ==============================================  ===========  =========
-``"gaussian"``      Ginibre, i.i.d. ``N(0, 1/n)`` entries           ``scale``    ``1``
-``"orthogonal"``    Haar orthogonal ``O`` (``O^T O = I``)           ``scale``    ``1``
-``"goe"``           symmetric, off-diagonal var ``1/n``, diag       ``2 scale``  ``1/4``
-                    var ``2/n`` (Gaussian Orthogonal Ensemble)
-``"antisymmetric"`` ``(G - G^T)/sqrt(2n)``, ``G`` i.i.d. ``N(0,1)``;   ``2 scale``  ``1/4``
-                    off-diagonal var ``1/n``, zero diagonal
-==================  ==============================================  ===========  =========
+- ``"gaussian"``: Ginibre, i.i.d. ``N(0, 1/n)`` entries; ``rho(W) -> scale``, ``V_c = 1``.
+- ``"orthogonal"``: Haar orthogonal ``O`` (``O^T O = I``); ``rho(W) = scale``, ``V_c = 1``.
+- ``"goe"``: symmetric, off-diagonal variance ``1/n``, diagonal variance ``2/n`` (Gaussian
+  Orthogonal Ensemble); ``rho(W) -> 2 scale``, ``V_c = 1/4``.
+- ``"antisymmetric"``: ``(G - G^T)/sqrt(2n)`` with ``G`` i.i.d. ``N(0, 1)``, so off-diagonal
+  variance ``1/n`` and zero diagonal; ``rho(W) -> 2 scale``, ``V_c = 1/4``.
 
 ``rho(W)`` is the ``n -> inf`` limit of the spectral radius: the circular law (radius
 ``scale``) for Ginibre, the unit circle times ``scale`` for Haar orthogonal (exact at every

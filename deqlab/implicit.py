@@ -166,7 +166,7 @@ def fixed_point(
     phantom_steps: int = 5,
     phantom_damping: float = 0.5,
 ) -> Solution:
-    """Differentiable fixed point z* = f(z*, *args) (003 Theorem 1, Eq. 8 and 11).
+    """Differentiable fixed point ``z* = f(z*, *args)`` (003 Theorem 1, Eq. 8 and 11).
 
     Gradients flow to every pytree in ``args``; parameters must be passed there, never closed over
     by ``f`` (``jax.custom_vjp`` rejects closed-over tracers). ``z0`` receives a zero gradient

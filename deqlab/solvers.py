@@ -600,7 +600,7 @@ def solve(
     throw: bool = False,
     unrolled: bool = False,
 ) -> Solution:
-    """Find z* = f(z*, *args) starting from ``z0`` (003 Eq. 4-6).
+    """Find ``z* = f(z*, *args)`` starting from ``z0`` (003 Eq. 4-6).
 
     Args:
         f: the map, called as ``f(z, *args)``; must return a pytree shaped like ``z``.

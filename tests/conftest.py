@@ -3,14 +3,14 @@
 * float64 is enabled for the whole test process (numerical checks of solvers, implicit gradients
   and closed forms need it). Notebooks run by nbmake execute in their own kernels and keep JAX's
   float32 default.
-* Matplotlib uses the non-interactive Agg backend.
+* Matplotlib uses the non-interactive Agg backend in this process only: the variable
+  MPLBACKEND is deliberately not set, because the notebook kernels that nbmake starts inherit the
+  environment, and under Agg their figures would silently not be rendered.
 * Hypothesis: no per-example deadline (the first example of a jitted function pays the
   compilation); on CI (``CI`` set) examples are derandomised so runs are reproducible.
 """
 
 import os
-
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 import matplotlib  # noqa: E402
 

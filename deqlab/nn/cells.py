@@ -27,7 +27,7 @@ class TanhCell(nnx.Module):
     Args:
         width: size N of the hidden state z.
         in_features: size of the input x.
-        ensemble: family of W (see :data:`deqlab.ensembles.ENSEMBLES`).
+        ensemble: family of W, one of ``deqlab.ensembles.ENSEMBLES``.
         scale: scale sqrt(V) of W; default 0.9 of the ensemble's critical scale.
         param_dtype: dtype of the parameters (float32 for training, float64 for checks).
         rngs: ``nnx.Rngs``.

@@ -19,7 +19,7 @@ class SolveSummary(nnx.Variable):
 
 
 class DEQ(nnx.Module):
-    """Deep equilibrium layer z* = cell(z*, x), differentiated implicitly (003 §3.1).
+    """Deep equilibrium layer ``z* = cell(z*, x)``, differentiated implicitly (003 §3.1).
 
     The cell's parameters are split from its graph (``nnx.split``) and passed to
     :func:`deqlab.implicit.fixed_point` explicitly, so the custom VJP never closes over traced
