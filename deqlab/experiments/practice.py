@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -62,7 +63,7 @@ def tanh_problem(key: jax.Array, *, width: int = 64, batch: int = 16, in_feature
     """
     k_w, k_u, k_x = jax.random.split(key, 3)
     w = ensembles.sample(ensemble, k_w, width, scale, dtype)
-    u = input_scale * jax.random.normal(k_u, (width, in_features), dtype) / np.sqrt(in_features)
+    u = input_scale * jax.random.normal(k_u, (width, in_features), dtype) / math.sqrt(in_features)
     b = jnp.zeros((width,), dtype)
     x = jax.random.normal(k_x, (batch, in_features), dtype)
     return Problem(tanh_map, jnp.zeros((batch, width), dtype), (w, u, b, x))

@@ -1,0 +1,1 @@
+"""Performance benchmarks of deqlab against its peers (see benchmarks/README.md)."""

@@ -1,0 +1,67 @@
+"""Memory: compiled temporary memory of one training step, implicit against unrolled backward.
+
+Run: ``python -m benchmarks.memory [--size tiny|quick|full]``.
+
+1. A tanh DEQ layer, gradient of sum(z*^2) w.r.t. (W, U, b): implicit backward against backprop
+   through L = 10, 25, 50, 100 forward iterations (the forward solve is forced to run exactly L
+   Picard steps); the saving at L = 50, and the implicit memory at L = 10 against L = 100.
+2. Solver history buffers: the implicit step with Anderson and Broyden must not grow with
+   ``max_steps`` (locuslab/deq issue 28). For contrast, jaxopt's Broyden forward solve, which by
+   default keeps ``maxiter`` history.
+
+Numbers come from ``jax.jit(fn).lower(...).compile().memory_analysis()``; no timing.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.common import optional, parse_args, table, temp_bytes
+from deqlab.experiments import practice
+
+
+def main(argv=None) -> dict:
+    args = parse_args(__doc__.splitlines()[0], argv)
+    width, batch = {"tiny": (32, 8), "quick": (256, 128), "full": (1024, 256)}[args.size]
+    steps = [10, 25, 50, 100]
+    problem = practice.tanh_problem(jax.random.PRNGKey(0), width=width, batch=batch, scale=0.9,
+                                    dtype=jnp.float32)
+    curves = practice.memory_curve(problem, steps, backwards=("implicit", "unrolled"), solver="picard")
+    history = {
+        solver: practice.memory_curve(problem, steps, backwards=("implicit",), solver=solver)["implicit"]
+        for solver in ("anderson", "broyden")
+    }
+    rows = []
+    for i, length in enumerate(steps):
+        rows.append({
+            "L": length,
+            "unrolled MiB": curves["unrolled"][i] / 2**20,
+            "implicit MiB (picard)": curves["implicit"][i] / 2**20,
+            "implicit MiB (anderson)": history["anderson"][i] / 2**20,
+            "implicit MiB (broyden)": history["broyden"][i] / 2**20,
+        })
+
+    jaxopt = optional("jaxopt")
+    if jaxopt is not None:
+        f, z0, params = problem
+        for i, length in enumerate(steps):
+            solver = jaxopt.Broyden(lambda z, *a: f(z, *a) - z, maxiter=length, tol=1e-30)
+            rows[i]["jaxopt Broyden fwd MiB"] = temp_bytes(lambda p: solver.run(z0, *p).params, params) / 2**20
+
+    print(f"size={args.size}: tanh DEQ, width {width}, batch {batch}, float32")
+    print(table(rows, list(rows[0])))
+    at_50 = steps.index(50)
+    saving = 1 - curves["implicit"][at_50] / curves["unrolled"][at_50]
+    flatness = {name: values[-1] / values[0] for name, values in
+                {"picard": curves["implicit"], **history}.items()}
+    print("implicit memory ratio L=100 / L=10:", ", ".join(f"{k} {v:.3f}" for k, v in flatness.items()))
+    print(f"HEADLINE memory: implicit backward saves {100 * saving:.1f}% of unrolled at L=50 "
+          f"(target >= 90%); flat in L: {max(flatness.values()):.3f} (target <= 1.05)")
+    return {"saving_at_50": saving, "flatness": flatness, "rows": rows}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
