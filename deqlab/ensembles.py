@@ -12,9 +12,11 @@ not a variance). The families, with the normalisation of ``W0`` (``n x n``):
 - ``"gaussian"``: Ginibre, i.i.d. ``N(0, 1/n)`` entries; ``rho(W) -> scale``, ``V_c = 1``.
 - ``"orthogonal"``: Haar orthogonal ``O`` (``O^T O = I``); ``rho(W) = scale``, ``V_c = 1``.
 - ``"goe"``: symmetric, off-diagonal variance ``1/n``, diagonal variance ``2/n`` (Gaussian
-  Orthogonal Ensemble); ``rho(W) -> 2 scale``, ``V_c = 1/4``.
-- ``"antisymmetric"``: ``(G - G^T)/sqrt(2n)`` with ``G`` i.i.d. ``N(0, 1)``, so off-diagonal
-  variance ``1/n`` and zero diagonal; ``rho(W) -> 2 scale``, ``V_c = 1/4``.
+  Orthogonal Ensemble, same law as ``(G + G^T)/sqrt(2n)``); ``rho(W) -> 2 scale``,
+  ``V_c = 1/4``.
+- ``"antisymmetric"``: ``W0^T = -W0`` with i.i.d. ``N(0, 1/n)`` entries above the diagonal
+  and zero diagonal (same law as ``(G - G^T)/sqrt(2n)``, ``G`` i.i.d. ``N(0, 1)``);
+  ``rho(W) -> 2 scale``, ``V_c = 1/4``.
 
 ``rho(W)`` is the ``n -> inf`` limit of the spectral radius: the circular law (radius
 ``scale``) for Ginibre, the unit circle times ``scale`` for Haar orthogonal (exact at every
@@ -25,7 +27,8 @@ semicircle on ``i [-2, 2]``; hence the same critical scale ``1/2`` as GOE.
 
 All samplers take an explicit PRNG key (raw ``uint32[2]`` or typed ``jax.random.key``), are
 pure, and are ``jit``/``vmap`` safe: ``name``, ``n``/``shape`` and ``dtype`` must be static
-Python values, while ``scale`` may be a traced scalar. Argument validation raises
+Python values, while ``scale`` may be a traced scalar. GOE and antisymmetric samples are
+bitwise (anti)symmetric, also under ``jit``. Argument validation raises
 ``ValueError``; checks on ``scale`` (sign, finiteness) only run when ``scale`` is concrete,
 since a traced value cannot be inspected without breaking ``jit``.
 
@@ -128,10 +131,11 @@ def _check_dtype(dtype: Any, where: str) -> np.dtype:
 
 
 def _check_shape(shape: Any, name: str, where: str) -> tuple[int, int]:
+    bad = f"{where}: shape must be a 2-D tuple of positive ints, got {shape!r}"
     try:
         dims = tuple(shape)
     except TypeError:
-        raise ValueError(f"{where}: shape must be a 2-D tuple of positive ints, got {shape!r}") from None
+        raise ValueError(bad) from None
     if len(dims) != 2:
         raise ValueError(
             f"{where}: shape must be 2-D (fan_in, fan_out), got {shape!r} with {len(dims)} dims"
@@ -141,7 +145,7 @@ def _check_shape(shape: Any, name: str, where: str) -> tuple[int, int]:
             raise TypeError
         rows, cols = (operator.index(d) for d in dims)
     except TypeError:
-        raise ValueError(f"{where}: shape must be a 2-D tuple of positive ints, got {shape!r}") from None
+        raise ValueError(bad) from None
     if rows < 1 or cols < 1:
         raise ValueError(f"{where}: shape must have positive dimensions, got {shape!r}")
     if name in ("goe", "antisymmetric") and rows != cols:
@@ -179,14 +183,24 @@ def _w0(name: str, key: jax.Array, rows: int, cols: int, dtype: Any) -> jax.Arra
         return jax.random.normal(key, (rows, cols), dtype) / jnp.sqrt(jnp.asarray(rows, dtype))
     if name == "orthogonal":
         return _haar(key, rows, cols, dtype)
-    n = rows  # goe / antisymmetric are square (checked by callers)
+    # goe / antisymmetric (square, checked by callers). The upper triangle of a standard
+    # Gaussian G is mirrored *before* any arithmetic, and then every entry is multiplied by a
+    # symmetric constant. Writing W0 = (G +- G^T) / sqrt(2n) instead is (anti)symmetric only in
+    # exact arithmetic: under jit, XLA may reorder the sum and contract it into FMAs
+    # differently for (i, j) and (j, i), breaking symmetry in the last bit. Here
+    # W0_ij = W0_ji (or -W0_ji) holds bitwise, in eager mode and under jit/vmap.
+    n = rows
     g = jax.random.normal(key, (n, n), dtype)
-    norm = jnp.sqrt(jnp.asarray(2 * n, dtype))
+    i = jnp.arange(n)[:, None]
+    j = jnp.arange(n)[None, :]
+    off = 1.0 / math.sqrt(n)
     if name == "goe":
-        # Off-diagonal (g_ij + g_ji)/sqrt(2n): var 2/(2n) = 1/n; diagonal 2 g_ii/sqrt(2n): var 2/n.
-        return (g + g.T) / norm
-    # antisymmetric: off-diagonal (g_ij - g_ji)/sqrt(2n): var 1/n; diagonal exactly 0.
-    return (g - g.T) / norm
+        # Off-diagonal g_ij / sqrt(n): var 1/n; diagonal g_ii * sqrt(2/n): var 2/n.
+        mirrored = jnp.where(i <= j, g, g.T)
+        return mirrored * jnp.where(i == j, math.sqrt(2.0) * off, off).astype(dtype)
+    # antisymmetric: off-diagonal +-g_ij / sqrt(n): var 1/n; diagonal exactly 0.
+    mirrored = jnp.where(i < j, g, jnp.where(i > j, -g.T, jnp.zeros((), dtype)))
+    return mirrored * jnp.asarray(off, dtype)
 
 
 def _scaled(name, key, rows, cols, scale, dtype) -> jax.Array:

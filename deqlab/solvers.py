@@ -501,9 +501,9 @@ def _run(config, func, z0_flat, unrolled):
         ~finite0, Result.NONFINITE, jnp.where(res0 <= tol, Result.SUCCESS, Result.MAX_STEPS_REACHED)
     ).astype(jnp.int32)
     active0 = result0 == Result.MAX_STEPS_REACHED
-    # The trace is kept batch-first and written with where(): no scatter, so a batch sharded
-    # across devices (explicit or automatic sharding) stays sharded.
-    trace0 = jnp.repeat(jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max)[:, None], config.max_steps + 1, axis=1)
+    # One row per step, written with dynamic_update_slice: O(B) per step, and the batch axis (the
+    # second) keeps the sharding of the residuals when the batch is split across devices.
+    trace0 = jnp.repeat(jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max)[None, :], config.max_steps + 1, axis=0)
     fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
     solver_state0 = config.init(z0_flat, fz0_safe)
     carry0 = dict(
@@ -548,7 +548,7 @@ def _run(config, func, z0_flat, unrolled):
         result = jnp.where(diverged, Result.DIVERGED, result).astype(jnp.int32)
         step = carry["step"] + 1
         steps = carry["steps"] + active.astype(jnp.int32)
-        trace = jnp.where(jnp.arange(config.max_steps + 1)[None, :] == step, res[:, None], carry["trace"])
+        trace = jax.lax.dynamic_update_slice(carry["trace"], res[None, :], (step, jnp.zeros_like(step)))
         return dict(
             z=z,
             fz=fz,
@@ -575,8 +575,8 @@ def _run(config, func, z0_flat, unrolled):
         final = jax.lax.while_loop(cond, body, carry0)
 
     # Rows after the last step repeat the final residual, so the trace is finite and plottable.
-    columns = jnp.arange(config.max_steps + 1)[None, :]
-    trace = jnp.where(columns <= final["step"], final["trace"], final["res"][:, None]).T
+    rows = jnp.arange(config.max_steps + 1)[:, None]
+    trace = jnp.where(rows <= final["step"], final["trace"], final["res"][None, :])
     # In unrolled mode the value must be differentiable through the iterations; the best iterate
     # selection is a where() and keeps that property.
     stats = dict(
