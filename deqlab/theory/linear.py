@@ -1,0 +1,456 @@
+"""Closed forms for linear deep equilibrium models (001 §2, App. A, App. B.1, App. C.2).
+
+The linear DEQ is ``z* = W z* + x``, i.e. ``z* = M x`` with ``M = (I - W)^{-1}`` (001 Eq. 2, 4),
+found by the tied iteration ``z_{t+1} = W z_t + x`` (001 Eq. 3). The *untied* comparison model
+draws a fresh ``W_t`` at every step, ``z_{t+1} = W_t z_t + x`` (001 Eq. 6), and ``M`` is then
+``sum_k W_{t-1} ... W_{t-k}`` in the limit of many steps.
+
+**Convention for V.** ``W = sqrt(V) W0`` with ``W0`` normalised exactly as in
+:mod:`deqlab.ensembles` (``scale = sqrt(V)``), which is also the normalisation of 001 §2.1.2 and
+App. A.1:
+
+- ``"gaussian"`` (Ginibre): i.i.d. entries of variance ``V/N``; ``V_c = 1``.
+- ``"orthogonal"``: ``sqrt(V)`` times a Haar orthogonal matrix; ``V_c = 1``.
+- ``"goe"``: symmetric, off-diagonal variance ``V/N``, diagonal ``2V/N``; semicircle of radius
+  ``2 sqrt(V)``; ``V_c = 1/4``.
+
+``V_c`` is the variance at which the large-``N`` spectral radius of ``W`` reaches 1
+(:func:`critical_V`, equal to :func:`deqlab.ensembles.critical_variance`). All closed forms are
+``N -> inf`` limits; they exist for ``0 <= V < V_c`` and raise ``ValueError`` outside that range.
+
+**Normalised traces.** ``tr`` is the normalised trace ``(1/N) Tr`` (001 §2.1.1). With the input
+``x`` of i.i.d. unit-variance entries, the quantities here are (expectations over ``W`` and ``x``)
+
+- :func:`first_moment`: ``lim E[z*_i] / x_i = lim E tr[M]``,
+- :func:`second_moment`: ``lim (1/N) E[z* . z*] = lim E tr[M^T M]`` (001 Eq. 10, 58-60, 63-66),
+- :func:`variance`: ``lim Var_W[z*_i] / ((1/N) x . x) = second_moment - first_moment**2``
+  (001 Eq. 8, 9, 11, 57),
+- :func:`gram_trace` with ``power=2``: ``lim E tr[(M^T M)^2]``, the quantity plotted in 001
+  Fig. 1,
+- :func:`length_variance`: ``lim (1/N) E_W Var_x[z . z] = 2 lim E tr[(M^T M)^2]`` (001
+  Definition 2.1 and Lemma 2.2 with ``sigma_x = 1``; Eq. 14-20).
+
+Where 001 prints something else, the functions implement what the derivation and the simulations
+in ``tests/test_theory_linear.py`` agree on; Chapter 1 of the book ("Linear DEQs and random matrix
+ensembles") lists each discrepancy:
+
+1. 001 Eq. 65-66 and 11 (GOE second moment) drop a factor 2 in the derivative of the Catalan
+   generating function (Eq. 64 itself is right): the second moment is
+   ``2/sqrt(1-4V) - (1-sqrt(1-4V))/(2V)``, not ``1/sqrt(1-4V) - ...``.
+2. 001 App. A.3 states ``E[z*] = x`` for every rotation-invariant ensemble; for the GOE
+   ``E[z*] = f_c(V) x`` with the Catalan generating function ``f_c(V) = (1-sqrt(1-4V))/(2V)``
+   (001 Eq. 62), so the variance of ``z*_i`` is ``second_moment - f_c(V)**2``.
+3. 001 Eq. 14 / 76 (untied weights, Gaussian and GOE) assume that the terms of Eq. 74 with
+   ``j != l`` factorise; the nested products ``W_1 ... W_j`` and ``W_1 ... W_l`` do not, and the
+   GOE has further pairings. The correct limits diverge as ``delta^-3``, not ``delta^-2``.
+4. 001 Eq. 86: the GOE asymptote is ``(1/32) delta'^{-5/2}`` for ``sqrt(V) = 1/2 - delta'``
+   (the integral of Eq. 85 is ``pi/16``), i.e. exactly ``(1-4V)^{-5/2}``; not ``1/8``.
+5. Normalisation: Definition 2.1 and Lemma 2.2 give ``sigma^2 = 2 tr[(M^T M)^2]`` of order one
+   (with the normalised trace); the paper writes this same quantity as ``lim N sigma^2``
+   (Eq. 19, 20) and prints the orthogonal case (Eq. 18) without the factor 2 of Eq. 79.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from deqlab import ensembles as _ensembles
+
+__all__ = [
+    "ENSEMBLES",
+    "critical_V",
+    "delta",
+    "first_moment",
+    "second_moment",
+    "variance",
+    "gram_trace",
+    "length_variance",
+    "goe_length_variance_integral",
+    "divergence",
+    "asymptote",
+    "power_series",
+    "ntk",
+]
+
+ENSEMBLES: tuple[str, ...] = ("gaussian", "orthogonal", "goe")
+"""The weight ensembles of 001 §2 (names as in :mod:`deqlab.ensembles`)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check_ensemble(ensemble: Any, where: str) -> str:
+    if not isinstance(ensemble, str) or ensemble not in ENSEMBLES:
+        raise ValueError(f"{where}: ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
+    return ensemble
+
+
+def _check_tied(tied: Any, where: str) -> bool:
+    if not isinstance(tied, (bool, np.bool_)):
+        raise ValueError(f"{where}: tied must be True or False, got {tied!r}")
+    return bool(tied)
+
+
+def _check_V(V: Any, ensemble: str, where: str, tied: bool = True) -> tuple[np.ndarray, bool]:
+    """``V`` as a float64 array, checked to lie in ``[0, V_c)``; also whether it was a scalar."""
+    vc = critical_V(ensemble, tied)
+    valid = f"0 <= V < V_c = {vc:g} for {ensemble!r} ({'tied' if tied else 'untied'} weights)"
+    if isinstance(V, (bool, np.bool_)):
+        raise ValueError(f"{where}: V must be a real number with {valid}, got {V!r}")
+    try:
+        arr = np.asarray(V, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: V must be a real number with {valid}, got {V!r}") from None
+    if arr.size == 0:
+        raise ValueError(f"{where}: V must not be empty")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr >= vc):
+        bad = arr[~(np.isfinite(arr) & (arr >= 0) & (arr < vc))].ravel()[0]
+        raise ValueError(
+            f"{where}: V must satisfy {valid} (the N -> inf limit does not exist at or above "
+            f"V_c), got V = {bad:g}"
+        )
+    return arr, arr.ndim == 0
+
+
+def _out(values: np.ndarray, scalar: bool):
+    return float(values) if scalar else values
+
+
+# --------------------------------------------------------------------------------------------
+# Critical variance and distance to it
+# --------------------------------------------------------------------------------------------
+
+
+def critical_V(ensemble: str, tied: bool = True) -> float:
+    """Critical variance ``V_c``: 1 for ``"gaussian"`` and ``"orthogonal"``, 1/4 for ``"goe"``.
+
+    Above ``V_c`` the large-``N`` spectral radius of ``W = sqrt(V) W0`` exceeds 1 and the tied
+    iteration (001 Eq. 3) diverges (001 §2.1.2: ``V_c = 1`` for i.i.d. and orthogonal weights,
+    ``1/4`` for the GOE, "the spectral radius of ``2 sqrt(V)`` of the semi-circular law").
+    Equal to :func:`deqlab.ensembles.critical_variance`.
+
+    With ``tied=False`` (independent ``W_t`` at every step, 001 Eq. 6) the statistics only see
+    ``tr[W_t^T W_t] = V`` (001 Eq. 56), so ``V_c = 1`` for every ensemble, the GOE included.
+    """
+    ensemble = _check_ensemble(ensemble, "theory.linear.critical_V")
+    tied = _check_tied(tied, "theory.linear.critical_V")
+    return float(_ensembles.critical_variance(ensemble)) if tied else 1.0
+
+
+def delta(ensemble: str, V, tied: bool = True):
+    """Distance to the transition ``delta = 1 - V / V_c`` (001 §2.2.3, Fig. 1)."""
+    where = "theory.linear.delta"
+    ensemble = _check_ensemble(ensemble, where)
+    tied = _check_tied(tied, where)
+    arr, scalar = _check_V(V, ensemble, where, tied)
+    return _out(1.0 - arr / critical_V(ensemble, tied), scalar)
+
+
+def _catalan_gf(V: np.ndarray) -> np.ndarray:
+    """``f_c(V) = sum_k C_k V^k = (1 - sqrt(1-4V)) / (2V) = 2 / (1 + sqrt(1-4V))`` (001 Eq. 62)."""
+    return 2.0 / (1.0 + np.sqrt(1.0 - 4.0 * V))
+
+
+# --------------------------------------------------------------------------------------------
+# First and second moments
+# --------------------------------------------------------------------------------------------
+
+
+def first_moment(ensemble: str, V, tied: bool = True):
+    """``lim_{N->inf} E[z*_i] / x_i = lim E tr[(I - W)^{-1}]``.
+
+    For every orthogonally invariant ensemble ``E[(I - W)^{-1}] = g I`` with
+    ``g = E tr[(I - W)^{-1}] = sum_k tr[W^k]`` (001 Eq. 59 with one factor). ``tr[W^k] -> 0``
+    (``k >= 1``) for Gaussian and orthogonal ``W``, so ``g = 1``; for the GOE
+    ``tr[W^{2k}] = C_k V^k`` (001 Eq. 61), so ``g = f_c(V) = (1 - sqrt(1-4V)) / (2V)``, the
+    Catalan generating function of 001 Eq. 62, not 1 as stated in 001 App. A.3. Untied weights:
+    ``E[z_t] = x`` (each ``W_t`` has mean zero), so 1.
+    """
+    where = "theory.linear.first_moment"
+    ensemble = _check_ensemble(ensemble, where)
+    tied = _check_tied(tied, where)
+    arr, scalar = _check_V(V, ensemble, where, tied)
+    if tied and ensemble == "goe":
+        return _out(_catalan_gf(arr), scalar)
+    return _out(np.ones_like(arr), scalar)
+
+
+def second_moment(ensemble: str, V, tied: bool = True):
+    """``lim_{N->inf} (1/N) E[z* . z*]`` for unit-variance ``x``: ``lim E tr[M^T M]``.
+
+    - Tied, ``"gaussian"`` and ``"orthogonal"``: ``1 / (1 - V)`` (001 Eq. 60, Eq. 8 plus the
+      squared mean).
+    - Tied, ``"goe"``: ``sum_i (2i+1) C_i V^i = 2 V f_c'(V) + f_c(V)`` (001 Eq. 63-64)
+      ``= 2 / sqrt(1-4V) - (1 - sqrt(1-4V)) / (2V)``. 001 Eq. 65-66 print ``1/sqrt(1-4V)`` for
+      the first term (a factor 2 lost in ``f_c'``); the value here is the one checked against
+      simulation.
+    - Untied (any of the three): ``1 / (1 - V)`` from the recursion of 001 Eq. 56.
+
+    Diverges as ``delta^-1`` (``delta^-1/2`` for the tied GOE), see :func:`divergence`.
+    """
+    return gram_trace(ensemble, V, power=1, tied=tied, _where="theory.linear.second_moment")
+
+
+def variance(ensemble: str, V, tied: bool = True):
+    """``lim_{N->inf} Var_W[z*_i]`` in units of ``(1/N) x . x``: ``second_moment - first_moment**2``.
+
+    Gaussian and orthogonal (tied), and all untied cases: ``V / (1 - V)`` (001 Eq. 8, 57).
+    Tied GOE: ``2/sqrt(1-4V) - f_c(V) - f_c(V)^2`` with ``f_c`` the Catalan generating function
+    (001 Eq. 62): the mean of ``z*_i`` is ``f_c(V) x_i``, not ``x_i``, which 001 Eq. 9 and 11
+    overlook (Eq. 11 also carries the factor-2 slip of Eq. 65).
+
+    By 001 Theorem A.2 (Gaussian weights) ``z*_i`` is asymptotically Gaussian with this variance
+    around its mean.
+    """
+    where = "theory.linear.variance"
+    m2 = np.asarray(gram_trace(ensemble, V, power=1, tied=tied, _where=where))
+    m1 = np.asarray(first_moment(ensemble, V, tied=tied))
+    return _out(m2 - m1**2, np.ndim(V) == 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Fourth moment: tr[(M^T M)^2] and the length variance
+# --------------------------------------------------------------------------------------------
+
+
+def gram_trace(ensemble: str, V, power: int = 2, tied: bool = True, *, _where: str | None = None):
+    """``lim_{N->inf} E tr[(M^T M)^power]`` for ``power`` 1 or 2 (normalised trace).
+
+    ``M = (I - W)^{-1}`` (tied) or ``M = sum_k W_1 ... W_k`` (untied, infinite depth).
+
+    ``power = 1`` is :func:`second_moment`. ``power = 2``, ``tr[((I - W)^{-T} (I - W)^{-1})^2]``,
+    is the quantity of 001 Fig. 1:
+
+    - tied ``"gaussian"``: ``m_2 = V^2/(1-V)^4 + 2V/(1-V)^3 + 1/(1-V)^2 = 1/(1-V)^4``
+      (001 Eq. 191; Eq. 19 is twice this);
+    - tied ``"orthogonal"``: ``sum_i (i+1)^2 V^i = 2/(1-V)^3 - 1/(1-V)^2 = (1+V)/(1-V)^3``
+      (001 Eq. 79, Eq. 18);
+    - tied ``"goe"``: ``(1/(4V)) [(1-4V)^{-5/2} - (1-4V)^{-3/2}] = (1-4V)^{-5/2}``
+      (001 Eq. 148; Eq. 20 is twice this; equal to the semicircle integral of Eq. 81,
+      :func:`goe_length_variance_integral`);
+    - untied ``"orthogonal"``: ``2/(1-V)^2 - 1/(1-V^2) = (1+3V)/((1-V)^2 (1+V))`` (001 Eq. 77,
+      15);
+    - untied ``"gaussian"``: ``(1 + 2V - 2V^2) / ((1-V)^2 (1-V^2))``;
+    - untied ``"goe"``: the Gaussian value plus ``2V / (1-V^2)``.
+
+    The untied Gaussian and GOE forms replace 001 Eq. 76 / 14 (``1/(1-V^2)^2 + 2/(1-V)^2 -
+    2/(1-V^2)``), which disagrees with simulation. Derivation (free probability, ``N -> inf``):
+    with ``M' = I + s M``, ``s = sqrt(V) W0`` free from ``M``, ``A = M M^T``, ``q = tr A``,
+    ``r = tr A^2`` and ``tr M = 1``, expanding ``tr[(M' M'^T)^2]`` gives
+    ``r' = 1 + 4Vq + V^2 (q^2 + r)`` for a circular ``s`` (Ginibre), the extra ``2V tr[M]^2``
+    from ``tr[s M s M]`` for a semicircular ``s`` (GOE), and ``r' = 1 + 4Vq + V^2 r`` for a Haar
+    ``s`` (``s^T s = V I``); the fixed point with ``q = 1/(1-V)`` is the formula above.
+    """
+    where = _where or "theory.linear.gram_trace"
+    ensemble = _check_ensemble(ensemble, where)
+    tied = _check_tied(tied, where)
+    if isinstance(power, (bool, np.bool_)) or power not in (1, 2):
+        raise ValueError(f"{where}: power must be 1 or 2, got {power!r}")
+    arr, scalar = _check_V(V, ensemble, where, tied)
+    v = arr
+    if power == 1:
+        if tied and ensemble == "goe":
+            s = np.sqrt(1.0 - 4.0 * v)
+            out = _catalan_gf(v) / s  # = 2/s - f_c(V)
+        else:
+            out = 1.0 / (1.0 - v)
+        return _out(out, scalar)
+    if tied:
+        if ensemble == "gaussian":
+            out = 1.0 / (1.0 - v) ** 4
+        elif ensemble == "orthogonal":
+            out = (1.0 + v) / (1.0 - v) ** 3
+        else:
+            out = (1.0 - 4.0 * v) ** -2.5
+        return _out(out, scalar)
+    if ensemble == "orthogonal":
+        out = (1.0 + 3.0 * v) / ((1.0 - v) ** 2 * (1.0 + v))
+    else:
+        out = (1.0 + 2.0 * v - 2.0 * v**2) / ((1.0 - v) ** 2 * (1.0 - v**2))
+        if ensemble == "goe":
+            out = out + 2.0 * v / (1.0 - v**2)
+    return _out(out, scalar)
+
+
+def length_variance(ensemble: str, V, tied: bool = True):
+    """Length variance ``lim_{N->inf} (1/N) E_W Var_x[z . z] = 2 gram_trace(ensemble, V, 2)``.
+
+    001 Definition 2.1 and Lemma 2.2 with ``sigma_x = 1``: for ``z = M x`` with ``x`` i.i.d.
+    ``N(0, 1)``, ``Var_x[z . z] = 2 Tr[(M^T M)^2]`` exactly, so ``(1/N) E Var_x[z . z] =
+    2 E tr[(M^T M)^2]`` with the normalised trace. 001 writes the same number as
+    ``lim N sigma^2``: Eq. 19 (Gaussian, ``2/(1-V)^4``), Eq. 20 (GOE, ``2 (1-4V)^{-5/2}``), Eq. 18
+    (orthogonal, printed without the factor 2 of Eq. 79: ``2 (1+V)/(1-V)^3`` here), and for untied
+    weights Eq. 15/77 (orthogonal) and a corrected Eq. 14/76 (Gaussian, GOE); see
+    :func:`gram_trace`.
+
+    Divergence at ``V -> V_c`` (:func:`divergence`): tied ``delta^-4`` (Gaussian), ``delta^-3``
+    (orthogonal), ``delta^-5/2`` (GOE); untied ``delta^-2`` (orthogonal), ``delta^-3``
+    (Gaussian, GOE).
+    """
+    out = gram_trace(ensemble, V, power=2, tied=tied, _where="theory.linear.length_variance")
+    return 2.0 * out if np.ndim(out) else 2.0 * float(out)
+
+
+def goe_length_variance_integral(V, nodes: int | None = None):
+    """``(2/pi) int_{-1}^{1} sqrt(1 - x^2) / (1 - 2 sqrt(V) x)^4 dx`` (001 Eq. 81).
+
+    The semicircle average of ``(1 - lambda)^{-4}``: the ``N -> inf`` value of
+    ``tr[(I - W)^{-4}]`` for GOE ``W``, also the switched-limit series of 001 Eq. 80. It equals
+    :func:`gram_trace` ``("goe", V, 2)`` = ``(1-4V)^{-5/2}`` (001 Eq. 148), which is how the two
+    derivations of 001 are checked against each other. (001 calls this ``sigma^2(inf)``; it is
+    half the length variance in the normalisation of :func:`length_variance`.)
+
+    Evaluated by Gauss-Chebyshev quadrature of the second kind with ``nodes`` points (default:
+    enough for relative error below ``1e-12``: the integrand's pole at ``1/(2 sqrt(V))`` sets
+    the geometric convergence rate).
+    """
+    where = "theory.linear.goe_length_variance_integral"
+    arr, scalar = _check_V(V, "goe", where)
+    if nodes is None:
+        # Convergence factor rho = a + sqrt(a^2 - 1) with a = 1/(2 sqrt(V)) (Bernstein ellipse).
+        a = 1.0 / (2.0 * np.sqrt(np.maximum(arr.max(), 1e-300)))
+        rho = a + math.sqrt(max(a * a - 1.0, 0.0))
+        nodes = int(min(max(64, math.ceil(40.0 / math.log(rho)) + 64), 2_000_000))
+    elif isinstance(nodes, (bool, np.bool_)) or not isinstance(nodes, (int, np.integer)) or nodes < 1:
+        raise ValueError(f"{where}: nodes must be a positive int, got {nodes!r}")
+    k = np.arange(1, nodes + 1)
+    theta = k * np.pi / (nodes + 1)
+    x = np.cos(theta)
+    w = np.pi / (nodes + 1) * np.sin(theta) ** 2
+    sv = np.sqrt(arr)[..., None]
+    vals = (2.0 / np.pi) * np.sum(w / (1.0 - 2.0 * sv * x) ** 4, axis=-1)
+    return _out(vals, scalar)
+
+
+# --------------------------------------------------------------------------------------------
+# Divergence near V_c
+# --------------------------------------------------------------------------------------------
+
+# (amplitude A, exponent p) with quantity ~ A * delta^{-p}, delta = 1 - V/V_c.
+_DIVERGENCE = {
+    ("second", True, "gaussian"): (1.0, 1.0),
+    ("second", True, "orthogonal"): (1.0, 1.0),
+    ("second", True, "goe"): (2.0, 0.5),
+    ("second", False, "gaussian"): (1.0, 1.0),
+    ("second", False, "orthogonal"): (1.0, 1.0),
+    ("second", False, "goe"): (1.0, 1.0),
+    ("length", True, "gaussian"): (2.0, 4.0),
+    ("length", True, "orthogonal"): (4.0, 3.0),
+    ("length", True, "goe"): (2.0, 2.5),
+    ("length", False, "gaussian"): (1.0, 3.0),
+    ("length", False, "orthogonal"): (4.0, 2.0),
+    ("length", False, "goe"): (1.0, 3.0),
+}
+
+
+def divergence(ensemble: str, quantity: str = "length", tied: bool = True) -> tuple[float, float]:
+    """``(A, p)`` with ``quantity ~ A delta^{-p}`` as ``delta = 1 - V/V_c -> 0``.
+
+    ``quantity`` is ``"second"`` (:func:`second_moment`) or ``"length"``
+    (:func:`length_variance`). Exponents: second moment 1 (``1/2`` for the tied GOE, 001 §2.1.2,
+    App. A.3); length variance, tied: 4 (Gaussian, 001 Eq. 19), 3 (orthogonal, Eq. 18),
+    5/2 (GOE, Eq. 20, 86); untied: 2 (orthogonal, Eq. 15) and 3 (Gaussian and GOE; 001 §2.2.1
+    states 2 for every ensemble, which holds only for the orthogonal one, see
+    :func:`gram_trace`). The amplitudes follow from the closed forms, e.g. the tied GOE
+    length variance is exactly ``2 delta^{-5/2}``.
+
+    ``delta`` is relative to :func:`critical_V` ``(ensemble, tied)``: for untied weights
+    ``V_c = 1`` for every ensemble, the GOE included.
+    """
+    where = "theory.linear.divergence"
+    ensemble = _check_ensemble(ensemble, where)
+    tied = _check_tied(tied, where)
+    if quantity not in ("second", "length"):
+        raise ValueError(f"{where}: quantity must be 'second' or 'length', got {quantity!r}")
+    return _DIVERGENCE[(quantity, tied, ensemble)]
+
+
+def asymptote(ensemble: str, V, quantity: str = "length", tied: bool = True):
+    """Leading term ``A delta^{-p}`` of :func:`divergence` at ``V`` (``delta = 1 - V/V_c``).
+
+    For the tied GOE length variance this is 001 Eq. 86 in the variable ``delta = 1 - 4V``:
+    ``2 delta^{-5/2}``, exact for all ``V``. In the paper's variable ``sqrt(V) = 1/2 - delta'``
+    the leading term of ``tr[(I-W)^{-4}]`` (half the length variance) is ``delta'^{-5/2} / 32``
+    (001 Eq. 85 with ``int_0^inf sqrt(y) (1+y)^{-4} dy = pi/16``), where 001 Eq. 86 prints 1/8.
+    """
+    where = "theory.linear.asymptote"
+    ensemble = _check_ensemble(ensemble, where)
+    tied = _check_tied(tied, where)
+    amp, p = divergence(ensemble, quantity, tied)
+    vc = critical_V(ensemble, tied)
+    arr, scalar = _check_V(V, ensemble, where, tied)
+    return _out(amp * (1.0 - arr / vc) ** (-p), scalar)
+
+
+# --------------------------------------------------------------------------------------------
+# Power series (tied weights) and NTK
+# --------------------------------------------------------------------------------------------
+
+
+def _catalan(k: np.ndarray) -> np.ndarray:
+    # C_k = binom(2k, k) / (k + 1), via log-gamma to stay finite for large k.
+    from math import lgamma
+
+    return np.array([math.exp(lgamma(2 * i + 1) - 2 * lgamma(i + 1)) / (i + 1) for i in k])
+
+
+def power_series(ensemble: str, V: float, quantity: str = "second", terms: int = 50) -> np.ndarray:
+    """Partial sums ``S_0, ..., S_{terms-1}`` of the tied-weight power series in ``V``.
+
+    These are the series that 001 App. A.3-A.4 sum to obtain the closed forms (``i`` indexes
+    the total degree ``V^i``):
+
+    - ``"second"``, Gaussian/orthogonal: ``sum_i V^i`` (001 Eq. 60); GOE:
+      ``sum_i (2i+1) C_i V^i`` (001 Eq. 63).
+    - ``"fourth"`` (``tr[(M^T M)^2]``), orthogonal: ``sum_i (i+1)^2 V^i`` (001 Eq. 79); GOE:
+      ``sum_i binom(2i+3, 3) C_i V^i`` (001 Eq. 80: ``tr[W^{2i}] = C_i V^i`` times the number of
+      ``(j,k,l,m)`` with ``j+k+l+m = 2i``), the Taylor series of Eq. 81; Gaussian:
+      ``sum_i binom(i+3, 3) V^i``, the Taylor series of ``1/(1-V)^4`` (001 Eq. 191).
+
+    For ``V < V_c`` they converge to :func:`second_moment` and :func:`gram_trace`; at finite
+    ``N`` the matrix series itself diverges with non-zero probability (001 §2.2.2), which is why
+    the closed forms are ``N -> inf`` limits.
+    """
+    where = "theory.linear.power_series"
+    ensemble = _check_ensemble(ensemble, where)
+    arr, scalar = _check_V(V, ensemble, where)
+    if not scalar:
+        raise ValueError(f"{where}: V must be a scalar, got shape {arr.shape}")
+    if quantity not in ("second", "fourth"):
+        raise ValueError(f"{where}: quantity must be 'second' or 'fourth', got {quantity!r}")
+    if isinstance(terms, (bool, np.bool_)) or not isinstance(terms, (int, np.integer)) or terms < 1:
+        raise ValueError(f"{where}: terms must be a positive int, got {terms!r}")
+    v = float(arr)
+    i = np.arange(terms)
+    powers = v ** i.astype(np.float64)
+    if ensemble == "goe":
+        c = _catalan(i)
+        coef = (2 * i + 1) * c if quantity == "second" else (
+            (2 * i + 3) * (2 * i + 2) * (2 * i + 1) / 6.0 * c
+        )
+    elif quantity == "second":
+        coef = np.ones(terms)
+    elif ensemble == "orthogonal":
+        coef = (i + 1.0) ** 2
+    else:
+        coef = (i + 3.0) * (i + 2.0) * (i + 1.0) / 6.0
+    return np.cumsum(coef * powers)
+
+
+def ntk(ensemble: str, V, tied: bool = True):
+    """Infinite-width NTK of the linear DEQ ``f(x) = v^T z*(x)`` w.r.t. ``W``, per ``x . x'``.
+
+    001 §2.1.2 and App. B.1 (Eq. 93-95 with ``phi`` the identity):
+    ``df/dW = (I - W)^{-T} v z*^T``, so
+    ``Theta(x, x') = (v^T M M^T v) (z*(x) . z*(x'))``. With ``v`` i.i.d. ``N(0, 1/N)`` both factors
+    concentrate, on ``tr[M M^T]`` and on ``tr[M^T M] x . x'``, giving
+    ``Theta(x, x') -> second_moment(ensemble, V)^2 x . x'`` (001: ``(1/N^2) E[z* . z*]^2 x . x'``
+    for unit-variance inputs). Returns ``second_moment(ensemble, V, tied) ** 2``.
+    """
+    m2 = gram_trace(ensemble, V, power=1, tied=tied, _where="theory.linear.ntk")
+    return m2**2 if np.ndim(m2) else float(m2) ** 2
