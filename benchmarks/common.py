@@ -1,42 +1,278 @@
-"""Shared pieces of the benchmarks: sizes, timing, compiled memory, tables, optional peers."""
+"""Shared pieces of the benchmarks: sizes, problems, float64 references, timing, NFE counting,
+compiled memory, tables and the optional peers.
+
+Conventions (see benchmarks/README.md):
+
+* Everything measured is float32 and jit-compiled; the problem data are arguments of the compiled
+  function (never closed-over constants that XLA could fold).
+* Reference fixed points are computed in float64 with NumPy (dense solves or a NumPy Anderson),
+  independently of every library benchmarked, and without switching JAX's x64 mode on.
+* :func:`jax_session` switches x64 *off* for the duration of a benchmark (and restores it):
+  jaxopt's AndersonAcceleration fails to trace float32 problems while x64 is on (its
+  ``lax.cond`` branches disagree, float64 against float32), and the test suite runs with x64 on.
+* Wall times: each compiled function is warmed up once, then the configurations of one problem are
+  timed in interleaved rounds (round r times every configuration once), so a burst of load from
+  other processes hits all of them alike; the median over rounds is reported.
+* NFE: evaluations of f on the whole batch, counted at run time by a wrapper around f (a host
+  callback, used only in a separate counting run, never in the timed one); Jacobian-vector and
+  vector-Jacobian products and GMRES matrix-vector products each count as one evaluation too (they
+  cost about as much as f: one matrix product with W).
+"""
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import importlib
+import importlib.metadata
+import math
+import os
 import statistics
+import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 SIZES = ("tiny", "quick", "full")
+PEERS = ("jaxopt", "optimistix", "lineax")
+
+# --------------------------------------------------------------------------------------------
+# Command line and session
 
 
-def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """``--size tiny|quick|full``: tiny is a seconds-long correctness run (CI smoke test), quick
-    the default (minutes on 2 CPU cores), full the sizes named in issue 3."""
+def parse_args(description: str, argv: Sequence[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """``--size tiny|quick|full``: tiny is a seconds-long correctness run (the CI smoke test),
+    quick the default (a few minutes on 2 CPU cores), full the sizes named in the issue.
+    ``--no-peers`` runs the deqlab rows only; ``--repeats`` overrides the timing rounds."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--size", choices=SIZES, default="quick")
     parser.add_argument("--no-peers", action="store_true", help="run the deqlab rows only")
-    args = parser.parse_args(argv)
-    global _PEERS_DISABLED
-    _PEERS_DISABLED = args.no_peers
-    return args
+    parser.add_argument("--repeats", type=int, default=None, help="timing rounds (default by size)")
+    if extra is not None:
+        extra(parser)
+    return parser.parse_args(argv)
 
 
-_PEERS_DISABLED = False
+@contextlib.contextmanager
+def jax_session():
+    """Run a benchmark with x64 off (float32 by default), restoring the caller's setting."""
+    previous = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def header(title: str, size: str) -> None:
+    """Print what runs where: versions, devices and the load of the machine (timings on a loaded
+    machine are noisy; the load average says how much)."""
+    versions = {"jax": jax.__version__}
+    for name in ("deqlab",) + PEERS:
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = getattr(module, "__version__", "?")
+    try:
+        load = "load average %.1f %.1f %.1f" % os.getloadavg()
+    except OSError:  # pragma: no cover - not on every platform
+        load = "load average n/a"
+    cores = os.cpu_count()
+    print(f"== {title} (size={size})")
+    print("   " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    print(f"   devices: {jax.devices()}, {cores} CPU cores, {load}")
+
+
+class Peers(NamedTuple):
+    """The optional peer libraries (None when not installed or disabled)."""
+
+    jaxopt: Any
+    optimistix: Any
+    lineax: Any
+
+
+def load_peers(disabled: bool = False) -> Peers:
+    """Import jaxopt, optimistix and lineax if installed; print a note for each one skipped.
+
+    optimistix needs lineax (its linear solvers); without lineax its rows are skipped too."""
+    found = {}
+    for name in PEERS:
+        if disabled:
+            found[name] = None
+            continue
+        try:
+            found[name] = importlib.import_module(name)
+        except ImportError:
+            print(f"note: {name} is not installed; its configurations are skipped "
+                  f"(pip install jaxopt optimistix lineax, or pip install -e '.[peers]')")
+            found[name] = None
+    if disabled:
+        print("note: --no-peers: peer configurations are skipped")
+    if found["optimistix"] is not None and found["lineax"] is None:
+        print("note: optimistix needs lineax for its matrix-free solvers; optimistix skipped")
+        found["optimistix"] = None
+    return Peers(found["jaxopt"], found["optimistix"], found["lineax"])
+
+
+# --------------------------------------------------------------------------------------------
+# Problems
+
+
+def tanh_map(z, w, u, b, x):
+    """f(z; W, U, b, x) = tanh(z W^T + x U^T + b) (deqlab.experiments.practice.tanh_map)."""
+    return jnp.tanh(z @ w.T + x @ u.T + b)
+
+
+def linear_map(z, w, x):
+    """The linear DEQ f(z; W, x) = W z + x on a batch of rows."""
+    return z @ w.T + x
+
+
+class Case(NamedTuple):
+    """A benchmark problem: f(z, *args) with float32 data and its float64 reference fixed point."""
+
+    name: str
+    f: Callable[..., Any]
+    z0: jax.Array
+    args: tuple
+    reference: np.ndarray
+    note: str
+
+
+def tanh_case(name: str, *, width: int, batch: int, ensemble: str, scale: float,
+              input_scale: float = 1.0, in_features: int = 64, seed: int = 0,
+              reference: bool = True) -> Case:
+    """The tanh DEQ of :func:`deqlab.experiments.practice.tanh_problem` (float32)."""
+    from deqlab.experiments import practice
+
+    problem = practice.tanh_problem(jax.random.PRNGKey(seed), width=width, batch=batch,
+                                    in_features=in_features, ensemble=ensemble, scale=scale,
+                                    input_scale=input_scale, dtype=jnp.float32)
+    args = tuple(jnp.asarray(a, jnp.float32) for a in problem.args)
+    ref = tanh_reference(*args) if reference else None
+    w64 = np.asarray(args[0], np.float64)
+    radius = float(np.max(np.abs(np.linalg.eigvals(w64)))) if width <= 1024 else float("nan")
+    note = (f"tanh DEQ, W {ensemble} scale {scale} (spectral radius {radius:.4f}), input scale "
+            f"{input_scale}, N={width}, batch={batch}")
+    return Case(name, tanh_map, jnp.zeros((batch, width), jnp.float32), args, ref, note)
+
+
+def linear_case(name: str, *, width: int, batch: int, scale: float = 0.49, ensemble: str = "goe",
+                seed: int = 0) -> Case:
+    """The linear DEQ z = W z + x, W from ``ensemble`` at ``scale`` (GOE: critical scale 0.5).
+
+    x is standard normal, then rescaled so that max |z*| = 1: the target max-abs error is then a
+    relative one, and float32 can reach it (the condition number of I - W is ~1 / (1 - rho)).
+    """
+    from deqlab import ensembles
+
+    k_w, k_x = jax.random.split(jax.random.PRNGKey(seed))
+    w = jnp.asarray(ensembles.sample(ensemble, k_w, width, scale, jnp.float32), jnp.float32)
+    x = np.asarray(jax.random.normal(k_x, (batch, width), jnp.float32), np.float64)
+    w64 = np.asarray(w, np.float64)
+    radius = float(np.max(np.abs(np.linalg.eigvalsh(w64)))) if ensemble == "goe" else float(
+        np.max(np.abs(np.linalg.eigvals(w64))))
+    if radius >= 1:
+        raise ValueError(f"linear case: spectral radius {radius:.4f} >= 1, no fixed-point iteration converges")
+    z = np.linalg.solve(np.eye(width) - w64, x.T).T
+    x32 = jnp.asarray(x / np.max(np.abs(z)), jnp.float32)
+    ref = np.linalg.solve(np.eye(width) - w64, np.asarray(x32, np.float64).T).T
+    note = (f"linear DEQ z = W z + x, W {ensemble} scale {scale} (critical 0.5; spectral radius "
+            f"{radius:.4f}), x rescaled to max|z*| = 1, N={width}, batch={batch}")
+    return Case(name, linear_map, jnp.zeros((batch, width), jnp.float32), (w, x32), ref, note)
+
+
+def numpy_anderson(fn: Callable[[np.ndarray], np.ndarray], z0: np.ndarray, *, m: int = 10,
+                   tol: float = 1e-13, max_steps: int = 20000) -> np.ndarray:
+    """Float64 Anderson acceleration in NumPy, per sample (rows of z0), to relative residual tol.
+
+    Independent of every library benchmarked; raises if it does not converge."""
+    z = np.array(z0, np.float64)
+    batch, dim = z.shape
+    zs = np.zeros((batch, m, dim))
+    gs = np.zeros((batch, m, dim))
+    fz = fn(z)
+    for k in range(max_steps):
+        g = fz - z
+        res = np.linalg.norm(g, axis=1) / (np.linalg.norm(fz, axis=1) + 1e-300)
+        if np.all(res <= tol):
+            return fz
+        slot = k % m
+        zs[:, slot], gs[:, slot] = z, g
+        n = min(k + 1, m)
+        G = gs[:, :n]
+        H = np.einsum("bid,bjd->bij", G, G)
+        H += 1e-14 * np.einsum("bii->b", H)[:, None, None] / n * np.eye(n)
+        alpha = np.linalg.solve(H, np.ones((batch, n, 1)))[..., 0]
+        alpha /= alpha.sum(axis=1, keepdims=True)
+        z = np.einsum("bi,bid->bd", alpha, zs[:, :n] + G)
+        fz = fn(z)
+    raise RuntimeError(f"numpy_anderson: no convergence in {max_steps} steps (residual {res.max():.2e})")
+
+
+def tanh_reference(w, u, b, x) -> np.ndarray:
+    """Float64 fixed point of z = tanh(z W^T + x U^T + b): NumPy Anderson, then Newton steps with
+    the dense per-sample Jacobian for N <= 512 (quadratic convergence makes it exact to rounding)."""
+    w, u, b, x = (np.asarray(a, np.float64) for a in (w, u, b, x))
+    c = x @ u.T + b
+    fn = lambda z: np.tanh(z @ w.T + c)  # noqa: E731
+    z = numpy_anderson(fn, np.zeros_like(c), tol=1e-12)
+    if w.shape[0] <= 512:
+        eye = np.eye(w.shape[0])
+        for _ in range(3):
+            fz = fn(z)
+            jac = (1 - fz**2)[:, :, None] * w[None]
+            z = z - np.linalg.solve(eye[None] - jac, (z - fz)[..., None])[..., 0]
+    residual = np.max(np.abs(fn(z) - z))
+    if not residual < 1e-12:
+        raise RuntimeError(f"tanh_reference: residual {residual:.2e}")
+    return z
+
+
+# --------------------------------------------------------------------------------------------
+# Errors, timing, memory
+
+
+def max_abs_error(value: Any, reference: np.ndarray) -> float:
+    error = float(np.max(np.abs(np.asarray(value, np.float64) - reference)))
+    return error if math.isfinite(error) else float("inf")
+
+
+def compile_fn(fn: Callable[..., Any], *args: Any):
+    """``jax.jit(fn)`` lowered and compiled for ``args``; returns (compiled, seconds)."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def interleaved_times(calls: dict[str, tuple[Callable[..., Any], tuple]], repeats: int) -> dict[str, list[float]]:
+    """Wall times (seconds) of each compiled call, one warm-up each, then ``repeats`` rounds in
+    which every call runs once (so load bursts from other processes hit all of them alike)."""
+    for fn, args in calls.values():
+        jax.block_until_ready(fn(*args))
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, (fn, args) in calls.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def median_time(fn: Callable[[], Any], *, repeats: int = 5) -> float:
-    """Median wall time in seconds of ``fn()`` (already compiled: one warm-up call first)."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median wall time in seconds of ``fn()`` (one warm-up call first)."""
+    return statistics.median(interleaved_times({"fn": (fn, ())}, repeats)["fn"])
 
 
 def temp_bytes(fn: Callable[..., Any], *args: Any) -> int:
@@ -44,20 +280,109 @@ def temp_bytes(fn: Callable[..., Any], *args: Any) -> int:
     return int(jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes)
 
 
-def optional(module: str):
-    """Import an optional peer library, or return None (and say so)."""
-    if _PEERS_DISABLED:
-        return None
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        print(f"note: {module} is not installed; its rows are skipped (pip install jaxopt optimistix lineax)")
-        return None
+def largest_array(fn: Callable[..., Any], *args: Any) -> tuple[int, str]:
+    """Largest array (number of elements, shape text) in the optimised HLO of ``jit(fn)``: a
+    materialised per-sample Jacobian would show up as a (batch, N, N) array."""
+    import re
+
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    best = (0, "")
+    for dtype, dims in re.findall(r"\b(f16|bf16|f32|f64|s32|s64|u32|pred)\[([0-9,]*)\]", text):
+        size = int(np.prod([int(d) for d in dims.split(",") if d], dtype=np.int64)) if dims else 1
+        if size > best[0]:
+            best = (size, f"{dtype}[{dims}]")
+    return best
 
 
-def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+# --------------------------------------------------------------------------------------------
+# Counting evaluations of f (separate, un-timed runs)
+
+
+class Counter:
+    """Counts, at run time, evaluations of f and products with its derivatives."""
+
+    def __init__(self):
+        self.counts = collections.Counter()
+
+    def reset(self):
+        jax.effects_barrier()
+        self.counts.clear()
+
+    def read(self) -> dict[str, int]:
+        jax.effects_barrier()
+        return dict(self.counts)
+
+    def _bump(self, kind):
+        def callback(*_):
+            self.counts[kind] += 1
+
+        return callback
+
+    def forward(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        """f with its evaluations counted; differentiable in forward mode (JVPs are counted by
+        :meth:`gmres`, the only place the forward-mode peers use them)."""
+        bump = self._bump("f")
+
+        @jax.custom_jvp
+        def counted(z, *args):
+            jax.debug.callback(bump)
+            return f(z, *args)
+
+        @counted.defjvp
+        def counted_jvp(primals, tangents):
+            jax.debug.callback(bump)
+            return jax.jvp(f, primals, tangents)
+
+        return counted
+
+    def reverse(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        """f with its evaluations and its vector-Jacobian products counted (reverse mode)."""
+        bump_f, bump_vjp = self._bump("f"), self._bump("vjp")
+
+        @jax.custom_vjp
+        def counted(z, *args):
+            jax.debug.callback(bump_f)
+            return f(z, *args)
+
+        def fwd(z, *args):
+            jax.debug.callback(bump_f)
+            return jax.vjp(f, z, *args)
+
+        def bwd(vjp, cotangent):
+            jax.debug.callback(bump_vjp)
+            return vjp(cotangent)
+
+        counted.defvjp(fwd, bwd)
+        return counted
+
+    def gmres(self, lineax, **options):
+        """A ``lineax.GMRES`` whose operator's matrix-vector products are counted (for
+        optimistix Newton / Chord, whose Jacobian-vector products happen inside GMRES)."""
+        bump = self._bump("matvec")
+
+        class CountingGMRES(lineax.GMRES):
+            def compute(self, state, vector, opts):
+                operator = state
+
+                def mv(v):
+                    jax.debug.callback(bump, jax.tree_util.tree_leaves(v)[0][..., :1])
+                    return operator.mv(v)
+
+                wrapped = lineax.FunctionLinearOperator(mv, operator.in_structure())
+                return super().compute(wrapped, vector, opts)
+
+        return CountingGMRES(**options)
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A plain-text table with one line per row."""
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    widths = [max([len(c)] + [len(_fmt(r.get(c))) for r in rows]) for c in columns]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines.append("  ".join("-" * w for w in widths))
     for r in rows:
@@ -66,6 +391,24 @@ def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e4 or abs(value) < 1e-2:
+            return f"{value:.2e}"
         return f"{value:.3g}"
     return "" if value is None else str(value)
+
+
+def short_error(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:90]}"
+
+
+def short_error(err: BaseException, limit: int = 160) -> str:
+    """The first line of an exception, with its type, cut to ``limit`` characters (for tables)."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,176 +1,393 @@
 """Forward solve, time to accuracy: deqlab against jaxopt and optimistix.
 
-Run: ``python -m benchmarks.forward [--size tiny|quick|full]``.
+Run: ``python -m benchmarks.forward [--size tiny|quick|full] [--no-peers] [--repeats R]``.
 
-Problems (float32; ``full`` is N = 256, batch 128 as in issue 3): a tanh DEQ z = tanh(W z + U x)
-with orthogonal W at scale 0.9; the same at scale 0.99 with a small input, where plain iteration
-needs hundreds of steps; a linear DEQ z = W z + x with GOE W at 0.49 (critical: 0.5). The
-reference fixed point is a float64 Anderson solve to relative residual 1e-13.
+Problems (float32, N = 256 and batch 128 at sizes quick and full, as in the issue):
 
-Each library measures convergence differently, so each configuration's tolerance is tuned: from
-a grid 1e-2 ... 1e-9 we take the loosest tolerance whose result is within max-abs error 1e-5 of
-the reference, then report the median wall time of the jit-compiled solve (after warm-up), its
-NFE and its error. What the tolerance means in each library:
+* ``tanh 0.9``: z = tanh(W z + U x), W Haar orthogonal at scale 0.9, unit input scale (easy);
+* ``tanh 0.99``: the same at scale 0.99 with input scale 0.1 (tanh stays nearly linear, so plain
+  iteration contracts at ~0.99 per step and needs about a thousand steps);
+* ``linear GOE 0.48``: z = W z + x with W from the GOE at scale 0.48 (critical scale 0.5, so
+  V = 0.92 V_c; realised spectral radius 0.978 at N = 256, cond(I - W) ~ 46), x rescaled so that
+  max |z*| = 1. Why not closer to critical: at scale 0.49 the sampled N = 256 matrix has spectral
+  radius 0.9988 (finite-N edge fluctuations, chapter 1), cond(I - W) ~ 830, and a max-abs error of
+  1e-5 then needs residuals below float32 resolution: every fixed-point iteration (deqlab, jaxopt,
+  optimistix alike) stalls at an error of 1.4e-4, and what passes does so by luck.
 
-- deqlab: per-sample relative residual ||f(z) - z|| / ||f(z)|| <= tol; samples stop on their own.
-- jaxopt: 2-norm of f(z) - z over the *whole batch* <= tol (one sample's residual hides in the
-  batch norm; the batch stops together).
-- optimistix: per-element |y_{k+1} - y_k| <= atol + rtol |y| (we set atol = rtol = tol) under its
-  default max norm, over the whole batch; ``throw=False`` so a failure does not raise.
+Reference fixed points are float64 NumPy solves (common.tanh_reference: NumPy Anderson to a
+relative residual of 1e-12, then dense Newton steps; linear case: a dense solve).
 
-NFE is the number of evaluations of f on the batch (optimistix Newton counts steps; each also
-costs Jacobian-vector products inside GMRES, listed separately where known).
+Tolerance matching. Each library measures convergence differently, so each configuration's
+tolerance is tuned separately: on a grid of quarter decades from 1e-2 to 1e-9, bisected, we take
+the *loosest* tolerance whose result is within max-abs error 1e-5 of the reference (over all
+samples), then time that configuration. What ``tol`` means:
+
+* deqlab: per-sample relative residual ||f(z) - z||_2 / (||f(z)||_2 + eps sqrt(D)) <= tol; each
+  sample stops on its own (the loop ends when all have).
+* jaxopt: FixedPointIteration and AndersonAcceleration stop when the 2-norm of f(z) - z over the
+  *whole batch* (one flattened vector) is <= tol; Broyden (a root finder on g(z) = f(z) - z) when
+  ||g(z)||_2 over the whole batch <= tol. The batch stops together. "[vmap]" rows vmap the solver
+  over samples instead (per-sample tolerance; the vmapped loop runs until the slowest sample stops).
+* optimistix: per element |y_{k+1} - y_k| < atol + rtol |y_{k+1}| under its default max norm over the
+  whole batch, with atol = rtol = tol (Newton also asks |g(y)| < atol + rtol |g(y)|, its Cauchy
+  termination); its GMRES uses rtol = atol = tol too; ``throw=False`` so non-convergence returns
+  instead of raising.
+
+Every configuration gets the same iteration limit per problem. Wall time: median over interleaved
+rounds of the compiled solve (after warm-up; see common.py). NFE: evaluations of f on the batch plus
+Jacobian-vector / vector-Jacobian / GMRES matrix-vector products, counted at run time in a separate
+run (common.Counter); "reported" is the library's own count where it has one.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from benchmarks import common
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import deqlab  # noqa: E402
-from benchmarks.common import median_time, optional, parse_args, table  # noqa: E402
-from deqlab import ensembles  # noqa: E402
-from deqlab.experiments import practice  # noqa: E402
-
-TOLERANCES = [1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 3e-7, 1e-7, 1e-8, 1e-9]
 TARGET_ERROR = 1e-5
-MAX_STEPS = 2000
+DECADES = [1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9]
+# Quarter decades 1e-2 ... 1e-9: near the float32 floor the iteration count jumps steeply between
+# neighbouring tolerances (a factor 3 can separate 400 steps from the iteration limit), so the
+# grid must be fine there for the tuned tolerance to be the loosest that works, not a grid artefact.
+QUARTER_DECADES = [float(f"{10 ** (-k / 4):.3g}") for k in range(8, 37)]
 
 
-def linear_map(z, w, x):
-    return z @ w.T + x
+class Config(NamedTuple):
+    """A solver configuration: ``make(case, tol, f, counter)`` returns ``run(args) -> (z, nfe)``
+    (nfe: the library's own count, or -1). ``counting``: which wrapper of f counts its NFE."""
+
+    library: str
+    name: str
+    make: Callable[..., Callable[..., Any]]
+    counting: str = "forward"
 
 
-def problems(size):
-    width, batch = {"tiny": (32, 8), "quick": (128, 64), "full": (256, 128)}[size]
-    key = jax.random.PRNGKey(0)
+def _batched_last(fn_one, z0, args):
+    """vmap a per-sample solve over the batch axis of z0 and of the last argument (the input)."""
+    in_axes = (0,) + (None,) * (len(args) - 1) + (0,)
+    return jax.vmap(fn_one, in_axes=in_axes)(z0, *args)
+
+
+def deqlab_configs(max_steps: int) -> list[Config]:
+    import deqlab
+
+    def make_for(solver):
+        def make(case, tol, f, counter=None):
+            def run(args):
+                sol = deqlab.solve(f, case.z0, *args, solver=solver, tol=tol, max_steps=max_steps, batch_axis=0)
+                return sol.value, sol.stats.nfe
+
+            return run
+
+        return make
+
+    from deqlab import solvers
+
+    named = {"picard": "picard", "anderson": "anderson", "anderson(m=10)": solvers.Anderson(m=10),
+             "broyden": "broyden"}
+    return [Config("deqlab", name, make_for(solver)) for name, solver in named.items()]
+
+
+def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
+    def fpi(case, tol, f, counter=None):
+        solver = jaxopt.FixedPointIteration(fixed_point_fun=f, tol=tol, maxiter=max_steps)
+
+        def run(args):
+            params, state = solver.run(case.z0, *args)
+            return params, state.num_fun_eval
+
+        return run
+
+    def anderson(history):
+        def make(case, tol, f, counter=None):
+            solver = jaxopt.AndersonAcceleration(fixed_point_fun=f, tol=tol, maxiter=max_steps,
+                                                 history_size=history)
+
+            def run(args):
+                params, state = solver.run(case.z0, *args)
+                return params, state.num_fun_eval
+
+            return run
+
+        return make
+
+    def anderson_vmap(case, tol, f, counter=None):
+        solver = jaxopt.AndersonAcceleration(fixed_point_fun=f, tol=tol, maxiter=max_steps, history_size=5)
+
+        def run(args):
+            params, state = _batched_last(lambda z, *a: solver.run(z, *a), case.z0, args)
+            return params, jnp.max(state.num_fun_eval)
+
+        return run
+
+    def broyden(line_search):
+        def make(case, tol, f, counter=None):
+            options = dict(history_size=8)
+            if not line_search:
+                # B0 = -I is the right initial inverse Jacobian of g = f - z; jaxopt's default
+                # gamma = +1 points the first step the wrong way (its line search has to recover).
+                options.update(stepsize=1.0, gamma=-1.0)
+            solver = jaxopt.Broyden(fun=lambda z, *a: f(z, *a) - z, tol=tol, maxiter=max_steps, **options)
+
+            def run(args):
+                params, state = solver.run(case.z0, *args)
+                return params, state.num_fun_eval
+
+            return run
+
+        return make
+
+    return [
+        Config("jaxopt", "FixedPointIteration", fpi),
+        Config("jaxopt", "AndersonAcceleration(m=5)", anderson(5)),
+        Config("jaxopt", "AndersonAcceleration(m=10)", anderson(10)),
+        Config("jaxopt", "AndersonAcceleration(m=5) [vmap]", anderson_vmap),
+        Config("jaxopt", "Broyden(history 8, line search)", broyden(True), counting="reverse"),
+        Config("jaxopt", "Broyden(history 8, step 1, gamma -1)", broyden(False)),
+    ]
+
+
+def optimistix_configs(optx, lineax, max_steps: int) -> list[Config]:
+    def fpi(case, tol, f, counter=None):
+        solver = optx.FixedPointIteration(rtol=tol, atol=tol)
+
+        def run(args):
+            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, case.z0, args, max_steps=max_steps, throw=False)
+            return sol.value, sol.stats["num_steps"]
+
+        return run
+
+    def fpi_vmap(case, tol, f, counter=None):
+        solver = optx.FixedPointIteration(rtol=tol, atol=tol)
+
+        def one(z0, *args):
+            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, z0, args, max_steps=max_steps, throw=False)
+            return sol.value, sol.stats["num_steps"]
+
+        def run(args):
+            value, steps = _batched_last(one, case.z0, args)
+            return value, jnp.max(steps)
+
+        return run
+
+    def newton_like(cls):
+        def make(case, tol, f, counter=None):
+            gmres = dict(rtol=tol, atol=tol, restart=20, max_steps=max_steps)
+            linear = counter.gmres(lineax, **gmres) if counter is not None else lineax.GMRES(**gmres)
+            solver = cls(rtol=tol, atol=tol, linear_solver=linear)
+
+            def run(args):
+                sol = optx.fixed_point(lambda y, a: f(y, *a), solver, case.z0, args, max_steps=max_steps, throw=False)
+                return sol.value, -1  # optimistix reports Newton steps, not f evaluations
+
+            return run
+
+        return make
+
+    return [
+        Config("optimistix", "FixedPointIteration", fpi),
+        Config("optimistix", "FixedPointIteration [vmap]", fpi_vmap),
+        Config("optimistix", "Newton+lineax.GMRES", newton_like(optx.Newton)),
+        Config("optimistix", "Chord+lineax.GMRES", newton_like(optx.Chord)),
+    ]
+
+
+def all_configs(peers: common.Peers, max_steps: int) -> list[Config]:
+    configs = deqlab_configs(max_steps)
+    if peers.jaxopt is not None:
+        configs += jaxopt_configs(peers.jaxopt, max_steps)
+    if peers.optimistix is not None:
+        configs += optimistix_configs(peers.optimistix, peers.lineax, max_steps)
+    return configs
+
+
+def count_nfe(config: Config, case: common.Case, tol: float) -> int:
+    """Batched evaluations of f plus derivative products, counted in an un-timed run."""
+    counter = common.Counter()
+    f = counter.reverse(case.f) if config.counting == "reverse" else counter.forward(case.f)
+    run = jax.jit(config.make(case, tol, f, counter))
+    counter.reset()
+    jax.block_until_ready(run(case.args))
+    return sum(counter.read().values())
+
+
+def tune(config: Config, case: common.Case, grid: list[float], exhaustive: bool) -> dict[str, Any]:
+    """The loosest tolerance of ``grid`` (loose to tight) whose result is within TARGET_ERROR.
+
+    ``exhaustive``: walk the grid from loose to tight and stop at the first that passes.
+    Otherwise a bisection over the grid, assuming the error decreases as the tolerance tightens:
+    the tolerance returned passes and its looser neighbour in the grid was tried and failed (or it
+    is the loosest of the grid). About log2(len(grid)) compilations instead of up to len(grid).
+    """
+    trials: dict[int, dict[str, Any]] = {}
+
+    def attempt(i):
+        if i not in trials:
+            compiled, seconds = common.compile_fn(config.make(case, grid[i], case.f), case.args)
+            value, reported = compiled(case.args)
+            error = common.max_abs_error(value, case.reference)
+            trials[i] = dict(tol=grid[i], compiled=compiled, error=error, reported=int(reported),
+                             compile_s=seconds, ok=error <= TARGET_ERROR)
+        return trials[i]
+
+    if exhaustive:
+        for i in range(len(grid)):
+            if attempt(i)["ok"]:
+                return dict(trials[i], tried=len(trials))
+    else:
+        lo, hi = 0, len(grid)  # every index < lo fails, every index >= hi (< len) passes
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if attempt(mid)["ok"]:
+                hi = mid
+            else:
+                lo = mid + 1
+        if hi < len(grid):
+            return dict(trials[hi], tried=len(trials))
+    best = min(t["error"] for t in trials.values())
+    return dict(tol=None, error=best, tried=len(trials))
+
+
+# Configurations run at each size (None: all). vmap rows are slow (a vmapped loop runs until the
+# slowest sample stops, and jaxopt's cond becomes a select); they run at size full only.
+TINY_CONFIGS = {
+    "tanh 0.9": {"deqlab picard", "deqlab anderson", "deqlab broyden", "jaxopt AndersonAcceleration(m=5)",
+                 "optimistix FixedPointIteration"},
+    "linear GOE 0.48": {"deqlab anderson"},
+}
+TINY_GRID = [1e-3, 1e-5, 1e-7]
+
+
+def sizes(size: str) -> dict[str, Any]:
+    if size == "tiny":
+        return dict(width=32, batch=8, grid=TINY_GRID, exhaustive=False, repeats=2, steps=(200, 2000, 2000),
+                    problems=tuple(TINY_CONFIGS), configs=TINY_CONFIGS, vmap=False, count="needed")
+    if size == "quick":
+        return dict(width=256, batch=128, grid=QUARTER_DECADES, exhaustive=False, repeats=7, steps=(500, 3000, 3000),
+                    problems=None, configs=None, vmap=False, count="all")
+    return dict(width=256, batch=128, grid=QUARTER_DECADES, exhaustive=False, repeats=15, steps=(500, 3000, 3000),
+                problems=None, configs=None, vmap=True, count="all")
+
+
+def cases(size: str) -> list[tuple[common.Case, int]]:
+    s = sizes(size)
+    width, batch = s["width"], s["batch"]
+    easy, hard, linear = s["steps"]
+    builders = {
+        "tanh 0.9": lambda: (common.tanh_case("tanh 0.9", width=width, batch=batch, ensemble="orthogonal",
+                                              scale=0.9), easy),
+        "tanh 0.99": lambda: (common.tanh_case("tanh 0.99", width=width, batch=batch, ensemble="orthogonal",
+                                               scale=0.99, input_scale=0.1), hard),
+        "linear GOE 0.48": lambda: (common.linear_case("linear GOE 0.48", width=width, batch=batch, scale=0.48),
+                                    linear),
+    }
+    return [build() for name, build in builders.items() if s["problems"] is None or name in s["problems"]]
+
+
+def run_case(case: common.Case, max_steps: int, peers: common.Peers, s: dict[str, Any], repeats: int):
+    rows, timed = [], {}
+    for config in all_configs(peers, max_steps):
+        label = f"{config.library} {config.name}"
+        if s["configs"] is not None and label not in s["configs"][case.name]:
+            continue
+        if "[vmap]" in label and not s["vmap"]:
+            continue
+        try:
+            tuned = tune(config, case, s["grid"], s["exhaustive"])
+            if tuned["tol"] is None:
+                rows.append(dict(problem=case.name, config=label, error=tuned["error"],
+                                 status=f"no tol in grid reaches {TARGET_ERROR:g}"))
+                continue
+            reported = tuned["reported"] if tuned["reported"] >= 0 else None
+            needed = reported is None or config.counting == "reverse"
+            nfe = count_nfe(config, case, tuned["tol"]) if s["count"] == "all" or needed else reported
+        except Exception as err:  # a peer that fails to trace or run is reported, not fatal
+            if config.library == "deqlab":
+                raise
+            rows.append(dict(problem=case.name, config=label, status="failed: " + common.short_error(err)))
+            continue
+        rows.append(dict(problem=case.name, config=label, tol=tuned["tol"], NFE=nfe, reported=reported,
+                         error=tuned["error"], compile_s=tuned["compile_s"], status="ok"))
+        timed[label] = (tuned["compiled"], (case.args,))
+        print(f"   {label}: tol {tuned['tol']:g} ({tuned['tried']} tried), error {tuned['error']:.1e}, NFE {nfe}",
+              flush=True)
+    times = common.interleaved_times(timed, repeats)
+    for row in rows:
+        if row["config"] in times:
+            samples = times[row["config"]]
+            row["ms"] = 1e3 * statistics.median(samples)
+            row["min ms"] = 1e3 * min(samples)
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per problem: the fastest deqlab and the fastest peer configuration reaching the target."""
     out = {}
-    for name, scale, input_scale in [("tanh orthogonal 0.9", 0.9, 1.0), ("tanh orthogonal 0.99", 0.99, 0.1)]:
-        p = practice.tanh_problem(key, width=width, batch=batch, scale=scale, input_scale=input_scale,
-                                  dtype=jnp.float32)
-        out[name] = (p.f, p.z0, p.args)
-    w = ensembles.sample("goe", key, width, 0.49, jnp.float32)
-    x = jax.random.normal(jax.random.PRNGKey(1), (batch, width), jnp.float32)
-    out["linear GOE 0.49"] = (linear_map, jnp.zeros((batch, width), jnp.float32), (w, x))
-    return out, width, batch
+    for problem in dict.fromkeys(r["problem"] for r in rows):
+        ok = [r for r in rows if r["problem"] == problem and "ms" in r]
+        ours = [r for r in ok if r["config"].startswith("deqlab")]
+        theirs = [r for r in ok if not r["config"].startswith("deqlab")]
+        entry = dict(deqlab=min(ours, key=lambda r: r["ms"]) if ours else None,
+                     peer=min(theirs, key=lambda r: r["ms"]) if theirs else None)
+        if entry["deqlab"] and entry["peer"]:
+            entry["ratio"] = entry["deqlab"]["ms"] / entry["peer"]["ms"]
+            entry["nfe_ok"] = entry["deqlab"]["NFE"] <= entry["peer"]["NFE"]
+            entry["fewest_peer_nfe"] = min(theirs, key=lambda r: r["NFE"])
+        out[problem] = entry
+    return out
 
 
-def reference(f, z0, args):
-    """Float64 fixed point as a NumPy array. x64 is switched on for this solve only: jaxopt's
-    Anderson fails to trace float32 problems while x64 is on (its cond branches disagree)."""
-    jax.config.update("jax_enable_x64", True)
-    try:
-        args64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), args)
-        sol = deqlab.solve(f, jnp.asarray(z0, jnp.float64), *args64, solver=deqlab.solvers.Anderson(m=20),
-                           tol=1e-13, max_steps=20000, batch_axis=0)
-        assert bool(sol.converged.all()), "reference solve did not converge"
-        return np.asarray(sol.value, np.float64)
-    finally:
-        jax.config.update("jax_enable_x64", False)
-
-
-def deqlab_runner(name):
-    def make(f, z0, args, tol):
-        def run(args):
-            sol = deqlab.solve(f, z0, *args, solver=name, tol=tol, max_steps=MAX_STEPS, batch_axis=0)
-            return sol.value, sol.stats.nfe
-        return jax.jit(run)
-    return make
-
-
-def jaxopt_runner(jaxopt, kind):
-    def make(f, z0, args, tol):
-        if kind == "FixedPointIteration":
-            solver = jaxopt.FixedPointIteration(fixed_point_fun=f, tol=tol, maxiter=MAX_STEPS, implicit_diff=False)
-        elif kind == "AndersonAcceleration":
-            solver = jaxopt.AndersonAcceleration(fixed_point_fun=f, tol=tol, maxiter=MAX_STEPS, history_size=5,
-                                                 ridge=1e-4, implicit_diff=False)
-        else:
-            solver = jaxopt.Broyden(lambda z, *a: f(z, *a) - z, tol=tol, maxiter=MAX_STEPS, history_size=8,
-                                    implicit_diff=False)
-
-        def run(args):
-            params, state = solver.run(z0, *args)
-            return params, state.iter_num + 1
-        return jax.jit(run)
-    return make
-
-
-def optimistix_runner(optx, lineax, kind):
-    def make(f, z0, args, tol):
-        if kind == "FixedPointIteration":
-            solver = optx.FixedPointIteration(rtol=tol, atol=tol)
-        else:
-            solver = optx.Newton(rtol=tol, atol=tol, linear_solver=lineax.GMRES(rtol=tol, atol=tol, restart=20))
-
-        def run(args):
-            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, z0, args, throw=False, max_steps=MAX_STEPS)
-            return sol.value, sol.stats["num_steps"] + 1
-        return jax.jit(run)
-    return make
-
-
-def tune(make, f, z0, args, ref):
-    """Loosest tolerance reaching max-abs error <= TARGET_ERROR, or None."""
-    for tol in TOLERANCES:
-        run = make(f, z0, args, tol)
-        value, nfe = run(args)
-        error = float(np.max(np.abs(np.asarray(value, np.float64) - ref)))
-        if np.isfinite(error) and error <= TARGET_ERROR:
-            return tol, run, int(nfe), error
-    return None
+COLUMNS = ["problem", "config", "tol", "ms", "min ms", "NFE", "reported", "error", "compile_s", "status"]
 
 
 def main(argv=None) -> dict:
-    options = parse_args(__doc__.splitlines()[0], argv)
-    configs = {f"deqlab {n}": deqlab_runner(n) for n in ("picard", "anderson", "broyden")}
-    jaxopt = optional("jaxopt")
-    if jaxopt is not None:
-        for kind in ("FixedPointIteration", "AndersonAcceleration", "Broyden"):
-            configs[f"jaxopt {kind}"] = jaxopt_runner(jaxopt, kind)
-    optx, lineax = optional("optimistix"), optional("lineax")
-    if optx is not None and lineax is not None:
-        for kind in ("FixedPointIteration", "Newton+GMRES"):
-            configs[f"optimistix {kind}"] = optimistix_runner(optx, lineax, kind)
-
-    cases, width, batch = problems(options.size)
-    repeats = 3 if options.size == "tiny" else 7
-    rows, ratios = [], {}
-    for case, (f, z0, args) in cases.items():
-        ref = reference(f, z0, args)
-        best = {}
-        for config, make in configs.items():
-            tuned = tune(make, f, z0, args, ref)
-            if tuned is None:
-                rows.append({"problem": case, "config": config, "tol": "none reaches 1e-5"})
+    options = common.parse_args(__doc__.splitlines()[0], argv)
+    s = sizes(options.size)
+    repeats = options.repeats or s["repeats"]
+    with common.jax_session():
+        peers = common.load_peers(options.no_peers)
+        common.header("forward: time to max-abs error <= 1e-5", options.size)
+        rows = []
+        for case, max_steps in cases(options.size):
+            print(f"-- {case.name}: {case.note}; iteration limit {max_steps} for every library", flush=True)
+            rows += run_case(case, max_steps, peers, s, repeats)
+        print()
+        print(f"float32, target max-abs error {TARGET_ERROR:g} vs float64 reference; ms = median of {repeats} "
+              "interleaved rounds; NFE = counted batched f evaluations + derivative products")
+        print(common.table(rows, COLUMNS))
+        summary = summarise(rows)
+        ratios = {}
+        print()
+        for problem, entry in summary.items():
+            ours, peer = entry["deqlab"], entry["peer"]
+            if ours is None:
+                print(f"{problem}: no deqlab configuration reached the target")
                 continue
-            tol, run, nfe, error = tuned
-            seconds = median_time(lambda: run(args), repeats=repeats)
-            rows.append({"problem": case, "config": config, "tol": tol, "NFE": nfe, "max error": error,
-                         "ms": 1e3 * seconds})
-            library = config.split()[0]
-            if library not in best or seconds < best[library][0]:
-                best[library] = (seconds, config, nfe)
-        peers = [v for k, v in best.items() if k != "deqlab"]
-        if peers and "deqlab" in best:
-            peer = min(peers)
-            ratios[case] = (best["deqlab"][0] / peer[0], best["deqlab"], peer)
-    print(f"size={options.size}: N={width}, batch={batch}, float32, target max-abs error {TARGET_ERROR}")
-    print(table(rows, ["problem", "config", "tol", "NFE", "max error", "ms"]))
-    for case, (ratio, ours, peer) in ratios.items():
-        print(f"{case}: deqlab best {ours[1]} ({1e3 * ours[0]:.2f} ms, NFE {ours[2]}) vs best peer "
-              f"{peer[1]} ({1e3 * peer[0]:.2f} ms, NFE {peer[2]}): {ratio:.2f}x")
-    if ratios:
-        worst = max(r[0] for r in ratios.values())
-        print(f"HEADLINE forward: deqlab best / best peer wall time, worst problem = {worst:.2f}x (target <= 0.7x)")
-    else:
-        print("HEADLINE forward: no peer installed, deqlab rows only")
-    return {"rows": rows, "ratios": {k: v[0] for k, v in ratios.items()}}
+            if peer is None:
+                print(f"{problem}: deqlab best {ours['config']} {ours['ms']:.2f} ms, NFE {ours['NFE']} (no peer row)")
+                continue
+            ratios[problem] = entry["ratio"]
+            fewest = entry["fewest_peer_nfe"]
+            print(f"{problem}: deqlab best {ours['config']} ({ours['ms']:.2f} ms, NFE {ours['NFE']}) vs best peer "
+                  f"{peer['config']} ({peer['ms']:.2f} ms, NFE {peer['NFE']}): {entry['ratio']:.2f}x wall time, "
+                  f"NFE {'no higher' if entry['nfe_ok'] else 'HIGHER'}; fewest peer NFE: {fewest['config']} "
+                  f"({fewest['NFE']})")
+        if ratios:
+            worst = max(ratios, key=ratios.get)
+            met = all(v <= 0.7 and summary[k]["nfe_ok"] for k, v in ratios.items())
+            per = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+            print(f"HEADLINE forward: deqlab best / peer best wall time = {ratios[worst]:.2f}x (worst problem, "
+                  f"{worst}; {per}); target <= 0.7x with NFE no higher: {'met' if met else 'NOT met'}")
+        else:
+            print("HEADLINE forward: no peer configuration ran; deqlab rows only")
+    return {"rows": rows, "ratios": ratios, "summary": summary}
 
 
 if __name__ == "__main__":

@@ -168,6 +168,8 @@ class Picard(_SolverConfig):
         return ()
 
     def propose(self, z, fz, state):
+        if self.damping == 1.0:
+            return fz, state
         return z + self.damping * (fz - z), state
 
 
@@ -184,15 +186,18 @@ class Anderson(_SolverConfig):
     Walker & Ni 2011).
 
     Each step solves, per sample, the regularised least-squares problem
-    min_alpha ||G alpha||^2 + ridge * s ||alpha||^2 subject to sum(alpha) = 1, where the columns of
-    G are the last ``m`` residuals g_i = f(z_i) - z_i and s is the mean of their squared norms
-    (so ``ridge`` is scale free), then mixes
+    min_alpha ||G alpha||^2 subject to sum(alpha) = 1, where the columns of G are the last ``m``
+    residuals g_i = f(z_i) - z_i, then mixes
     z <- damping * sum_i alpha_i f(z_i) + (1 - damping) * sum_i alpha_i z_i.
-    Memory is fixed: 2 m iterates per sample, whatever ``max_steps`` is.
+    The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G, is computed from the Jacobi-scaled
+    matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual relative to its
+    own norm, so it stays scale free while the residuals shrink by orders of magnitude.
+    H is kept up to date one row per step. Memory is fixed: 2 m vectors per sample (f(z_i) and
+    g_i) and the m x m matrix H, whatever ``max_steps`` is.
 
     Args:
         m: history size (>= 1; m = 1 is damped Picard).
-        ridge: Tikhonov regularisation of the mixing problem (>= 0).
+        ridge: Tikhonov regularisation of the scaled mixing problem (>= 0).
         damping: mixing parameter beta in (0, 1].
     """
 
@@ -210,41 +215,49 @@ class Anderson(_SolverConfig):
             raise ValueError(f"`ridge` must be a finite number >= 0, got {self.ridge!r}.")
         _check_unit_interval("damping", self.damping)
 
+    # History layout: f(z_i) and g_i = f(z_i) - z_i in (B, m, D) ring buffers, plus their Gram
+    # matrix G^T G (B, m, m), updated one row and column per step (O(B m D) instead of O(B m^2 D)).
+    # The slot counter is a scalar: every sample still iterating has recorded every step (a sample
+    # whose proposal is rejected stops for good), so all active samples share it. Writes are
+    # dynamic_update_slice along the history axis: O(B D) per step, batch sharding preserved.
     def init(self, z, fz):
-        zs = _set_slot(_empty_history(z, self.m), 0, z)
-        fs = _set_slot(_empty_history(z, self.m), 0, fz)
-        return zs, fs, _per_sample_zeros(z) + 1
+        g = fz - z
+        fs = _write_slot(_empty_history(z, self.m), 0, fz)
+        gs = _write_slot(_empty_history(z, self.m), 0, g)
+        gram = jnp.zeros(z.shape[:1] + (self.m, self.m), z.dtype)
+        gram = _write_gram(gram, 0, jnp.einsum("bid,bd->bi", gs, g))
+        return fs, gs, gram, jnp.ones((), jnp.int32)
 
     def propose(self, z, fz, state):
-        zs, fs, count = state
+        fs, gs, gram, count = state
         m = self.m
-        valid = jnp.arange(m)[None, :] < jnp.minimum(count, m)[:, None]  # (B, m)
-        residuals = fs - zs
-        gram = jnp.einsum("bid,bjd->bij", residuals, residuals)
-        both = valid[:, :, None] & valid[:, None, :]
-        gram = jnp.where(both, gram, 0.0)
+        valid = jnp.arange(m) < jnp.minimum(count, m)  # (m,), the same for every sample
+        # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H = G^T G, SPD). H is
+        # solved in Jacobi-scaled form D^-1/2 H D^-1/2 + ridge I (D = diag H): the residuals of a
+        # converging iteration span orders of magnitude, and a ridge relative to their mean norm
+        # would swamp the newest (smallest) ones and stall the acceleration.
         diag = jnp.einsum("bii->bi", gram)
-        n_valid = jnp.maximum(jnp.sum(valid, axis=1), 1)
-        scale = jnp.sum(diag, axis=1) / n_valid + jnp.finfo(z.dtype).tiny
-        # Invalid slots get a unit diagonal and no constraint weight, which forces alpha_i = 0.
-        reg = jnp.where(valid, self.ridge * scale[:, None], 1.0)
-        gram = gram + jax.vmap(jnp.diag)(reg)
-        ones = valid.astype(z.dtype)
-        # KKT system of the constrained least-squares problem: [[0, 1^T], [1, G^T G]].
-        top = jnp.concatenate([jnp.zeros_like(ones[:, :1]), ones], axis=1)
-        bottom = jnp.concatenate([ones[:, :, None], gram], axis=2)
-        kkt = jnp.concatenate([top[:, None, :], bottom], axis=1)
-        rhs = jnp.concatenate([jnp.ones_like(ones[:, :1]), jnp.zeros_like(ones)], axis=1)
-        alpha = jnp.linalg.solve(kkt, rhs[..., None])[:, 1:, 0]
+        inv_sqrt = jnp.where(valid[None, :], jax.lax.rsqrt(diag + jnp.finfo(z.dtype).tiny), 0.0)
+        scaled = gram * inv_sqrt[:, :, None] * inv_sqrt[:, None, :]
+        # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
+        reg = jnp.where(valid, self.ridge, 1.0)
+        hessian = scaled + reg[None, :, None] * jnp.eye(m, dtype=z.dtype)
+        y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[..., None])[..., 0]
+        alpha = y / jnp.sum(y, axis=1, keepdims=True)
         mixed_f = jnp.einsum("bi,bid->bd", alpha, fs)
-        mixed_z = jnp.einsum("bi,bid->bd", alpha, zs)
-        z_next = self.damping * mixed_f + (1.0 - self.damping) * mixed_z
-        return z_next, (zs, fs, count)
+        mixed_g = jnp.einsum("bi,bid->bd", alpha, gs)
+        # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
+        z_next = mixed_f - (1.0 - self.damping) * mixed_g
+        return z_next, state
 
     def record(self, z, fz, state):
-        zs, fs, count = state
+        fs, gs, gram, count = state
         slot = count % self.m
-        return _set_slot(zs, slot, z), _set_slot(fs, slot, fz), count + 1
+        g = fz - z
+        fs = _write_slot(fs, slot, fz)
+        gs = _write_slot(gs, slot, g)
+        gram = _write_gram(gram, slot, jnp.einsum("bid,bd->bi", gs, g))
+        return fs, gs, gram, count + 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -255,7 +268,11 @@ class Broyden(_SolverConfig):
     Eq. 10, B <- B + (dz - B dg) dz^T B / (dz^T B dg), stored as B = -I + sum_i u_i v_i^T with at
     most ``m`` pairs; when the history is full it restarts from -I, so memory does not grow with
     ``max_steps`` (the complaint of locuslab/deq issue 28). Steps are z <- z - step * B g.
-    The first step is a Picard step. Updates whose denominator is tiny are skipped.
+    The first step is a Picard step. Updates whose denominator is tiny are skipped (their slot
+    holds a zero pair).
+
+    Each step costs two products with the low-rank part (B g for the next step and B^T dz for the
+    update): B dg is recovered as B g_new - B g_old, B g_old being the previous step's direction.
 
     Args:
         m: history size (number of rank-one pairs kept, >= 1).
@@ -271,50 +288,49 @@ class Broyden(_SolverConfig):
         _check_positive_int("m", self.m)
         _check_unit_interval("step", self.step)
 
+    # State: (us, vs, count, z, g, direction) with direction = B g at the current z. The pair
+    # counter is a scalar for the reason given in Anderson (all active samples share it).
     def init(self, z, fz):
         history = _empty_history(z, self.m)
-        return history, history, _per_sample_zeros(z), z, fz - z
+        g = fz - z
+        return history, history, jnp.zeros((), jnp.int32), z, g, -g
 
     @staticmethod
-    def _apply(us, vs, x):
-        """B x with B = -I + sum_i u_i v_i^T."""
-        return -x + jnp.einsum("bid,bi->bd", us, jnp.einsum("bid,bd->bi", vs, x))
+    def _apply(us, vs, used, x):
+        """B x with B = -I + sum_{i used} u_i v_i^T."""
+        return -x + jnp.einsum("bid,bi->bd", us, jnp.einsum("bid,bd->bi", vs, x) * used)
 
     @staticmethod
-    def _apply_transpose(us, vs, x):
+    def _apply_transpose(us, vs, used, x):
         """B^T x."""
-        return -x + jnp.einsum("bid,bi->bd", vs, jnp.einsum("bid,bd->bi", us, x))
+        return -x + jnp.einsum("bid,bi->bd", vs, jnp.einsum("bid,bd->bi", us, x) * used)
 
     def propose(self, z, fz, state):
-        us, vs, count, _, _ = state
-        g = fz - z
-        z_next = z - self.step * self._apply(us, vs, g)
-        return z_next, (us, vs, count, z, g)
+        return z - self.step * state[5], state
 
     def record(self, z, fz, state):
-        us, vs, count, z_prev, g_prev = state
+        us, vs, count, z_prev, g_prev, direction = state
         # A full history restarts from B = -I: dropping only the oldest pair would leave the others
         # (each built on top of it) inconsistent, which diverges in practice.
         full = count >= self.m
-        us = jnp.where(full[:, None, None], 0.0, us)
-        vs = jnp.where(full[:, None, None], 0.0, vs)
         count = jnp.where(full, 0, count)
+        used = (jnp.arange(self.m) < count).astype(z.dtype)
         g = fz - z
         dz = z - z_prev
-        dg = g - g_prev
-        b_dg = self._apply(us, vs, dg)
+        b_g = self._apply(us, vs, used, g)
+        b_g_prev = jnp.where(full, -g_prev, direction)
+        b_dg = b_g - b_g_prev
         denom = jnp.einsum("bd,bd->b", dz, b_dg)
         eps = jnp.finfo(z.dtype).eps
         size = jnp.linalg.norm(dz, axis=1) * jnp.linalg.norm(b_dg, axis=1)
         ok = (jnp.abs(denom) > eps * size) & (size > 0)
         safe = jnp.where(ok, denom, 1.0)
-        u = (dz - b_dg) / safe[:, None]
-        v = self._apply_transpose(us, vs, dz)
-        keep = ok[:, None, None]
-        us = jnp.where(keep, _set_slot(us, count, u), us)
-        vs = jnp.where(keep, _set_slot(vs, count, v), vs)
-        count = count + ok.astype(count.dtype)
-        return us, vs, count, z, g
+        u = jnp.where(ok[:, None], (dz - b_dg) / safe[:, None], 0.0)
+        v = jnp.where(ok[:, None], self._apply_transpose(us, vs, used, dz), 0.0)
+        us = _write_slot(us, count, u)
+        vs = _write_slot(vs, count, v)
+        direction = b_g + u * jnp.einsum("bd,bd->b", v, g)[:, None]
+        return us, vs, count + 1, z, g, direction
 
 
 def _empty_history(z, m):
@@ -326,10 +342,18 @@ def _per_sample_zeros(z):
     return jnp.zeros_like(z[:, 0], dtype=jnp.int32)
 
 
-def _set_slot(history, slot, value):
-    """history[b, slot[b]] = value[b] for every sample b, as a select rather than a scatter."""
-    slots = jnp.arange(history.shape[1])[None, :] == jnp.reshape(slot, (-1, 1))
-    return jnp.where(slots[:, :, None], value[:, None, :], history)
+def _write_slot(history, slot, value):
+    """history[:, slot] = value, for a scalar slot shared by the batch."""
+    index = jnp.zeros((), jnp.int32)
+    return jax.lax.dynamic_update_slice(history, value[:, None, :], (index, jnp.asarray(slot, jnp.int32), index))
+
+
+def _write_gram(gram, slot, dots):
+    """Row and column ``slot`` of the (B, m, m) Gram matrix set to ``dots`` (B, m)."""
+    index = jnp.zeros((), jnp.int32)
+    slot = jnp.asarray(slot, jnp.int32)
+    gram = jax.lax.dynamic_update_slice(gram, dots[:, None, :], (index, slot, index))
+    return jax.lax.dynamic_update_slice(gram, dots[:, :, None], (index, index, slot))
 
 
 SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
@@ -522,20 +546,29 @@ def _run(config, func, z0_flat, unrolled):
         state=solver_state0,
     )
 
+    residual_floor = jnp.finfo(z0_flat.dtype).eps * math.sqrt(z0_flat.shape[1])
+
     def body(carry):
         z_prop, state_prop = config.propose(carry["z"], carry["fz"], carry["state"])
         fz_prop = func(z_prop)
-        finite = jnp.all(jnp.isfinite(fz_prop), axis=1) & jnp.all(jnp.isfinite(z_prop), axis=1)
+        # One pass for both norms: a NaN or inf anywhere in z_prop or f(z_prop) makes them
+        # non-finite (as does a float overflow of the norm, which only a diverging iterate reaches).
+        diff_norm = jnp.linalg.norm(fz_prop - z_prop, axis=1)
+        f_norm = jnp.linalg.norm(fz_prop, axis=1)
+        finite = jnp.isfinite(diff_norm) & jnp.isfinite(f_norm)
         active = carry["active"]
         accept = active & finite
         z = jnp.where(accept[:, None], z_prop, carry["z"])
         fz = jnp.where(accept[:, None], fz_prop, carry["fz"])
-        # Guard the residual of rejected (possibly non-finite) proposals.
-        res_prop = relative_residual(jnp.where(finite[:, None], fz_prop, z), jnp.where(finite[:, None], z_prop, z))
-        abs_prop = jnp.linalg.norm(jnp.where(finite[:, None], fz_prop - z_prop, 0.0), axis=1)
+        res_prop = jnp.where(finite, diff_norm / (f_norm + residual_floor), jnp.inf)
+        abs_prop = jnp.where(finite, diff_norm, jnp.inf)
         res = jnp.where(accept, res_prop, carry["res"])
         state = config.record(z_prop, fz_prop, state_prop)
-        state = _where_batch(accept, state, carry["state"])
+        if unrolled:
+            # Rejected and frozen samples never become active again, so their solver state is
+            # irrelevant to the result; it is kept finite only when differentiating through the
+            # loop (a NaN in an unselected branch would still poison the gradient).
+            state = _where_batch(accept, state, carry["state"])
         improved = accept & (res_prop < carry["best_res"])
         best_z = jnp.where(improved[:, None], z_prop, carry["best_z"])
         best_res = jnp.where(improved, res_prop, carry["best_res"])
