@@ -224,8 +224,7 @@ class Anderson(_SolverConfig):
         g = fz - z
         fs = _write_slot(_empty_history(z, self.m), 0, fz)
         gs = _write_slot(_empty_history(z, self.m), 0, g)
-        gram = jnp.zeros(z.shape[:1] + (self.m, self.m), z.dtype)
-        gram = _write_gram(gram, 0, jnp.einsum("bid,bd->bi", gs, g))
+        gram = jnp.einsum("bid,bjd->bij", gs, gs)  # computed, not created: keeps the batch sharding
         return fs, gs, gram, jnp.ones((), jnp.int32)
 
     def propose(self, z, fz, state):
