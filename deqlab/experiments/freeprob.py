@@ -1,0 +1,178 @@
+"""Chapter 2, "Free probability for deep and equilibrium networks": the simulations behind it.
+
+- :func:`jacobian_eigs`: squared singular values of the input-output Jacobian of random deep
+  networks at criticality (002 Eq. 1-2, Figures 2 and 4);
+- :func:`slope_samples`: samples of ``phi'(h)`` for ``h ~ N(0, q*)`` (002 Figure 3);
+- :func:`masked_wishart_eigs`: eigenvalues of ``D W^T W D`` (free product of ``D^2`` and a
+  Marchenko-Pastur law, 002 Eq. 12);
+- :func:`dw_eigs`: eigenvalues of ``D W`` for GOE ``W`` (001 App. C.1);
+- :func:`length_traces`: ``tr A / N``, ``tr A^2 / N`` for ``A = (I - W)^-T (I - W)^-1`` and the
+  spectral radius of ``W`` (001 App. C.2).
+
+Random matrices come from :mod:`deqlab.ensembles` (``scale = sqrt(sigma_w2)`` or ``sqrt(V)``);
+the arithmetic runs in float64 when ``jax_enable_x64`` is set and in float32 otherwise, and
+eigenvalues are computed in float64 with NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deqlab import ensembles
+from deqlab.theory import freeprob
+
+__all__ = ["jacobian_eigs", "slope_samples", "masked_wishart_eigs", "dw_eigs", "length_traces"]
+
+
+def _dtype():
+    return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+def _phi(name, h):
+    if name == "linear":
+        return h
+    if name == "relu":
+        return jnp.maximum(h, 0)
+    if name == "hard_tanh":
+        return jnp.clip(h, -1, 1)
+    if name == "erf":
+        return jax.scipy.special.erf(math.sqrt(math.pi) / 2 * h)
+    if name == "shifted_relu":
+        return jnp.maximum(h + 0.5, 0) - 0.5
+    return h * jax.nn.sigmoid(h)
+
+
+def _dphi(name, h):
+    if name == "linear":
+        return jnp.ones_like(h)
+    if name == "relu":
+        return (h > 0).astype(h.dtype)
+    if name == "hard_tanh":
+        return (jnp.abs(h) < 1).astype(h.dtype)
+    if name == "erf":
+        return jnp.exp(-math.pi * h**2 / 4)
+    if name == "shifted_relu":
+        return (h > -0.5).astype(h.dtype)
+    s = jax.nn.sigmoid(h)
+    return s * (1 + h * (1 - s))
+
+
+@partial(jax.jit, static_argnames=("nonlinearity", "weights", "n", "dtype"))
+def _first_layer(key, nonlinearity, weights, n, q_star, sw2, dtype):
+    k_h, k_w = jax.random.split(key)
+    h = jnp.sqrt(q_star) * jax.random.normal(k_h, (n,), dtype)  # pre-activations of layer 1
+    w = ensembles.sample(weights, k_w, n, jnp.sqrt(sw2), dtype)
+    return h, _dphi(nonlinearity, h)[:, None] * w
+
+
+@partial(jax.jit, static_argnames=("nonlinearity", "weights", "n", "dtype", "gaussian_h"))
+def _next_layer(key, h, jac, nonlinearity, weights, n, q_star, sw2, sb2, dtype, gaussian_h):
+    kw, kb = jax.random.split(key)
+    w = ensembles.sample(weights, kw, n, jnp.sqrt(sw2), dtype)
+    if gaussian_h:  # mean-field: fresh N(0, q*) pre-activations, independent of W (q^l = q*)
+        h = jnp.sqrt(q_star) * jax.random.normal(kb, (n,), dtype)
+    else:  # the network of 002 Eq. 1
+        h = w @ _phi(nonlinearity, h) + jnp.sqrt(sb2) * jax.random.normal(kb, (n,), dtype)
+    return h, _dphi(nonlinearity, h)[:, None] * (w @ jac)
+
+
+def jacobian_eigs(key, nonlinearity: str, weights: str, depths, q_star: float, n: int,
+                  n_networks: int = 1, sigma_w2: float | None = None,
+                  preactivations: str = "network"):
+    """Eigenvalues of ``J J^T``, ``J = prod_l D_l W_l`` (002 Eq. 2), of random networks.
+
+    The network of 002 Eq. 1 with width ``n``, weights ``sample(weights, key, n,
+    sqrt(sigma_w2))`` and biases ``N(0, sigma_b2)``, at the critical point of
+    :func:`deqlab.theory.freeprob.critical_point` for ``q_star`` (``sigma_w2`` overrides the
+    weight variance, the bias stays). The first layer's pre-activations are drawn ``N(0, q*)``
+    (input at the fixed point, 002 §2.2). One network of depth ``max(depths)`` gives the
+    Jacobians of all shallower depths (its first ``L`` layers form a depth-``L`` network).
+    ``preactivations="gaussian"`` draws fresh ``N(0, q*)`` pre-activations in every layer
+    instead (the assumption ``q^l = q*`` made exact), for nonlinearities whose ``q*`` is not a
+    stable fixed point.
+
+    Returns:
+      ``(eigs, q_mean)``: a dict ``depth -> eigenvalues`` (all networks, float64) and the mean
+      squared pre-activation over all layers and networks (``q*`` when at the fixed point).
+    """
+    freeprob._check_nonlinearity(nonlinearity)
+    freeprob._check_weights(weights)
+    depths = sorted({freeprob._check_depth(d) for d in np.atleast_1d(depths).tolist()})
+    if preactivations not in ("network", "gaussian"):
+        raise ValueError(f"preactivations must be 'network' or 'gaussian', got {preactivations!r}")
+    sw2_c, sb2 = freeprob.critical_point(nonlinearity, q_star)
+    sw2 = sw2_c if sigma_w2 is None else freeprob._check_positive(sigma_w2, "sigma_w2")
+    dtype = _dtype()
+    eigs = {d: [] for d in depths}
+    qs = []
+    for k in jax.random.split(key, n_networks):
+        keys = jax.random.split(k, depths[-1])
+        h, jac = _first_layer(keys[0], nonlinearity, weights, n, q_star, sw2, dtype)
+        for layer in range(1, depths[-1] + 1):
+            if layer > 1:
+                h, jac = _next_layer(keys[layer - 1], h, jac, nonlinearity, weights, n, q_star,
+                                     sw2, sb2, dtype, preactivations == "gaussian")
+            qs.append(float(jnp.mean(h**2)))
+            if layer in eigs:
+                s = np.linalg.svd(np.asarray(jac, dtype=np.float64), compute_uv=False)
+                eigs[layer].append(s**2)
+    return {d: np.concatenate(v) for d, v in eigs.items()}, float(np.mean(qs))
+
+
+def slope_samples(key, nonlinearity: str, q_star: float, n: int):
+    """``phi'(h)`` for ``n`` draws ``h ~ N(0, q*)`` (002 Figure 3)."""
+    freeprob._check_nonlinearity(nonlinearity)
+    h = math.sqrt(q_star) * jax.random.normal(key, (n,), _dtype())
+    return np.asarray(_dphi(nonlinearity, h), dtype=np.float64)
+
+
+def masked_wishart_eigs(key, p: float, sigma_w2: float, n: int, n_samples: int = 1):
+    """Eigenvalues of ``D W^T W D`` with ``D = diag(Bernoulli(p))`` and Gaussian ``W``
+    (entries ``N(0, sigma_w2 / n)``): the free product ``Bernoulli(p) ⊠ MP(sigma_w2)``."""
+    out = []
+    for k in jax.random.split(key, n_samples):
+        kw, kd = jax.random.split(k)
+        w = np.asarray(ensembles.sample("gaussian", kw, n, math.sqrt(sigma_w2), _dtype()), np.float64)
+        d = np.asarray(jax.random.bernoulli(kd, p, (n,)), np.float64)
+        out.append(np.linalg.eigvalsh((d[:, None] * (w.T @ w)) * d[None, :]))
+    return np.concatenate(out)
+
+
+def dw_eigs(key, nonlinearity: str, q_star: float, variance: float, n: int, n_samples: int = 1):
+    """Eigenvalues of ``D W``, ``W = sample("goe", key, n, sqrt(V))``, ``D = diag(phi'(h))``,
+    ``h ~ N(0, q*)`` independent of ``W`` (001 App. C.1). For ``phi' >= 0`` these are the
+    (real) eigenvalues of ``D^(1/2) W D^(1/2)``."""
+    out = []
+    for k in jax.random.split(key, n_samples):
+        kw, kh = jax.random.split(k)
+        w = np.asarray(ensembles.sample("goe", kw, n, math.sqrt(variance), _dtype()), np.float64)
+        d = slope_samples(kh, nonlinearity, q_star, n)
+        if np.any(d < 0):
+            raise ValueError("dw_eigs: phi' must be non-negative (monotone phi)")
+        r = np.sqrt(d)
+        out.append(np.linalg.eigvalsh(r[:, None] * w * r[None, :]))
+    return np.concatenate(out)
+
+
+def length_traces(key, ensemble: str, variance: float, n: int, n_samples: int):
+    """Per sample: ``tr A / n``, ``tr A^2 / n`` with ``A = (I - W)^-T (I - W)^-1`` and the
+    spectral radius ``rho(W)`` (the Neumann series ``sum_k W^k`` diverges when ``rho >= 1``),
+    for ``W = sample(ensemble, key, n, sqrt(V))`` (001 App. C.2).
+
+    Returns a dict of float64 arrays ``tr1``, ``tr2``, ``radius``.
+    """
+    tr1, tr2, rad = [], [], []
+    eye = np.eye(n)
+    for k in jax.random.split(key, n_samples):
+        w = np.asarray(ensembles.sample(ensemble, k, n, math.sqrt(variance), _dtype()), np.float64)
+        s = np.linalg.svd(eye - w, compute_uv=False)
+        a = 1.0 / s**2  # eigenvalues of (I - W)^-T (I - W)^-1
+        tr1.append(a.mean())
+        tr2.append((a**2).mean())
+        rad.append(np.max(np.abs(np.linalg.eigvals(w))))
+    return {"tr1": np.array(tr1), "tr2": np.array(tr2), "radius": np.array(rad)}

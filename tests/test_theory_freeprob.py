@@ -1,0 +1,382 @@
+"""Tests of deqlab.theory.freeprob against closed forms and simulated random matrices.
+
+Tolerances:
+- Kolmogorov-Smirnov distances use the Dvoretzky-Kiefer-Wolfowitz bound for ``n`` samples at
+  level ``alpha = 1e-6``, ``sqrt(log(2 / alpha) / (2 n))`` with ``n`` the number of sampled
+  eigenvalues (eigenvalues of one matrix are more rigid than i.i.d. draws, so this is
+  conservative for the fluctuation), plus ``1 / N`` for the finite-size bias of the empirical
+  spectral distribution of an ``N x N`` matrix.
+- Sampled means: 5 standard errors estimated from the per-matrix values, plus an ``O(1/N)``
+  finite-size allowance where stated.
+- Quadrature of densities on grids: the grid error, estimated by halving the grid.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from deqlab.experiments import freeprob as ex
+from deqlab.theory import freeprob as fp
+
+ALPHA = 1e-6
+
+
+def dkw(n_samples: int, n: int) -> float:
+    return math.sqrt(math.log(2 / ALPHA) / (2 * n_samples)) + 1.0 / n
+
+
+def key(i):
+    return jax.random.PRNGKey(i)
+
+
+# ------------------------------------------------------------------------------- transforms
+
+
+def spectra():
+    return [
+        fp.Semicircle(0.3),
+        fp.MarchenkoPastur(1.7),
+        fp.Bernoulli(0.4),
+        fp.ScaledIdentity(2.0),
+        fp.PointMasses([0.5, 1.0, 3.0], [0.2, 0.3, 0.5]),
+        fp.FreeProduct(fp.Bernoulli(0.6), fp.MarchenkoPastur(1.5)),
+        fp.DWSpectrum(fp.slope_spectrum("erf", 0.8, 64), 0.2),
+        fp.BernoulliLimit(0.25),
+        fp.SmoothLimit(0.25),
+    ]
+
+
+@pytest.mark.parametrize("spec", spectra(), ids=lambda s: type(s).__name__)
+def test_stieltjes_asymptotics_and_branch(spec):
+    # G(z) = 1/z + m1/z^2 + O(m2/|z|^3)  (002 Eq. 9) and Im G < 0 above the real axis (Eq. 8).
+    m1, m2 = spec.moment(1), spec.moment(2)
+    z = np.array([1e4j, 1e4 + 10j, -1e4 + 1j, 3e3 * np.exp(0.7j)])
+    g = spec.stieltjes(z)
+    assert np.all(np.abs(z * g - 1 - m1 / z) <= 2 * m2 / np.abs(z) ** 2 + 1e-12)
+    xs = np.linspace(-3, 6, 13)
+    for eps in (1e-3, 0.3, 5.0):
+        assert np.all(spec.stieltjes(xs + 1j * eps).imag < 0)
+    # conjugate symmetry G(conj z) = conj G(z)
+    assert np.allclose(spec.stieltjes(np.conj(z)), np.conj(g), rtol=1e-10, atol=1e-14)
+
+
+def test_s_transform_generic_matches_closed_forms():
+    # Newton inversion of M (002 Eq. 11) against closed forms: Bernoulli (001 Eq. 114) and MP.
+    w = np.array([0.05, 0.2, 0.5 + 0.1j, 0.3 - 0.2j])
+    bern = fp.Bernoulli(0.3)
+    generic = fp.PointMasses([0.0, 1.0], [0.7, 0.3])
+    assert np.allclose(generic.s_transform(w), bern.s_transform(w), rtol=1e-10)
+    mp = fp.MarchenkoPastur(0.8)
+    assert np.allclose(fp.Spectrum.mgf_inverse(mp, w), mp.mgf_inverse(w), rtol=1e-10)
+    assert np.allclose(fp.Spectrum.s_transform(mp, w), 1 / (0.8 * (1 + w)), rtol=1e-10)
+    # M(M^{-1}(w)) = w
+    assert np.allclose(mp.mgf(mp.mgf_inverse(w)), w, rtol=1e-12)
+
+
+def test_semicircle_and_mp_against_samples():
+    n, k = 200, 4
+    goe = np.concatenate([np.linalg.eigvalsh(np.asarray(
+        __import__("deqlab").ensembles.sample("goe", kk, n, math.sqrt(0.3)), np.float64))
+        for kk in jax.random.split(key(0), k)])
+    sc = fp.Semicircle(0.3)
+    x = np.linspace(-sc.radius, sc.radius, 2001)
+    assert fp.kolmogorov_distance(goe, x, sc.density(x)) < dkw(n * k, n)
+    # the density from -Im G / pi at small eps matches the closed form in the bulk
+    xb = np.linspace(-0.9, 0.9, 7) * sc.radius
+    assert np.allclose(fp.Spectrum.density(sc, xb, 1e-9), sc.density(xb), atol=1e-6)
+    mp = fp.MarchenkoPastur(1.5)
+    wtw = ex.masked_wishart_eigs(key(1), 1.0, 1.5, n, k)
+    x = np.linspace(0, 6, 4001)
+    assert fp.kolmogorov_distance(wtw, x, mp.density(x)) < dkw(n * k, n)
+    assert mp.moment(2) == pytest.approx(2 * 1.5**2)
+
+
+def test_free_product_against_masked_wishart():
+    # Bernoulli(p) ⊠ MP(s) (002 Eq. 12) against D W^T W D.
+    p, s, n, k = 0.6, 1.5, 200, 4
+    prod = fp.FreeProduct(fp.Bernoulli(p), fp.MarchenkoPastur(s))
+    lam = np.linspace(1e-4, 4 * s * 1.6, 1500)
+    rho = prod.continuous_density(lam, 1e-9)
+    mass, m1, m2 = fp.mass_and_moments(lam, rho, prod.atoms)
+    # free moments: m1 = p s, m2 = m2(a) m1(b)^2 + m1(a)^2 m2(b) - m1(a)^2 m1(b)^2
+    assert mass == pytest.approx(1, abs=2e-3)  # grid error: sqrt edges on a 1500-point grid
+    assert m1 == pytest.approx(p * s, rel=2e-3)
+    assert m2 == pytest.approx(p * s**2 + p**2 * s**2, rel=2e-3)
+    eigs = ex.masked_wishart_eigs(key(2), p, s, n, k)
+    assert fp.kolmogorov_distance(eigs, lam, rho, prod.atoms, lower=1e-3) < dkw(n * k, n)
+
+
+# -------------------------------------------------------------------- nonlinearities, moments
+
+
+@pytest.mark.parametrize("nl", fp.NONLINEARITIES)
+def test_slope_moments_against_samples(nl):
+    q = 0.7
+    mu = fp.slope_moments(nl, q, 2)
+    d = ex.slope_samples(key(3), nl, q, 200_000)
+    for k, m in enumerate(mu, start=1):
+        x = d ** (2 * k)
+        assert abs(x.mean() - m) <= 5 * x.std() / math.sqrt(x.size) + 1e-12
+
+
+@pytest.mark.parametrize("nl", fp.NONLINEARITIES)
+def test_critical_point_is_fixed_point(nl):
+    # 002 Eq. 4-5: sigma_w2 mu_1 = 1 and q* = sigma_w2 E[phi^2] + sigma_b2 (checked by
+    # Gauss-Hermite quadrature, independent of the adaptive quadrature used inside).
+    q = 0.4
+    sw2, sb2 = fp.critical_point(nl, q)
+    assert sw2 * fp.slope_moments(nl, q, 1)[0] == pytest.approx(1, rel=1e-12)
+    u, w = np.polynomial.hermite_e.hermegauss(150)
+    w = w / w.sum()
+    e_phi2 = np.sum(w * fp._phi(nl, math.sqrt(q) * u) ** 2)
+    assert sw2 * e_phi2 + sb2 == pytest.approx(q, rel=2e-3)  # GH error on kinks
+    if nl in ("linear", "relu"):
+        assert (sw2, sb2) == ({"linear": 1.0, "relu": 2.0}[nl], 0.0)
+
+
+def test_table1_variances():
+    # 002 Table 1 / Eq. 22 in closed form.
+    L, q = 16, 0.3
+    var = lambda nl, w: (lambda m: m[1] - m[0] ** 2)(fp.jacobian_moments(nl, w, L, q))
+    assert var("linear", "orthogonal") == pytest.approx(0, abs=1e-12)
+    assert var("linear", "gaussian") == pytest.approx(L)
+    assert var("relu", "orthogonal") == pytest.approx(L)
+    assert var("relu", "gaussian") == pytest.approx(2 * L)
+    p = math.erf(1 / math.sqrt(2 * q))
+    assert var("hard_tanh", "orthogonal") == pytest.approx(L * (1 / p - 1))
+    assert var("hard_tanh", "gaussian") == pytest.approx(L / p)
+    assert var("erf", "orthogonal") == pytest.approx(L * ((1 + math.pi * q) / math.sqrt(1 + 2 * math.pi * q) - 1))
+    # off the critical line m1 = chi^L
+    m1, _ = fp.jacobian_moments("relu", "gaussian", 5, 1.0, sigma_w2=2.2)
+    assert m1 == pytest.approx(1.1**5)
+
+
+# --------------------------------------------------------------------- master equation (Alg. 1)
+
+CASES = [
+    ("linear", "gaussian", 4, 1.0),
+    ("relu", "orthogonal", 4, 1.0),
+    ("relu", "gaussian", 2, 1.0),
+    ("hard_tanh", "orthogonal", 8, 0.3),
+    ("erf", "orthogonal", 4, 0.5),
+]
+
+
+def _grid(hi):
+    return np.concatenate([np.geomspace(1e-10, 1.0, 250, endpoint=False), np.linspace(1.0, hi, 550)])
+
+
+@pytest.mark.parametrize("nl,weights,L,q", CASES)
+def test_master_equation_density(nl, weights, L, q):
+    n, k = 200, 3
+    m1, m2 = fp.jacobian_moments(nl, weights, L, q)
+    hi = 1.0 + 12 * math.sqrt(m2)
+    lam = _grid(hi)
+    res = fp.jacobian_density(nl, weights, L, q, lam, n_nodes=64, ratio=1.25, eps=1e-9)
+    assert np.all(res.density >= -1e-8)
+    mass, mm1, mm2 = fp.mass_and_moments(lam, res.density, res.atoms)
+    # the grid misses the mass below 1e-10 and the tail above `hi` (bounded by m2/hi^2 for
+    # the mean); 2e-2 covers both for these depths (checked by the density's own moments).
+    assert mass == pytest.approx(1, abs=2e-2)
+    assert mm1 == pytest.approx(m1, abs=2e-2)
+    assert mm2 == pytest.approx(m2, rel=3e-2)
+    eigs, q_mean = ex.jacobian_eigs(key(4), nl, weights, [L], q, n, n_networks=k)
+    assert fp.kolmogorov_distance(eigs[L], lam, res.density, res.atoms, lower=1e-8) < dkw(n * k, n)
+
+
+def test_master_equation_linear_gaussian_one_layer_is_mp():
+    lam = np.linspace(0.05, 3.9, 50)
+    res = fp.jacobian_density("linear", "gaussian", 1, 1.0, lam, eps=1e-10)
+    assert np.allclose(res.density, fp.MarchenkoPastur(1.0).density(lam), atol=1e-6)
+
+
+def test_linear_orthogonal_is_an_atom():
+    res = fp.jacobian_density("linear", "orthogonal", 7, 1.0, np.linspace(0.1, 2, 5), sigma_w2=1.1)
+    assert res.atoms == ((1.1**7, 1.0),) or np.allclose(res.atoms, ((1.1**7, 1.0),))
+    assert np.all(res.density == 0)
+
+
+# ------------------------------------------------------------------------------ universality
+
+
+def test_bernoulli_limit():
+    s0 = 0.25
+    lim = fp.BernoulliLimit(s0)
+    assert lim.edge == pytest.approx(s0 * math.e)
+    assert math.sqrt(lim.edge) == pytest.approx(0.82, abs=5e-3)  # 002 §5: sqrt(lambda_1)
+    (loc, mass), = lim.atoms
+    assert math.sqrt(loc) == pytest.approx(1.13, abs=5e-3)  # e^{1/8}
+    # atom mass from the residue of G at lambda_2 (Eq. 34)
+    d = 1e-7
+    assert (1j * d * lim.stieltjes(loc + 1j * d)).real == pytest.approx(mass, rel=1e-5)
+    # mass and moments: s = -log(lambda) grid plus the leading small-lambda tail
+    # log grid for the 1/(lambda log^2 lambda) divergence at 0, linear grid for the sqrt edge
+    x = np.concatenate([np.exp(-np.linspace(400, 5, 20000, endpoint=False)),
+                        np.linspace(math.exp(-5), lim.edge, 20001)])
+    rho = lim.density(x)
+    tail = lim.small_lambda_mass(s0, x[0])
+    tot, m1, m2 = fp.mass_and_moments(x, rho, lim.atoms)
+    assert tot + tail == pytest.approx(1, abs=1e-4)
+    assert m1 == pytest.approx(1, abs=1e-5)
+    assert m2 == pytest.approx(1 + s0, abs=1e-5)
+    assert np.all(lim.density(np.array([lim.edge * 1.001, 2.0])) == 0)
+    assert lim.density(np.array([lim.edge * 0.99]))[0] > 0
+    # the finite-L S-transform tends to the limit (Eq. 28-29)
+    w = np.array([0.3, 1.0 + 0.5j])
+    L = 10**6
+    finite = (1 + s0 * w / (L * (1 + w))) ** (-L)
+    assert np.allclose(finite, lim.s_transform(w), rtol=1e-6)
+
+
+def test_smooth_limit_edges_and_moments():
+    s0 = 0.25
+    lim = fp.SmoothLimit(s0)
+    lo, hi = lim.edges
+    assert math.sqrt(lo) == pytest.approx(0.57, abs=5e-3)
+    assert math.sqrt(hi) == pytest.approx(1.56, abs=5e-3)
+    x = np.linspace(lo, hi, 1200)
+    rho = lim.density(x, 1e-10)
+    tot, m1, m2 = fp.mass_and_moments(x, rho)
+    assert tot == pytest.approx(1, abs=2e-3)
+    assert m1 == pytest.approx(1, abs=2e-3)
+    assert m2 == pytest.approx(1 + s0, abs=3e-3)
+    out = lim.density(np.array([lo * 0.95, hi * 1.05]), 1e-10)
+    assert np.all(out < 1e-6)
+
+
+@pytest.mark.parametrize("nl,limit", [("hard_tanh", fp.BernoulliLimit), ("shifted_relu", fp.BernoulliLimit),
+                                      ("erf", fp.SmoothLimit)])
+def test_finite_depth_converges_to_limit(nl, limit):
+    s0 = 0.25
+    lim = limit(s0)
+    x = np.linspace(0.3, 1.6, 300)
+    ref = lim.continuous_density(x, 1e-9)
+    dist = []
+    for L in (8, 64, 512):
+        q = fp.double_scaling_q_star(nl, L, s0)
+        m1, m2 = fp.jacobian_moments(nl, "orthogonal", L, q)
+        assert m2 - m1**2 == pytest.approx(s0, rel=1e-9)
+        res = fp.jacobian_density(nl, "orthogonal", L, q, x, n_nodes=96, ratio=1.25, eps=1e-9)
+        dist.append(np.trapezoid(np.abs(res.density - ref), x) if hasattr(np, "trapezoid")
+                    else np.trapz(np.abs(res.density - ref), x))
+    assert dist[0] > dist[1] > dist[2]
+
+
+def test_gaussian_weights_have_no_limit():
+    # 002 §5: with Gaussian weights the variance is >= L whatever q*.
+    for nl in ("hard_tanh", "erf"):
+        for L in (8, 64):
+            q = fp.double_scaling_q_star(nl, L, 0.25)
+            m1, m2 = fp.jacobian_moments(nl, "gaussian", L, q)
+            assert m2 - m1**2 >= L
+
+
+# ----------------------------------------------------------------------------- 001 App. C
+
+
+def test_dw_bernoulli_closed_form():
+    # 001 Eq. 124: atom 1 - p at 0 plus a semicircle of radius 2 sqrt(V p).
+    p, v = 0.7, 0.2
+    dw = fp.DWSpectrum(fp.Bernoulli(p), v)
+    z = np.array([1 + 0.3j, -0.5 + 0.01j, 0.1 + 0.001j, 3j])
+    r = 2 * math.sqrt(v * p)
+    ref = (1 - p) / z + (z - np.sqrt(z - r) * np.sqrt(z + r)) / (2 * v)
+    assert np.allclose(dw.stieltjes(z), ref, rtol=1e-9)
+
+
+def test_dw_erf_against_simulation():
+    q, v, n, k = 0.8, 0.2, 200, 3
+    dw = fp.DWSpectrum(fp.slope_spectrum("erf", q, 96), v)
+    x = np.linspace(-1.6, 1.6, 1200)
+    rho = dw.continuous_density(x, 1e-9)
+    tot, m1, m2 = fp.mass_and_moments(x, rho)
+    assert tot == pytest.approx(1, abs=3e-3)
+    assert m2 == pytest.approx(dw.moment(2), rel=5e-3)
+    eigs = ex.dw_eigs(key(5), "erf", q, v, n, k)
+    assert fp.kolmogorov_distance(eigs, x, rho) < dkw(n * k, n)
+
+
+def test_pencil_goe_quadratic():
+    v = 0.15
+    z = np.array([3 + 1j, -2 + 0.5j, 10 + 0.1j, 0.5 + 2j])
+    res = fp.pencil_cauchy(fp.goe_resolvent_pencil(v), z)
+    assert np.all(res.converged)
+    m = z * res.g[:, 0, 0] - 1
+    assert np.allclose(m, fp.goe_resolvent_mgf(z, v), rtol=1e-10)
+    assert np.allclose(v * z**2 * m**2 - (z - 1) * m + 1, 0, atol=1e-10)  # 001 Eq. 138
+
+
+@pytest.mark.parametrize("ensemble,v", [("gaussian", 0.5), ("goe", 0.15)])
+def test_length_pencil_moments(ensemble, v):
+    pencil = fp.length_pencil(ensemble, v)
+    z = np.array([40 + 1j, -3 + 2j, 5j])
+    res = fp.pencil_cauchy(pencil, z)
+    if ensemble == "gaussian":
+        assert np.allclose(fp.ginibre_length_cubic(z * res.g[:, 0, 0] - 1, z, v), 0, atol=1e-10)
+    m = fp.pencil_moments(pencil, 2, radius=80.0)
+    m2_closed = fp.ginibre_length_m2(v) if ensemble == "gaussian" else fp.goe_length_m2(v)
+    m1_closed = 1 / (1 - v) if ensemble == "gaussian" else fp.Semicircle(v).moment(2) * 0 + _goe_m1(v)
+    assert m[0] == pytest.approx(m1_closed, rel=1e-9)
+    assert m[1] == pytest.approx(m2_closed, rel=1e-9)
+    # simulation: 5 standard errors plus an O(1/N) finite-size allowance relative to m2
+    n, k = 150, 6
+    tr = ex.length_traces(key(6), ensemble, v, n, k)
+    for name, pred in (("tr1", m[0]), ("tr2", m[1])):
+        x = tr[name]
+        assert abs(x.mean() - pred) <= 5 * x.std(ddof=1) / math.sqrt(k) + 10 * pred / n
+
+
+def _goe_m1(v):
+    # tr (I - W)^-2 = sum_k (k + 1) m_k(W), semicircle moments (001 App. C.2.1)
+    return sum((2 * j + 1) * fp.Semicircle(v).moment(2 * j) for j in range(200))
+
+
+def test_pencil_nonconvergence_is_reported():
+    with pytest.raises(fp.ConvergenceError):
+        fp.pencil_cauchy(fp.length_pencil("gaussian", 0.5), np.array([2 + 1j]), max_iter=2)
+    res = fp.pencil_cauchy(fp.length_pencil("gaussian", 0.5), np.array([2 + 1j]), max_iter=2, check=False)
+    assert not res.converged[0]
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="nonlinearity"):
+        fp.jacobian_moments("tanh", "orthogonal", 3, 1.0)
+    with pytest.raises(ValueError, match="weights"):
+        fp.jacobian_moments("relu", "goe", 3, 1.0)
+    with pytest.raises(ValueError, match="depth"):
+        fp.jacobian_moments("relu", "orthogonal", 0, 1.0)
+    with pytest.raises(ValueError, match="depth"):
+        fp.jacobian_density("relu", "orthogonal", 2.5, 1.0, [1.0])
+    with pytest.raises(ValueError, match="sigma_w2"):
+        fp.jacobian_moments("relu", "orthogonal", 3, 1.0, sigma_w2=0.0)
+    with pytest.raises(ValueError, match="sigma_w2"):
+        fp.jacobian_density("relu", "orthogonal", 3, 1.0, [1.0], sigma_w2=-1.0)
+    with pytest.raises(ValueError, match="q_star"):
+        fp.critical_point("erf", -0.1)
+    with pytest.raises(ValueError, match="eps"):
+        fp.jacobian_density("relu", "orthogonal", 3, 1.0, [1.0], eps=0.0)
+    with pytest.raises(ValueError, match="support"):
+        fp.Semicircle(1.0).stieltjes(np.array([0.5 + 0j]))
+    with pytest.raises(ValueError, match="real axis"):
+        fp.SmoothLimit(0.25).stieltjes(np.array([1.0 + 0j]))
+    with pytest.raises(ValueError, match="eps"):
+        fp.SmoothLimit(0.25).density(np.array([1.0]), 0.0)
+    with pytest.raises(ValueError, match="double-scaling"):
+        fp.double_scaling_q_star("relu", 8, 0.25)
+    with pytest.raises(ValueError, match="ensemble"):
+        fp.length_pencil("orthogonal", 0.5)
+    with pytest.raises(ValueError, match="damping"):
+        fp.pencil_cauchy(fp.length_pencil("goe", 0.1), np.array([1j]), damping=0.0)
+    # real z outside the support is fine
+    assert np.isfinite(fp.Semicircle(1.0).stieltjes(np.array([3.0 + 0j]))).all()
+
+
+def test_root_following_reports_failure():
+    # an equation with no root: |x|^2 + 1 >= 1 never vanishes
+    with pytest.raises(fp.ConvergenceError):
+        fp.follow_roots(lambda x, z: x * np.conj(x) + 1, lambda z: 1 / z, np.array([1.0]), 1e-3, max_newton=5)
