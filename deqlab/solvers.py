@@ -244,10 +244,10 @@ class Anderson(_SolverConfig):
         y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[..., None])[..., 0]
         alpha = y / jnp.sum(y, axis=1, keepdims=True)
         mixed_f = jnp.einsum("bi,bid->bd", alpha, fs)
-        mixed_g = jnp.einsum("bi,bid->bd", alpha, gs)
+        if self.damping == 1.0:  # one pass over the history instead of two
+            return mixed_f, state
         # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
-        z_next = mixed_f - (1.0 - self.damping) * mixed_g
-        return z_next, state
+        return mixed_f - (1.0 - self.damping) * jnp.einsum("bi,bid->bd", alpha, gs), state
 
     def record(self, z, fz, state):
         fs, gs, gram, count = state
