@@ -740,7 +740,8 @@ def jacobian_density(
     Args:
       lam: points ``> 0`` at which to evaluate the density.
       sigma_w2: ``None`` for the critical line at ``q_star`` (Table 1).
-      eps: final imaginary part (``> 0``; the bias is ``O(eps)`` in the bulk).
+      eps: final imaginary part (``> 0``; the bias is ``O(eps)`` in the bulk), a scalar or one
+        per point (e.g. ``1e-7 * lam`` on a logarithmic grid).
     Raises:
       ValueError: bad arguments; ConvergenceError: root following failed.
     """
@@ -748,9 +749,13 @@ def jacobian_density(
     _check_weights(weights)
     L = _check_depth(depth)
     q = _check_positive(q_star, "q_star")
-    eps = _check_positive(eps, "eps")
-    sw2 = _sigma_w2(nonlinearity, q, sigma_w2)
     lam = np.asarray(lam, dtype=np.float64)
+    eps = np.asarray(eps, dtype=np.float64)
+    if eps.ndim == 0:
+        eps = np.full(lam.shape, _check_positive(float(eps), "eps"))
+    elif eps.shape != lam.shape or not np.all(np.isfinite(eps) & (eps > 0)):
+        raise ValueError("eps must be > 0, a scalar or one value per point of lam")
+    sw2 = _sigma_w2(nonlinearity, q, sigma_w2)
     m1, m2 = jacobian_moments(nonlinearity, weights, L, q, sw2)
     atoms = jacobian_atoms(nonlinearity, weights, L, q, sw2)
     if nonlinearity == "linear" and weights == "orthogonal":
