@@ -33,36 +33,32 @@ def _dtype():
     return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
 
 
-def _phi(name, h):
-    if name == "linear":
-        return h
-    if name == "relu":
-        return jnp.maximum(h, 0)
-    if name == "hard_tanh":
-        return jnp.clip(h, -1, 1)
-    if name == "erf":
-        return jax.scipy.special.erf(math.sqrt(math.pi) / 2 * h)
-    if name == "shifted_relu":
-        return jnp.maximum(h + 0.5, 0) - 0.5
-    return h * jax.nn.sigmoid(h)
+_CODES = {name: i for i, name in enumerate(freeprob.NONLINEARITIES)}
 
 
-def _dphi(name, h):
-    if name == "linear":
-        return jnp.ones_like(h)
-    if name == "relu":
-        return (h > 0).astype(h.dtype)
-    if name == "hard_tanh":
-        return (jnp.abs(h) < 1).astype(h.dtype)
-    if name == "erf":
-        return jnp.exp(-math.pi * h**2 / 4)
-    if name == "shifted_relu":
-        return (h > -0.5).astype(h.dtype)
-    s = jax.nn.sigmoid(h)
-    return s * (1 + h * (1 - s))
+def _phi_all(h):
+    s = math.sqrt(math.pi) / 2
+    return [h, jnp.maximum(h, 0), jnp.clip(h, -1, 1), jax.scipy.special.erf(s * h),
+            jnp.maximum(h + 0.5, 0) - 0.5, h * jax.nn.sigmoid(h)]
 
 
-@partial(jax.jit, static_argnames=("nonlinearity", "weights", "n", "dtype"))
+def _dphi_all(h):
+    sig = jax.nn.sigmoid(h)
+    one = jnp.ones_like(h)
+    return [one, (h > 0).astype(h.dtype), (jnp.abs(h) < 1).astype(h.dtype),
+            jnp.exp(-math.pi * h**2 / 4), (h > -0.5).astype(h.dtype), sig * (1 + h * (1 - sig))]
+
+
+def _phi(code, h):
+    """``phi`` selected by an integer code (traced), in the order of ``NONLINEARITIES``."""
+    return jnp.select([code == i for i in range(6)], _phi_all(h))
+
+
+def _dphi(code, h):
+    return jnp.select([code == i for i in range(6)], _dphi_all(h))
+
+
+@partial(jax.jit, static_argnames=("weights", "n", "dtype"))
 def _first_layer(key, nonlinearity, weights, n, q_star, sw2, dtype):
     k_h, k_w = jax.random.split(key)
     h = jnp.sqrt(q_star) * jax.random.normal(k_h, (n,), dtype)  # pre-activations of layer 1
@@ -70,7 +66,7 @@ def _first_layer(key, nonlinearity, weights, n, q_star, sw2, dtype):
     return h, _dphi(nonlinearity, h)[:, None] * w
 
 
-@partial(jax.jit, static_argnames=("nonlinearity", "weights", "n", "dtype", "gaussian_h"))
+@partial(jax.jit, static_argnames=("weights", "n", "dtype", "gaussian_h"))
 def _next_layer(key, h, jac, nonlinearity, weights, n, q_star, sw2, sb2, dtype, gaussian_h):
     kw, kb = jax.random.split(key)
     w = ensembles.sample(weights, kw, n, jnp.sqrt(sw2), dtype)
@@ -112,10 +108,11 @@ def jacobian_eigs(key, nonlinearity: str, weights: str, depths, q_star: float, n
     qs = []
     for k in jax.random.split(key, n_networks):
         keys = jax.random.split(k, depths[-1])
-        h, jac = _first_layer(keys[0], nonlinearity, weights, n, q_star, sw2, dtype)
+        code = _CODES[nonlinearity]  # traced: one compilation per weight ensemble and width
+        h, jac = _first_layer(keys[0], code, weights, n, q_star, sw2, dtype)
         for layer in range(1, depths[-1] + 1):
             if layer > 1:
-                h, jac = _next_layer(keys[layer - 1], h, jac, nonlinearity, weights, n, q_star,
+                h, jac = _next_layer(keys[layer - 1], h, jac, code, weights, n, q_star,
                                      sw2, sb2, dtype, preactivations == "gaussian")
             qs.append(float(jnp.mean(h**2)))
             if layer in eigs:
@@ -128,7 +125,7 @@ def slope_samples(key, nonlinearity: str, q_star: float, n: int):
     """``phi'(h)`` for ``n`` draws ``h ~ N(0, q*)`` (002 Figure 3)."""
     freeprob._check_nonlinearity(nonlinearity)
     h = math.sqrt(q_star) * jax.random.normal(key, (n,), _dtype())
-    return np.asarray(_dphi(nonlinearity, h), dtype=np.float64)
+    return np.asarray(_dphi(_CODES[nonlinearity], h), dtype=np.float64)
 
 
 def masked_wishart_eigs(key, p: float, sigma_w2: float, n: int, n_samples: int = 1):
