@@ -12,7 +12,7 @@ Sign convention (one for the whole module, 002 Eq. 7-8, 001 Eq. 96-97)
   ``B``: ``S_AB = S_A S_B`` (002 Eq. 12).
 
 Normalisations (papers against :mod:`deqlab.ensembles`)
-------------------------------------------------------
+-------------------------------------------------------
 - 002 weights: ``"gaussian"`` entries ``N(0, sigma_w2 / N)``; ``"orthogonal"``
   ``W^T W = sigma_w2 I``. In :mod:`deqlab.ensembles` these are ``sample("gaussian" |
   "orthogonal", key, n, scale)`` with ``scale = sqrt(sigma_w2)`` (so ``sigma_w2 = V``).
