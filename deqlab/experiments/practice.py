@@ -26,6 +26,7 @@ from deqlab.nn import DEQ, TanhCell
 from deqlab.solvers import Solution, get_solver, solve
 
 __all__ = [
+    "Problem",
     "tanh_map",
     "tanh_problem",
     "weight_tied_depth",
