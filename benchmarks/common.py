@@ -240,6 +240,94 @@ def tanh_reference(w, u, b, x) -> np.ndarray:
     return z
 
 
+def tanh_gradient_reference(z, w, u, b, x) -> dict[str, np.ndarray]:
+    """Float64 gradient of L = sum(z*^2) for the tanh DEQ z* = tanh(z* W^T + x U^T + b), from the
+    float64 fixed point ``z`` by the implicit function theorem with exact (dense, per-sample) linear
+    solves: u = g + J^T u with g = 2 z*, J = diag(s) W, s = 1 - z*^2 (003 Eq. 8, 11); then with
+    v = s * u: dL/dW = v^T z*, dL/dU = v^T x, dL/dx = v U, dL/db = sum_batch v."""
+    z, w, u, b, x = (np.asarray(a, np.float64) for a in (z, w, u, b, x))
+    s = 1 - z**2
+    system = np.eye(w.shape[0])[None] - w.T[None] * s[:, None, :]  # I - W^T diag(s_b)
+    adjoint = np.linalg.solve(system, (2 * z)[..., None])[..., 0]
+    v = s * adjoint
+    return {"W": v.T @ z, "U": v.T @ x, "b": v.sum(axis=0), "x": v @ u}
+
+
+def linear_gradient_reference(z, w, x) -> dict[str, np.ndarray]:
+    """Float64 gradient of L = sum(z*^2) for z* = W z* + x: u = (I - W^T)^{-1} 2 z* per sample,
+    dL/dW = u^T z*, dL/dx = u."""
+    z, w = np.asarray(z, np.float64), np.asarray(w, np.float64)
+    adjoint = np.linalg.solve(np.eye(w.shape[0]) - w.T, 2 * z.T).T
+    return {"W": adjoint.T @ z, "x": adjoint}
+
+
+def gradient_reference(case: "Case") -> dict[str, np.ndarray]:
+    """The float64 reference gradient of sum(z*^2) for a tanh or linear :class:`Case`."""
+    if case.f is tanh_map:
+        return tanh_gradient_reference(case.reference, *case.args)
+    if case.f is linear_map:
+        return linear_gradient_reference(case.reference, *case.args)
+    raise ValueError(f"gradient_reference: no reference for the map of case {case.name!r}")
+
+
+def gradient_names(case: "Case") -> tuple[str, ...]:
+    """Names of the arguments of ``case.f`` in order (W, U, b, x or W, x)."""
+    return ("W", "U", "b", "x") if case.f is tanh_map else ("W", "x")
+
+
+def relative_gradient_errors(grads: Sequence[Any], reference: dict[str, np.ndarray],
+                             names: Sequence[str]) -> dict[str, float]:
+    """||G - G_ref||_F / ||G_ref||_F for each named gradient that has a reference."""
+    errors = {}
+    for name, grad in zip(names, grads):
+        if name in reference:
+            ref = reference[name]
+            error = float(np.linalg.norm(np.asarray(grad, np.float64) - ref) / np.linalg.norm(ref))
+            errors[name] = error if math.isfinite(error) else float("inf")
+    return errors
+
+
+# --------------------------------------------------------------------------------------------
+# Tolerance matching
+
+
+def loosest_passing(grid: Sequence[float], attempt: Callable[[float], dict[str, Any]],
+                    exhaustive: bool = False) -> dict[str, Any]:
+    """The loosest tolerance of ``grid`` (ordered loose to tight) for which ``attempt(tol)["ok"]``.
+
+    ``exhaustive``: walk the grid from loose to tight and stop at the first that passes.
+    Otherwise a bisection over the grid, assuming accuracy improves as the tolerance tightens: the
+    tolerance returned passes and its looser neighbour in the grid was tried and failed (or it is
+    the loosest of the grid), in about log2(len(grid)) attempts instead of up to len(grid).
+
+    Returns the passing attempt's dict with ``tried`` (attempts made) added, or, when none passes,
+    ``dict(tol=None, error=<smallest "error" seen>, tried=...)``.
+    """
+    trials: dict[int, dict[str, Any]] = {}
+
+    def run(i):
+        if i not in trials:
+            trials[i] = attempt(grid[i])
+        return trials[i]
+
+    if exhaustive:
+        for i in range(len(grid)):
+            if run(i)["ok"]:
+                return dict(trials[i], tried=len(trials))
+    else:
+        lo, hi = 0, len(grid)  # every index < lo fails, every index >= hi (< len) passes
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if run(mid)["ok"]:
+                hi = mid
+            else:
+                lo = mid + 1
+        if hi < len(grid):
+            return dict(trials[hi], tried=len(trials))
+    best = min(t["error"] for t in trials.values())
+    return dict(tol=None, error=best, tried=len(trials))
+
+
 # --------------------------------------------------------------------------------------------
 # Errors, timing, memory
 
@@ -400,11 +488,6 @@ def _fmt(value: Any) -> str:
             return f"{value:.2e}"
         return f"{value:.3g}"
     return "" if value is None else str(value)
-
-
-def short_error(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:90]}"
 
 
 def short_error(err: BaseException, limit: int = 160) -> str:

@@ -41,6 +41,7 @@ run (common.Counter); "reported" is the library's own count where it has one.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 from typing import Any, Callable, NamedTuple
@@ -60,8 +61,10 @@ QUARTER_DECADES = [float(f"{10 ** (-k / 4):.3g}") for k in range(8, 37)]
 
 
 class Config(NamedTuple):
-    """A solver configuration: ``make(case, tol, f, counter)`` returns ``run(args) -> (z, nfe)``
-    (nfe: the library's own count, or -1). ``counting``: which wrapper of f counts its NFE."""
+    """A solver configuration: ``make(case, tol, f, counter, backward=None)`` returns
+    ``run(args) -> (z, nfe)`` (nfe: the library's own count of the forward solve, or -1).
+    ``backward`` (used by benchmarks.gradient) names the library's implicit-differentiation linear
+    solve; None keeps the library's default. ``counting``: which wrapper of f counts its NFE."""
 
     library: str
     name: str
@@ -79,9 +82,16 @@ def deqlab_configs(max_steps: int) -> list[Config]:
     import deqlab
 
     def make_for(solver):
-        def make(case, tol, f, counter=None):
+        def make(case, tol, f, counter=None, backward=None):
+            options = dict(solver=solver, tol=tol, max_steps=max_steps, batch_axis=0)
+            if backward is not None:
+                # Implicit backward (deqlab's default path); "same": the adjoint is solved by the
+                # forward solver, with the forward tolerance and iteration limit.
+                options["backward_solver"] = None if backward == "same" else backward
+
             def run(args):
-                sol = deqlab.solve(f, case.z0, *args, solver=solver, tol=tol, max_steps=max_steps, batch_axis=0)
+                solve = deqlab.solve if backward is None else deqlab.fixed_point
+                sol = solve(f, case.z0, *args, **options)
                 return sol.value, sol.stats.nfe
 
             return run
@@ -95,9 +105,23 @@ def deqlab_configs(max_steps: int) -> list[Config]:
     return [Config("deqlab", name, make_for(solver)) for name, solver in named.items()]
 
 
+def jaxopt_backward(jaxopt, backward: str | None, tol: float, max_steps: int) -> dict[str, Any]:
+    """jaxopt's implicit differentiation: the linear solve of its adjoint system (A^T u = v with A
+    the Jacobian of the optimality function f(z) - z, by vector-Jacobian products), with the
+    forward tolerance; ``None``: jaxopt's default (normal CG, tolerance 1e-5)."""
+    if backward is None:
+        return {}
+    solvers = {"gmres": jaxopt.linear_solve.solve_gmres, "normal_cg": jaxopt.linear_solve.solve_normal_cg}
+    if backward not in solvers:
+        raise ValueError(f"jaxopt backward must be one of {sorted(solvers)}, got {backward!r}")
+    # jax.scipy's GMRES counts maxiter in restart cycles (of 20 products), CG in products.
+    return dict(implicit_diff_solve=functools.partial(solvers[backward], tol=tol, maxiter=max_steps))
+
+
 def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
-    def fpi(case, tol, f, counter=None):
-        solver = jaxopt.FixedPointIteration(fixed_point_fun=f, tol=tol, maxiter=max_steps)
+    def fpi(case, tol, f, counter=None, backward=None):
+        solver = jaxopt.FixedPointIteration(fixed_point_fun=f, tol=tol, maxiter=max_steps,
+                                            **jaxopt_backward(jaxopt, backward, tol, max_steps))
 
         def run(args):
             params, state = solver.run(case.z0, *args)
@@ -106,9 +130,10 @@ def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
         return run
 
     def anderson(history):
-        def make(case, tol, f, counter=None):
+        def make(case, tol, f, counter=None, backward=None):
             solver = jaxopt.AndersonAcceleration(fixed_point_fun=f, tol=tol, maxiter=max_steps,
-                                                 history_size=history)
+                                                 history_size=history,
+                                                 **jaxopt_backward(jaxopt, backward, tol, max_steps))
 
             def run(args):
                 params, state = solver.run(case.z0, *args)
@@ -118,8 +143,9 @@ def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
 
         return make
 
-    def anderson_vmap(case, tol, f, counter=None):
-        solver = jaxopt.AndersonAcceleration(fixed_point_fun=f, tol=tol, maxiter=max_steps, history_size=5)
+    def anderson_vmap(case, tol, f, counter=None, backward=None):
+        solver = jaxopt.AndersonAcceleration(fixed_point_fun=f, tol=tol, maxiter=max_steps, history_size=5,
+                                             **jaxopt_backward(jaxopt, backward, tol, max_steps))
 
         def run(args):
             params, state = _batched_last(lambda z, *a: solver.run(z, *a), case.z0, args)
@@ -128,8 +154,8 @@ def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
         return run
 
     def broyden(line_search):
-        def make(case, tol, f, counter=None):
-            options = dict(history_size=8)
+        def make(case, tol, f, counter=None, backward=None):
+            options = dict(history_size=8, **jaxopt_backward(jaxopt, backward, tol, max_steps))
             if not line_search:
                 # B0 = -I is the right initial inverse Jacobian of g = f - z; jaxopt's default
                 # gamma = +1 points the first step the wrong way (its line search has to recover).
@@ -154,21 +180,39 @@ def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
     ]
 
 
+def optimistix_adjoint(optx, lineax, backward: str | None, tol: float, max_steps: int, counter=None):
+    """optimistix's implicit differentiation. ``"gmres"``: ``ImplicitAdjoint`` with a matrix-free
+    ``lineax.GMRES`` at the forward tolerance; ``"lu"`` (and ``None``): its default
+    ``ImplicitAdjoint()``, whose automatic linear solver materialises the (batch*N)^2 Jacobian of
+    the whole batch and factorises it (LU)."""
+    if backward in (None, "lu"):
+        return dict(adjoint=optx.ImplicitAdjoint()) if backward else {}
+    if backward != "gmres":
+        raise ValueError(f"optimistix backward must be 'gmres' or 'lu', got {backward!r}")
+    gmres = dict(rtol=tol, atol=tol, restart=20, max_steps=max_steps)
+    linear = counter.gmres(lineax, **gmres) if counter is not None else lineax.GMRES(**gmres)
+    return dict(adjoint=optx.ImplicitAdjoint(linear_solver=linear))
+
+
 def optimistix_configs(optx, lineax, max_steps: int) -> list[Config]:
-    def fpi(case, tol, f, counter=None):
+    def fpi(case, tol, f, counter=None, backward=None):
         solver = optx.FixedPointIteration(rtol=tol, atol=tol)
+        adjoint = optimistix_adjoint(optx, lineax, backward, tol, max_steps, counter)
 
         def run(args):
-            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, case.z0, args, max_steps=max_steps, throw=False)
+            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, case.z0, args, max_steps=max_steps, throw=False,
+                                   **adjoint)
             return sol.value, sol.stats["num_steps"]
 
         return run
 
-    def fpi_vmap(case, tol, f, counter=None):
+    def fpi_vmap(case, tol, f, counter=None, backward=None):
         solver = optx.FixedPointIteration(rtol=tol, atol=tol)
+        adjoint = optimistix_adjoint(optx, lineax, backward, tol, max_steps, counter)
 
         def one(z0, *args):
-            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, z0, args, max_steps=max_steps, throw=False)
+            sol = optx.fixed_point(lambda y, a: f(y, *a), solver, z0, args, max_steps=max_steps, throw=False,
+                                   **adjoint)
             return sol.value, sol.stats["num_steps"]
 
         def run(args):
@@ -178,13 +222,15 @@ def optimistix_configs(optx, lineax, max_steps: int) -> list[Config]:
         return run
 
     def newton_like(cls):
-        def make(case, tol, f, counter=None):
+        def make(case, tol, f, counter=None, backward=None):
             gmres = dict(rtol=tol, atol=tol, restart=20, max_steps=max_steps)
             linear = counter.gmres(lineax, **gmres) if counter is not None else lineax.GMRES(**gmres)
             solver = cls(rtol=tol, atol=tol, linear_solver=linear)
+            adjoint = optimistix_adjoint(optx, lineax, backward, tol, max_steps, counter)
 
             def run(args):
-                sol = optx.fixed_point(lambda y, a: f(y, *a), solver, case.z0, args, max_steps=max_steps, throw=False)
+                sol = optx.fixed_point(lambda y, a: f(y, *a), solver, case.z0, args, max_steps=max_steps, throw=False,
+                                       **adjoint)
                 return sol.value, -1  # optimistix reports Newton steps, not f evaluations
 
             return run
@@ -219,40 +265,17 @@ def count_nfe(config: Config, case: common.Case, tol: float) -> int:
 
 
 def tune(config: Config, case: common.Case, grid: list[float], exhaustive: bool) -> dict[str, Any]:
-    """The loosest tolerance of ``grid`` (loose to tight) whose result is within TARGET_ERROR.
+    """The loosest tolerance of ``grid`` (loose to tight) whose result is within TARGET_ERROR
+    (:func:`benchmarks.common.loosest_passing`), with the compiled solve at that tolerance."""
 
-    ``exhaustive``: walk the grid from loose to tight and stop at the first that passes.
-    Otherwise a bisection over the grid, assuming the error decreases as the tolerance tightens:
-    the tolerance returned passes and its looser neighbour in the grid was tried and failed (or it
-    is the loosest of the grid). About log2(len(grid)) compilations instead of up to len(grid).
-    """
-    trials: dict[int, dict[str, Any]] = {}
+    def attempt(tol):
+        compiled, seconds = common.compile_fn(config.make(case, tol, case.f), case.args)
+        value, reported = compiled(case.args)
+        error = common.max_abs_error(value, case.reference)
+        return dict(tol=tol, compiled=compiled, error=error, reported=int(reported), compile_s=seconds,
+                    ok=error <= TARGET_ERROR)
 
-    def attempt(i):
-        if i not in trials:
-            compiled, seconds = common.compile_fn(config.make(case, grid[i], case.f), case.args)
-            value, reported = compiled(case.args)
-            error = common.max_abs_error(value, case.reference)
-            trials[i] = dict(tol=grid[i], compiled=compiled, error=error, reported=int(reported),
-                             compile_s=seconds, ok=error <= TARGET_ERROR)
-        return trials[i]
-
-    if exhaustive:
-        for i in range(len(grid)):
-            if attempt(i)["ok"]:
-                return dict(trials[i], tried=len(trials))
-    else:
-        lo, hi = 0, len(grid)  # every index < lo fails, every index >= hi (< len) passes
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if attempt(mid)["ok"]:
-                hi = mid
-            else:
-                lo = mid + 1
-        if hi < len(grid):
-            return dict(trials[hi], tried=len(trials))
-    best = min(t["error"] for t in trials.values())
-    return dict(tol=None, error=best, tried=len(trials))
+    return common.loosest_passing(grid, attempt, exhaustive)
 
 
 # Configurations run at each size (None: all). vmap rows are slow (a vmapped loop runs until the

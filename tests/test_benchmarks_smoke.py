@@ -4,7 +4,7 @@ No timing is asserted (timings belong to the benchmarks' own output, not to test
 
 import jax
 
-from benchmarks import forward, memory
+from benchmarks import forward, gradient, memory, scaling
 
 
 def test_memory_benchmark_tiny():
@@ -30,3 +30,42 @@ def test_forward_benchmark_tiny_reaches_target_accuracy():
         # The tuned tolerance reaches the target against the float64 reference, with a counted NFE.
         assert row["error"] <= forward.TARGET_ERROR
         assert row["NFE"] >= 1 and row["ms"] > 0
+
+
+def test_gradient_benchmark_tiny_matches_float64_gradient():
+    x64 = jax.config.jax_enable_x64
+    try:
+        out = gradient.main(["--size", "tiny", "--no-peers"])
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+    timed = [row for row in out["rows"] if "ms" in row]
+    expected = {(problem, f"{name} / bwd {backward}") for problem, pairs in gradient.TINY_PAIRS.items()
+                for name, backward in pairs if name.startswith("deqlab")}
+    assert {(row["problem"], row["config"]) for row in timed} == expected
+    for row in timed:
+        # Forward value and implicit gradients (W, U, b, x) agree with the float64 references; the
+        # step evaluated f, and at least one vector-Jacobian product per adjoint iteration.
+        assert row["error"] <= gradient.FORWARD_TARGET
+        assert row["grad error"] <= gradient.GRADIENT_TARGET
+        assert row["NFE"] > row["fwd reported"] >= 1 and row["ms"] > 0
+
+
+def test_scaling_benchmark_tiny():
+    x64 = jax.config.jax_enable_x64
+    try:
+        out = scaling.main(["--size", "tiny"])
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+    sweeps = scaling.SWEEPS["tiny"]
+    assert [row["N"] for row in out["rows"] if row["sweep"] == "width"] == sweeps["widths"]
+    assert [row["batch"] for row in out["rows"] if row["sweep"] == "batch"] == sweeps["batches"]
+    for row in out["rows"]:
+        # Every size converges to within the forward benchmark's target of the float64 reference.
+        assert row["converged"] and row["error"] <= 1e-5
+        assert 1 <= row["NFE"] <= scaling.MAX_STEPS + 1 and row["ms"] > 0
+    assert set(out["exponents"]) == {"time_N", "nfe_N", "time_B", "nfe_B"}
+
+
+def test_growth_exponent_recovers_a_power_law():
+    sizes = [16, 64, 256]
+    assert abs(scaling.growth_exponent(sizes, [3.0 * n**1.5 for n in sizes]) - 1.5) < 1e-12
