@@ -19,6 +19,7 @@ Every function draws its weights with :mod:`deqlab.ensembles` (``W = sqrt(V) W0`
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -59,10 +60,24 @@ def _check_scale(V, where: str) -> float:
     return v
 
 
+def _block(n: int) -> int:
+    # Matrices per compiled sampler call: about 16 MiB of float64, at most 64.
+    return int(min(64, max(1, 2**21 // (n * n))))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def _draw_block(ensemble, key, n, dtype):
+    # A fixed block size makes one XLA compilation per (ensemble, n, dtype), whatever the number
+    # of samples asked for: compiling the vmapped sampler costs far more than a block of draws.
+    keys = jax.random.split(key, _block(n))
+    return jax.vmap(lambda k: ensembles.sample(ensemble, k, n, 1.0, dtype))(keys)
+
+
 def draw(ensemble: str, key: jax.Array, n: int, samples: int = 1) -> np.ndarray:
     """``samples`` independent ``n x n`` matrices ``W0`` (``V = 1``) as a float64 array.
 
-    Sampled with :func:`deqlab.ensembles.sample` under ``jax.vmap``, in float64 when JAX's x64
+    Sampled with :func:`deqlab.ensembles.sample` under ``jax.vmap``, in jitted blocks of a size
+    that depends on ``n`` only (one compilation per ensemble and ``n``), in float64 when JAX's x64
     mode is on and in float32 otherwise; float32 Haar samples are re-orthonormalised in float64
     (a QR whose ``R`` is the identity up to ``1e-7``), so that ``W0^T W0 = I`` to float64
     precision and the orthogonal ensemble's guaranteed spectral radius 1 holds exactly.
@@ -73,9 +88,9 @@ def draw(ensemble: str, key: jax.Array, n: int, samples: int = 1) -> np.ndarray:
     n = _check_positive_int(n, "n", where)
     samples = _check_positive_int(samples, "samples", where)
     dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-    keys = jax.random.split(key, samples)
-    w = jax.vmap(lambda k: ensembles.sample(ensemble, k, n, 1.0, dtype))(keys)
-    w = np.asarray(w, dtype=np.float64)
+    blocks = [_draw_block(ensemble, k, n, dtype)
+              for k in jax.random.split(key, math.ceil(samples / _block(n)))]
+    w = np.concatenate([np.asarray(b, dtype=np.float64) for b in blocks])[:samples]
     if ensemble == "orthogonal" and dtype == jnp.float32:
         q, r = np.linalg.qr(w)
         w = q * np.sign(np.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
@@ -123,9 +138,25 @@ def untied_traces(ensemble: str, key: jax.Array, n: int, V: float, samples: int,
     depth = _check_positive_int(depth, "depth", where)
     eye = np.eye(n)
     m = np.broadcast_to(eye, (samples, n, n)).copy()
-    for step_key in jax.random.split(key, depth):
-        m = eye + math.sqrt(v) * (draw(ensemble, step_key, n, samples) @ m)
+    for w in _weight_stream(ensemble, key, n, samples, depth):
+        m = eye + math.sqrt(v) * (w @ m)
     return _traces(m)
+
+
+def _weight_stream(ensemble, key, n, samples, steps, budget=2**24):
+    """Yield ``steps`` independent batches ``(samples, n, n)`` of ``W0``.
+
+    They are drawn in chunks of at most 16 steps (and at most ``budget`` bytes), so that the
+    per-call overhead of :func:`draw` is paid once per chunk rather than once per step; the
+    unused tail of the last chunk is discarded."""
+    per_step = samples * n * n * 8
+    chunk = int(max(1, min(16, budget // max(per_step, 1))))
+    done = 0
+    for chunk_key in jax.random.split(key, math.ceil(steps / chunk)):
+        w = draw(ensemble, chunk_key, n, samples * chunk).reshape(chunk, samples, n, n)
+        size = min(chunk, steps - done)
+        yield from w[:size]
+        done += size
 
 
 def length_variance_sample(m: np.ndarray, key: jax.Array, draws: int) -> tuple[float, float, float]:
@@ -186,9 +217,8 @@ def iterate(ensemble: str, key: jax.Array, n: int, V: float, steps: int, samples
             lengths.append(np.sum(z * z, -1) / n)
             errors.append(np.linalg.norm(z - zstar, axis=-1) / norm)
         return {"length": np.array(lengths), "error": np.array(errors)}
-    for step_key in jax.random.split(kw, steps):
-        w = math.sqrt(v) * draw(ensemble, step_key, n, samples)
-        z = np.einsum("sij,sj->si", w, z) + x
+    for w0 in _weight_stream(ensemble, kw, n, samples, steps):
+        z = math.sqrt(v) * np.einsum("sij,sj->si", w0, z) + x
         lengths.append(np.sum(z * z, -1) / n)
     return {"length": np.array(lengths)}
 
