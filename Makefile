@@ -43,11 +43,14 @@ $(STAMP): pyproject.toml
 # Unit tests and nbmake over every notebook in book/. --overwrite writes the executed notebooks
 # back, so a following `make book` renders them without executing them again. Outputs stay in the
 # working tree: run `make strip` before committing (tests/test_notebooks_clean.py checks git).
+# One BLAS thread per pytest worker: with JOBS workers on as many cores, multithreaded OpenBLAS
+# oversubscribes the CPU and NumPy's QR / eigvals slow down by orders of magnitude (measured on the
+# 2-core CI machine). XLA keeps its own thread pool.
 test: install
-	$(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite
 
 unit: install
-	$(BIN)/python -m pytest -n $(JOBS) tests
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests
 
 # `execute_notebooks: auto` + book/_ext/executed_notebooks.py: notebooks already executed by
 # `make test` are not executed again; on a fresh clone every notebook is executed once.
