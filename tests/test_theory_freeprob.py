@@ -293,6 +293,7 @@ def test_dw_erf_against_simulation():
     rho = dw.continuous_density(x, 1e-9)
     tot, m1, m2 = fp.mass_and_moments(x, rho)
     assert tot == pytest.approx(1, abs=3e-3)
+    assert m1 == pytest.approx(0, abs=1e-6)  # symmetric spectrum
     assert m2 == pytest.approx(dw.moment(2), rel=5e-3)
     eigs = ex.dw_eigs(key(5), "erf", q, v, n, k)
     assert fp.kolmogorov_distance(eigs, x, rho) < dkw(n * k, n)
@@ -380,3 +381,104 @@ def test_root_following_reports_failure():
     # an equation with no root: |x|^2 + 1 >= 1 never vanishes
     with pytest.raises(fp.ConvergenceError):
         fp.follow_roots(lambda x, z: x * np.conj(x) + 1, lambda z: 1 / z, np.array([1.0]), 1e-3, max_newton=5)
+
+
+# ------------------------------------------- 001 App. C, chapter 2 page 4 (equilibrium networks)
+
+
+def test_dw_hard_tanh_atom_and_semicircle_against_simulation():
+    # 001 Eq. 124: D = diag(phi'(h)) is Bernoulli(p) for hard tanh, p = P(|h| < 1); DW has an
+    # atom 1 - p at 0 plus p times a semicircle of radius 2 sqrt(V p).
+    q, v, n, k = 1.0, 0.3, 200, 3
+    p = fp.bernoulli_p("hard_tanh", q)
+    assert p == pytest.approx(math.erf(1 / math.sqrt(2)))
+    dw = fp.DWSpectrum(fp.slope_spectrum("hard_tanh", q), v)
+    assert dw.atoms == ((0.0, pytest.approx(1 - p)),)
+    r = 2 * math.sqrt(v * p)
+    x = np.linspace(-r, r, 2001)
+    rho = dw.continuous_density(x, 1e-10)
+    semicircle = p * fp.Semicircle(v * p).density(x)
+    assert np.max(np.abs(rho - semicircle)) <= 1e-4 * np.max(semicircle)
+    mass, m1, m2 = fp.mass_and_moments(x, rho, dw.atoms)
+    assert mass == pytest.approx(1, abs=1e-4)  # sqrt edges on a 2001-point grid
+    assert m1 == pytest.approx(0, abs=1e-9)
+    assert m2 == pytest.approx(dw.moment(2), rel=1e-3)
+    assert dw.moment(2) == pytest.approx(v * p**2)  # V m1(D)^2
+    eigs = ex.dw_eigs(key(7), "hard_tanh", q, v, n, k)
+    assert fp.kolmogorov_distance(eigs, x, rho, dw.atoms) < dkw(n * k, n)
+    # the atom itself: the fraction of (numerically) zero eigenvalues is Binomial(n k, 1 - p)
+    zero = np.mean(np.abs(eigs) < 1e-8)
+    assert abs(zero - (1 - p)) <= 5 * math.sqrt(p * (1 - p) / (n * k))
+
+
+@pytest.mark.parametrize("ensemble,v", [("goe", 0.15), ("gaussian", 0.5)])
+def test_length_pencil_density_against_simulation(ensemble, v):
+    # -Im G_11(x + i eps) / pi of the 3x3 pencil (001 Eq. 154-158) is the density of
+    # A = (I - W)^-T (I - W)^-1: mass 1, moments tr M^T M and tr (M^T M)^2 of chapter 1, and the
+    # eigenvalues 1 / s_i(I - W)^2 of sampled matrices. eps = 1e-4 x biases the moments by
+    # about 1e-4 relative; the log grid of 300 points adds about 1e-3.
+    from deqlab.theory import linear as tl
+
+    lo, hi = fp.length_spectrum_edges(ensemble, v)
+    lam = np.geomspace(lo, hi, 300)
+    res = fp.pencil_cauchy(fp.length_pencil(ensemble, v), lam + 1e-4j * lam, tol=1e-10,
+                           max_iter=5000, check=False)
+    assert res.converged.mean() >= 0.98  # slow convergence only at the square-root edges
+    rho = -res.g[:, 0, 0].imag / np.pi
+    mass, m1, m2 = fp.mass_and_moments(lam, rho)
+    assert mass == pytest.approx(1, abs=3e-3)
+    assert m1 == pytest.approx(tl.gram_trace(ensemble, v, 1), rel=3e-3)
+    assert m2 == pytest.approx(tl.gram_trace(ensemble, v, 2), rel=5e-3)
+    # outside the edges the density vanishes (the pencil converges fast there)
+    out = fp.pencil_cauchy(fp.length_pencil(ensemble, v), np.array([0.9 * lo, 1.1 * hi]) + 1e-6j)
+    assert np.all(-out.g[:, 0, 0].imag / np.pi < 1e-4)
+    if ensemble == "goe":  # change of variables from the semicircle: w = 1 - lam^(-1/2)
+        ref = fp.Semicircle(v).density(1 - lam**-0.5) * 0.5 * lam**-1.5
+        bulk = (lam > 1.05 * lo) & (lam < 0.95 * hi)
+        assert np.max(np.abs(rho - ref)[bulk]) <= 2e-3 * np.max(ref)
+    n, k = 200, 3
+    eigs = []
+    from deqlab import ensembles
+
+    for kk in jax.random.split(key(8), k):
+        w = np.asarray(ensembles.sample(ensemble, kk, n, math.sqrt(v)), np.float64)
+        eigs.append(1 / np.linalg.svd(np.eye(n) - w, compute_uv=False) ** 2)
+    assert fp.kolmogorov_distance(np.concatenate(eigs), lam, rho) < dkw(n * k, n)
+
+
+@pytest.mark.parametrize("ensemble,vs", [("goe", (0.05, 0.2, 0.24)), ("gaussian", (0.1, 0.5, 0.95))])
+def test_length_pencil_moments_match_chapter1(ensemble, vs):
+    # The contour of pencil_moments must enclose the support: radius 3 hi. The moments equal
+    # theory.linear.gram_trace (powers 1 and 2) up to the trapezoid and fixed-point errors.
+    from deqlab.theory import linear as tl
+
+    for v in vs:
+        lo, hi = fp.length_spectrum_edges(ensemble, v)
+        m = fp.pencil_moments(fp.length_pencil(ensemble, v), 2, radius=3 * hi, tol=1e-12)
+        assert m[0] == pytest.approx(tl.gram_trace(ensemble, v, 1), rel=1e-8)
+        assert m[1] == pytest.approx(tl.gram_trace(ensemble, v, 2), rel=1e-8)
+        assert 2 * m[1] == pytest.approx(tl.length_variance(ensemble, v), rel=1e-8)
+    # a contour that cuts the support gives wrong moments although every point converges
+    v = vs[-1]
+    lo, hi = fp.length_spectrum_edges(ensemble, v)
+    m = fp.pencil_moments(fp.length_pencil(ensemble, v), 2, radius=0.5 * hi, tol=1e-12)
+    assert abs(m[1] / tl.gram_trace(ensemble, v, 2) - 1) > 1e-2
+
+
+def test_length_spectrum_edges():
+    lo, hi = fp.length_spectrum_edges("goe", 0.16)
+    assert (lo, hi) == (pytest.approx(1 / 1.8**2), pytest.approx(1 / 0.2**2))
+    for v in (0.1, 0.5, 0.9):
+        lo, hi = fp.length_spectrum_edges("gaussian", v)
+        # the cubic (001 Eq. 188) has a double root M at both edges
+        for e in (lo, hi):
+            m = np.roots([v**2 * e**2, 2 * v * e, (v - 1) * e + 1, 1])
+            gaps = np.abs(m[:, None] - m[None, :]) + np.eye(3)
+            assert gaps.min() < 1e-5 * (1 + np.abs(m).max())
+        assert 0 < lo < 1 / (1 - v) < hi
+    # V -> 0: A -> I
+    lo, hi = fp.length_spectrum_edges("gaussian", 1e-6)
+    assert lo == pytest.approx(1, abs=1e-2) and hi == pytest.approx(1, abs=1e-2)
+    for args in (("goe", 0.25), ("gaussian", 1.0), ("gaussian", 0.0), ("orthogonal", 0.5)):
+        with pytest.raises(ValueError):
+            fp.length_spectrum_edges(*args)

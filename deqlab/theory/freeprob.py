@@ -1097,3 +1097,43 @@ def ginibre_length_m2(variance: float) -> float:
     if v >= 1:
         raise ValueError(f"variance must be < 1 for Ginibre, got {v}")
     return v**2 / (1 - v) ** 4 + 2 * v / (1 - v) ** 3 + 1 / (1 - v) ** 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Support of the length spectrum (001 App. C.2; contour radius for pencil_moments)
+# ---------------------------------------------------------------------------------------------
+
+__all__ += ["length_spectrum_edges"]
+
+
+def length_spectrum_edges(ensemble: str, variance: float) -> tuple[float, float]:
+    """Edges ``(lo, hi)`` of the ``N -> inf`` spectrum of ``A = (I - W)^-T (I - W)^-1``.
+
+    - ``"goe"`` (off-diagonal variance ``V / N``, ``0 < V < 1/4``): ``A = (I - W)^-2`` maps the
+      semicircle ``[-2 sqrt V, 2 sqrt V]`` monotonically onto ``[(1 + 2 sqrt V)^-2,
+      (1 - 2 sqrt V)^-2]`` (001 App. C.2.1).
+    - ``"gaussian"`` (Ginibre, entries ``V / N``, ``0 < V < 1``): the edges are the real points
+      where the cubic of 001 Eq. 188, ``a M^3 + b M^2 + c M + 1`` with ``a = V^2 z^2``,
+      ``b = 2 V z``, ``c = (V - 1) z + 1``, has a double root. Its discriminant in ``M`` is
+      ``-V^2 z^2 q(z)`` with ``q = 27 V^2 z^2 - 36 V z c + 32 V z - 4 c^2 + 4 c^3``; ``q(0) = 0``,
+      and the two roots of the quadratic ``q(z) / z`` are the edges.
+
+    ``hi`` is the radius :func:`pencil_moments` needs to exceed: a contour that cuts the
+    support gives wrong moments without any convergence failure.
+    """
+    v = _check_positive(variance, "variance")
+    if ensemble == "goe":
+        if v >= 0.25:
+            raise ValueError(f"variance must be < 1/4 for GOE, got {v}")
+        r = 2 * math.sqrt(v)
+        return 1 / (1 + r) ** 2, 1 / (1 - r) ** 2
+    if ensemble != "gaussian":
+        raise ValueError(f"ensemble must be 'goe' or 'gaussian', got {ensemble!r}")
+    if v >= 1:
+        raise ValueError(f"variance must be < 1 for Ginibre, got {v}")
+    z = np.polynomial.Polynomial([0.0, 1.0])
+    c = np.polynomial.Polynomial([1.0, v - 1.0])
+    disc = 27 * v**2 * z**2 - 36 * v * z * c + 32 * v * z - 4 * c**2 + 4 * c**3
+    quadratic = np.polynomial.Polynomial(disc.coef[1:])  # disc(0) = 0: divide by z
+    roots = np.sort(quadratic.roots().real)
+    return float(roots[0]), float(roots[1])
