@@ -30,6 +30,11 @@ App. A.1:
 - :func:`length_variance`: ``lim (1/N) E_W Var_x[z . z] = 2 lim E tr[(M^T M)^2]`` (001
   Definition 2.1 and Lemma 2.2 with ``sigma_x = 1``; Eq. 14-20).
 
+**Finite N.** :func:`tracy_widom_cdf`, :func:`edge_scaling`, :func:`edge_failure_probability`
+and :func:`reliable_delta` give the large-``N`` laws of the spectral radius at the edge (Tracy-Widom
+for the GOE, Gumbel for real Ginibre) and with them the probability that the tied iteration
+diverges below ``V_c`` (001 §2.2.3, App. A.3).
+
 Where 001 prints something else, the functions implement what the derivation and the simulations
 in ``tests/test_theory_linear.py`` agree on; Chapter 1 of the book ("Linear DEQs and random matrix
 ensembles") lists each discrepancy:
@@ -52,10 +57,14 @@ ensembles") lists each discrepancy:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
+import scipy.integrate
+import scipy.optimize
+import scipy.special
 
 from deqlab import ensembles as _ensembles
 
@@ -73,6 +82,11 @@ __all__ = [
     "asymptote",
     "power_series",
     "ntk",
+    "tracy_widom_cdf",
+    "GINIBRE_MIN_N",
+    "edge_scaling",
+    "edge_failure_probability",
+    "reliable_delta",
 ]
 
 ENSEMBLES: tuple[str, ...] = ("gaussian", "orthogonal", "goe")
@@ -454,3 +468,210 @@ def ntk(ensemble: str, V, tied: bool = True):
     """
     m2 = gram_trace(ensemble, V, power=1, tied=tied, _where="theory.linear.ntk")
     return m2**2 if np.ndim(m2) else float(m2) ** 2
+
+
+# --------------------------------------------------------------------------------------------
+# Finite N: edge fluctuations of the spectral radius (Tracy-Widom, Gumbel)
+# --------------------------------------------------------------------------------------------
+
+# The Hastings-McLeod solution is integrated once, from _TW_RIGHT (where q = Ai to float64
+# precision, since q - Ai = O(Ai^3)) down to _TW_LEFT (where F_1 < 1e-34 and F_2 < 1e-61).
+_TW_RIGHT = 8.0
+_TW_LEFT = -12.0
+
+
+@functools.lru_cache(maxsize=1)
+def _hastings_mcleod():
+    """Dense solution of ``y = (q, q', u, v, w)`` on ``[_TW_LEFT, _TW_RIGHT]``.
+
+    ``q'' = s q + 2 q^3`` with ``q ~ Ai(s)`` as ``s -> inf`` (Painleve II, Hastings-McLeod), and
+    the tail integrals ``u = int_s^inf q^2``, ``v = int_s^inf (x - s) q^2 = int_s^inf u``,
+    ``w = int_s^inf q``, so that ``u' = -q^2``, ``v' = -u``, ``w' = -q``.
+    """
+    s0 = _TW_RIGHT
+    ai, aip, _, _ = scipy.special.airy(s0)
+    y0 = [ai, aip, *_airy_tails(s0, exact=True)]
+    sol = scipy.integrate.solve_ivp(
+        lambda s, y: [y[1], s * y[0] + 2.0 * y[0] ** 3, -y[0] ** 2, -y[2], -y[0]],
+        (s0, _TW_LEFT), y0, method="DOP853", rtol=1e-13, atol=1e-300, dense_output=True,
+    )
+    if not sol.success:  # pragma: no cover - a fixed, well-conditioned problem
+        raise RuntimeError(f"theory.linear: Painleve II integration failed: {sol.message}")
+    return sol.sol
+
+
+def _airy_tails(s: np.ndarray, exact: bool = False):
+    """``(u, v, w)`` of :func:`_hastings_mcleod` with ``q = Ai``, for ``s >= _TW_RIGHT``.
+
+    ``int_s^inf Ai^2 = Ai'^2 - s Ai^2`` and ``int_s^inf (x-s) Ai^2 = (2 s^2 Ai^2 - 2 s Ai'^2 -
+    Ai Ai') / 3`` exactly. ``w = int_s^inf Ai`` by quadrature when ``exact`` (the initial value
+    of the integration), otherwise by its leading asymptotic ``Ai(s) / sqrt(s)`` (relative error
+    ``O(s^{-3/2})`` on a quantity below ``1e-9``, so below ``1e-9`` in ``F_beta``).
+    """
+    ai, aip, _, _ = scipy.special.airy(s)
+    u = aip**2 - s * ai**2
+    v = (2.0 * s**2 * ai**2 - 2.0 * s * aip**2 - ai * aip) / 3.0
+    if exact:
+        w = scipy.integrate.quad(lambda x: scipy.special.airy(x)[0], float(s), np.inf,
+                                 epsabs=0.0, epsrel=1e-13)[0]
+    else:
+        w = ai / np.sqrt(s)
+    return u, v, w
+
+
+def tracy_widom_cdf(s, beta: int = 1):
+    """Tracy-Widom distribution function ``F_beta(s)`` for ``beta = 1`` (GOE) or 2 (GUE).
+
+    ``F_2(s) = exp(-int_s^inf (x - s) q(x)^2 dx)`` and
+    ``F_1(s) = exp(-(1/2) int_s^inf q(x) dx) F_2(s)^{1/2}`` with ``q`` the Hastings-McLeod
+    solution of Painleve II, ``q'' = s q + 2 q^3``, ``q(s) ~ Ai(s)`` as ``s -> inf`` (Tracy and
+    Widom 1994, 1996; the reference cited by 001 §2.2.3 for the edge fluctuations). ``q`` is
+    integrated once from ``s = 8`` (where ``q = Ai`` to float64 precision) down to ``s = -12``
+    with an 8th-order Runge-Kutta method at relative tolerance ``1e-13``; beyond ``s = 8`` the
+    Airy tails are used in closed form, below ``s = -12`` the result is 0 (``F_1(-12) < 1e-34``).
+    For the GOE normalised as in :mod:`deqlab.ensembles` (off-diagonal variance ``1/N``),
+    ``N^{2/3} (lambda_max - 2)`` converges in law to ``F_1``.
+
+    Checked in ``tests/test_theory_linear_edge.py`` against the known moments (``F_1``: mean
+    ``-1.2065``, standard deviation ``1.2680``; ``F_2``: mean ``-1.7711``) and against sampled GOE
+    largest eigenvalues.
+    """
+    where = "theory.linear.tracy_widom_cdf"
+    if isinstance(beta, (bool, np.bool_)) or beta not in (1, 2):
+        raise ValueError(f"{where}: beta must be 1 or 2, got {beta!r}")
+    try:
+        arr = np.asarray(s, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: s must be real numbers, got {s!r}") from None
+    if np.any(np.isnan(arr)):
+        raise ValueError(f"{where}: s must not be NaN")
+    scalar = arr.ndim == 0
+    flat = np.atleast_1d(arr).ravel()
+    out = np.zeros_like(flat)
+    mid = (flat >= _TW_LEFT) & (flat <= _TW_RIGHT)
+    right = flat > _TW_RIGHT
+    if np.any(mid):
+        _, _, _, v, w = _hastings_mcleod()(flat[mid])
+        out[mid] = np.exp(-v) if beta == 2 else np.exp(-0.5 * v - 0.5 * w)
+    if np.any(right):
+        x = np.minimum(flat[right], 1e3)  # the tails underflow long before; keeps Ai finite
+        _, v, w = _airy_tails(x)
+        out[right] = np.exp(-v) if beta == 2 else np.exp(-0.5 * v - 0.5 * w)
+    out = out.reshape(np.shape(arr))
+    return float(out) if scalar else out
+
+
+def _check_width(N, where: str) -> int:
+    if isinstance(N, (bool, np.bool_)) or not isinstance(N, (int, np.integer)) or N < 2:
+        raise ValueError(f"{where}: N must be an int >= 2, got {N!r}")
+    return int(N)
+
+
+def _ginibre_gamma(N: int) -> float:
+    # gamma_{N/2} with gamma_n = log(n / (2 pi)) - 2 log log n (Rider 2003; Rider-Sinclair 2014).
+    n = N / 2.0
+    return math.log(n / (2.0 * math.pi)) - 2.0 * math.log(math.log(n))
+
+
+GINIBRE_MIN_N = next(n for n in range(5, 10**4) if _ginibre_gamma(n) > 0)
+"""Smallest ``N`` at which the real-Ginibre Gumbel centring of :func:`edge_scaling` exists
+(``gamma_{N/2} > 0``)."""
+
+
+def edge_scaling(ensemble: str, N: int) -> tuple[float, float]:
+    """``(centre, width)`` of the spectral radius ``rho(W0)`` of one ``N x N`` draw (``V = 1``).
+
+    ``(rho - centre) / width`` converges in law as ``N -> inf`` to
+
+    - ``"goe"``: ``centre = 2``, ``width = N^{-2/3}``; the law is ``F_1(x)^2``
+      (:func:`tracy_widom_cdf`), because ``rho = max(lambda_max, -lambda_min)`` and the two
+      edges are asymptotically independent, each Tracy-Widom ``beta = 1``.
+    - ``"gaussian"`` (real Ginibre): ``centre = 1 + sqrt(gamma / (4N))``,
+      ``width = 1 / sqrt(4 N gamma)`` with ``gamma = gamma_{N/2}``,
+      ``gamma_n = log(n / (2 pi)) - 2 log log n``; the law is Gumbel, ``exp(-e^{-t})``. This
+      is Rider (2003) for complex Ginibre (with ``gamma_N``) as extended by Rider and Sinclair
+      (2014) to real Ginibre, where the ``N/2`` conjugate pairs replace the ``N`` independent
+      moduli (``gamma_{N/2}``). It needs ``gamma_{N/2} > 0``, i.e. ``N >=``
+      :data:`GINIBRE_MIN_N`, and converges slowly: the Kolmogorov distance to the limit decays
+      like ``log log N / log N`` (Ma and Meng 2025, complex case).
+
+    The orthogonal ensemble has ``rho = 1`` exactly and no edge law (ValueError).
+    """
+    where = "theory.linear.edge_scaling"
+    ensemble = _check_ensemble(ensemble, where)
+    N = _check_width(N, where)
+    if ensemble == "goe":
+        return 2.0, float(N) ** (-2.0 / 3.0)
+    if ensemble == "orthogonal":
+        raise ValueError(f"{where}: ensemble must be 'gaussian' or 'goe' (the orthogonal "
+                         f"spectral radius is exactly 1), got 'orthogonal'")
+    if N < GINIBRE_MIN_N:
+        raise ValueError(f"{where}: N must be >= {GINIBRE_MIN_N} for the Gumbel centring of the "
+                         f"real Ginibre radius (gamma_(N/2) > 0), got {N}")
+    g = _ginibre_gamma(N)
+    return 1.0 + math.sqrt(g / (4.0 * N)), 1.0 / math.sqrt(4.0 * N * g)
+
+
+def _check_delta(delta, where: str) -> tuple[np.ndarray, bool]:
+    try:
+        arr = np.asarray(delta, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: delta must be real numbers in (0, 1], got {delta!r}") from None
+    if arr.size == 0 or not np.all((arr > 0) & (arr <= 1)):
+        raise ValueError(f"{where}: delta must lie in (0, 1] (V = V_c (1 - delta) below V_c), "
+                         f"got {delta!r}")
+    return arr, arr.ndim == 0
+
+
+def edge_failure_probability(ensemble: str, N: int, delta):
+    """Large-``N`` probability that the tied iteration diverges at ``V = V_c (1 - delta)``.
+
+    The iteration ``z_{t+1} = sqrt(V) W0 z_t + x`` (001 Eq. 3) diverges for some ``x`` iff
+    ``sqrt(V) rho(W0) >= 1`` (001 Eq. 5, App. A.3: "non-zero probability that the spectral
+    edge is greater than 1"), i.e. iff ``rho >= r = 1 / sqrt(V_c (1 - delta))``. With
+    :func:`edge_scaling`: ``1 - F_1(x)^2`` with ``x = N^{2/3} (r - 2)`` for the GOE
+    (``x ~ delta N^{2/3}`` for small ``delta``), ``1 - exp(-e^{-t})`` with
+    ``t = (r - centre) / width`` for real Ginibre; 0 for the orthogonal ensemble.
+    """
+    where = "theory.linear.edge_failure_probability"
+    ensemble = _check_ensemble(ensemble, where)
+    N = _check_width(N, where)
+    d, scalar = _check_delta(delta, where)
+    if ensemble == "orthogonal":
+        return _out(np.zeros_like(d), scalar)
+    centre, width = edge_scaling(ensemble, N)
+    with np.errstate(divide="ignore"):  # delta = 1 is V = 0: r = inf, never diverges
+        r = 1.0 / np.sqrt(critical_V(ensemble) * (1.0 - d))
+    scaled = (r - centre) / width
+    if ensemble == "goe":
+        p = 1.0 - tracy_widom_cdf(scaled, beta=1) ** 2
+    else:
+        p = -np.expm1(-np.exp(-scaled))
+    return _out(np.asarray(p, dtype=np.float64), scalar)
+
+
+def reliable_delta(ensemble: str, N: int, risk: float = 0.05) -> float:
+    """Smallest ``delta`` at which :func:`edge_failure_probability` is at most ``risk``.
+
+    Closer to the transition than this, a fraction above ``risk`` of width-``N`` draws has
+    ``sqrt(V) rho(W0) >= 1`` and the ``N -> inf`` closed forms of this module describe no finite
+    sample. GOE: ``x`` solves ``F_1(x)^2 = 1 - risk``, then ``delta = 1 - 4 / (2 + x N^{-2/3})^2
+    ~ x N^{-2/3}``. Real Ginibre: ``t = -log(-log(1 - risk))`` and
+    ``delta = 1 - (centre + t width)^{-2} ~ sqrt(log N / N)``. Orthogonal: 0.
+    """
+    where = "theory.linear.reliable_delta"
+    ensemble = _check_ensemble(ensemble, where)
+    N = _check_width(N, where)
+    r = float(risk)
+    if not 0.0 < r < 1.0:
+        raise ValueError(f"{where}: risk must lie in (0, 1), got {risk!r}")
+    if ensemble == "orthogonal":
+        return 0.0
+    centre, width = edge_scaling(ensemble, N)
+    if ensemble == "goe":
+        x = scipy.optimize.brentq(lambda s: tracy_widom_cdf(s, 1) ** 2 - (1.0 - r),
+                                  _TW_LEFT + 1.0, 50.0, xtol=1e-12)
+    else:
+        x = -math.log(-math.log1p(-r))
+    radius = centre + x * width
+    return float(max(0.0, 1.0 - 1.0 / (critical_V(ensemble) * radius**2)))
