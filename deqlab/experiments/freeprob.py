@@ -173,3 +173,28 @@ def length_traces(key, ensemble: str, variance: float, n: int, n_samples: int):
         tr2.append((a**2).mean())
         rad.append(np.max(np.abs(np.linalg.eigvals(w))))
     return {"tr1": np.array(tr1), "tr2": np.array(tr2), "radius": np.array(rad)}
+
+
+__all__ += ["double_scaling_eigs"]
+
+
+def double_scaling_eigs(key, nonlinearity: str, weights: str, depths, sigma0_2: float, n: int,
+                        n_networks: int = 1):
+    """Squared singular values of ``J`` in the double-scaling limit of 002 §5 (Figure 4).
+
+    For each depth ``L`` the networks run at their own ``q*(L)``
+    (:func:`deqlab.theory.freeprob.double_scaling_q_star`, which makes ``sigma^2_{JJ^T} =
+    sigma0_2`` for orthogonal weights) on the critical line, so unlike :func:`jacobian_eigs` a
+    deep network cannot supply the shallower depths: every depth gets fresh networks.
+
+    Returns:
+      ``(eigs, q_ratio)``: dicts ``depth -> eigenvalues`` and ``depth -> (measured mean squared
+      pre-activation) / q*(L)`` (1 when the pre-activations stay at their fixed point).
+    """
+    eigs, q_ratio = {}, {}
+    depths = sorted({freeprob._check_depth(d) for d in np.atleast_1d(depths).tolist()})
+    for k, depth in zip(jax.random.split(key, len(depths)), depths):
+        q = freeprob.double_scaling_q_star(nonlinearity, depth, sigma0_2)
+        by_depth, q_mean = jacobian_eigs(k, nonlinearity, weights, [depth], q, n, n_networks)
+        eigs[depth], q_ratio[depth] = by_depth[depth], q_mean / q
+    return eigs, q_ratio

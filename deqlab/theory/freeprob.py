@@ -1100,6 +1100,104 @@ def ginibre_length_m2(variance: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# Measuring spectra computed on grids (002 §5: edges and atoms read off the densities)
+# ---------------------------------------------------------------------------------------------
+
+__all__ += ["support_edges", "locate_atom", "wasserstein_distance"]
+
+
+def support_edges(lam, density, floor: float = 1e-6) -> tuple[float, float]:
+    """Outermost edges of the support of a density sampled on a grid.
+
+    Returns the first and last points of ``lam`` where ``density > floor``: the measured edges,
+    accurate to one grid spacing plus the distance over which a square-root edge
+    ``c sqrt(|lam - edge|)`` stays below ``floor`` (``(floor / c)^2``, negligible for a small
+    ``floor``). Used to check 002 Eq. 35 and 37 on the computed densities.
+
+    Raises:
+      ValueError: ``floor < 0``, mismatched shapes, or no point above ``floor``.
+    """
+    lam = np.asarray(lam, dtype=np.float64)
+    density = np.asarray(density, dtype=np.float64)
+    if lam.shape != density.shape or lam.ndim != 1:
+        raise ValueError("lam and density must be 1-d arrays of the same length")
+    if not floor >= 0:
+        raise ValueError(f"floor must be >= 0, got {floor!r}")
+    inside = np.flatnonzero(density > floor)
+    if inside.size == 0:
+        raise ValueError(f"density never exceeds floor={floor!r} on the grid")
+    return float(lam[inside[0]]), float(lam[inside[-1]])
+
+
+def locate_atom(spectrum: Spectrum, lo: float, hi: float, eps: float = 1e-6,
+                n_grid: int = 4001) -> tuple[float, float]:
+    """Location and mass of a point mass of ``spectrum`` in ``[lo, hi]``, read off ``G``.
+
+    Near an atom ``m delta(t - a)`` outside the bulk, ``G(x + i eps) ~ m / (x - a + i eps)``, so
+    the smeared density ``-Im G / pi`` is a Lorentzian of height ``m / (pi eps)`` centred at
+    ``a``. The location is the maximum of ``-Im G`` (grid search, then bounded refinement);
+    the mass is ``eps * (-Im G)`` there, up to ``O(eps)`` from the rest of the spectrum. Used
+    for the atom of the Bernoulli limit (002 Eq. 34).
+
+    Raises:
+      ValueError: ``lo >= hi``, ``eps <= 0`` or ``n_grid < 3``.
+    """
+    eps = _check_positive(eps, "eps")
+    if not lo < hi:
+        raise ValueError(f"need lo < hi, got lo={lo!r}, hi={hi!r}")
+    if n_grid < 3:
+        raise ValueError(f"n_grid must be >= 3, got {n_grid!r}")
+    height = lambda x: -np.imag(spectrum.stieltjes(np.asarray(x, dtype=np.float64) + 1j * eps))
+    x = np.linspace(lo, hi, n_grid)
+    k = int(np.argmax(height(x)))
+    a, b = x[max(k - 1, 0)], x[min(k + 1, n_grid - 1)]
+    best = optimize.minimize_scalar(lambda t: -float(height(np.array([t]))[0]), bounds=(a, b),
+                                    method="bounded", options={"xatol": 1e-3 * eps})
+    loc = float(best.x)
+    return loc, float(eps * height(np.array([loc]))[0])
+
+
+def _mass_above(lam, density, atoms, t):
+    """Mass of the density above ``t`` (trapezoid, from the top of the grid down) plus the atoms
+    strictly above ``t``: ``1 - F(t)`` with ``F`` right-continuous."""
+    seg = 0.5 * (density[1:] + density[:-1]) * np.diff(lam)
+    above = np.concatenate([np.cumsum(seg[::-1])[::-1], [0.0]])
+    out = np.interp(t, lam, above, left=above[0], right=0.0)
+    for loc, mass in atoms:
+        out = out + mass * (t < loc)
+    return out
+
+
+def wasserstein_distance(lam, density_a, density_b, atoms_a=(), atoms_b=()) -> float:
+    """Wasserstein-1 distance ``int |F_a(t) - F_b(t)| dt`` between two spectra on one grid.
+
+    Unlike the Kolmogorov distance it is small when an atom moves a little (the finite-depth
+    atom at ``sigma_w^(2L)`` approaches the limit's ``exp(sigma0_2)`` from below, 002 Eq. 34),
+    so it measures how fast finite-depth spectra approach their double-scaling limit (002 §5).
+    Each ``F`` is built from the top of the grid down (no loss above the grid's first point);
+    the integral is a left Riemann sum over the grid merged with the atoms (error of order the
+    grid spacing times the density). Mass below ``lam[0]`` counts as sitting at ``lam[0]``.
+    """
+    lam = np.asarray(lam, dtype=np.float64)
+    rho_a = np.asarray(density_a, dtype=np.float64)
+    rho_b = np.asarray(density_b, dtype=np.float64)
+    if not (lam.shape == rho_a.shape == rho_b.shape) or lam.ndim != 1:
+        raise ValueError("lam, density_a and density_b must be 1-d arrays of the same length")
+    t = np.unique(np.concatenate([lam, [loc for loc, _ in (*atoms_a, *atoms_b)]]))
+    gap = np.abs(_mass_above(lam, rho_a, atoms_a, t) - _mass_above(lam, rho_b, atoms_b, t))
+    return float(np.sum(gap[:-1] * np.diff(t)))
+
+
+__all__ += ["activation"]
+
+
+def activation(nonlinearity: str, h):
+    """``phi(h)`` for a named nonlinearity (002 Table 1 and §5: hard tanh ``clip(h, -1, 1)``,
+    erf ``erf(sqrt(pi) h / 2)``, shifted ReLU ``[h + 1/2]_+ - 1/2``, SiLU ``h sigmoid(h)``)."""
+    return _phi(_check_nonlinearity(nonlinearity), h)
+
+
+# ---------------------------------------------------------------------------------------------
 # Support of the length spectrum (001 App. C.2; contour radius for pencil_moments)
 # ---------------------------------------------------------------------------------------------
 
