@@ -28,6 +28,7 @@ import importlib
 import importlib.metadata
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -494,4 +495,9 @@ def short_error(err: BaseException, limit: int = 160) -> str:
     """The first line of an exception, with its type, cut to ``limit`` characters (for tables)."""
     lines = str(err).strip().splitlines()
     text = f"{type(err).__name__}: {lines[0] if lines else ''}"
+    # An error raised inside a host callback (equinox's runtime checks in lineax/optimistix) arrives
+    # wrapped, its own message on the last "...Error: " line of the embedded traceback.
+    inner = [line.strip() for line in lines[1:] if re.match(r"\s*[\w.]+(Error|Exception): ", line)]
+    if inner:
+        text = f"{type(err).__name__} from {inner[-1]}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
