@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 # oversubscribes the CPU and NumPy's QR / eigvals slow down by orders of magnitude (measured on the
 # 2-core CI machine). XLA keeps its own thread pool.
 test: install
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25
 
 unit: install
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests
