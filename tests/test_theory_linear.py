@@ -357,6 +357,25 @@ def test_ntk_against_finite_width(e):
         assert ok, f"ntk {e} {key}: {msg}"
 
 
+@pytest.mark.parametrize("e", ["orthogonal", "goe"])
+def test_ntk_fluctuation_against_finite_width(e):
+    # N Var/E^2 of the NTK diagonal from 100 groups of 80 matrices at N and 2N; the SE of the
+    # extrapolated value comes from the spread across groups (about 0.35 here, so Z * SE is
+    # below 2, the size of the -2 term: a formula without it fails). Ginibre is left out: its finite-N
+    # estimates are dominated by rare near-singular I - W (heavy tails, see chapter 1 page 4).
+    V = 0.4 * th.critical_V(e)
+    groups, per_group = 100, 80
+    per = {}
+    for n in (32, 64):
+        d = ex.ntk_samples(e, jax.random.PRNGKey(400 + n), n, V, groups * per_group)["diag"]
+        d = d.reshape(groups, per_group)
+        per[n] = n * d.var(axis=1, ddof=1) / d.mean(axis=1) ** 2
+    est, se = richardson(per)
+    ok, msg = within(est, se, th.ntk_fluctuation(e, V))
+    assert ok, f"ntk fluctuation {e}: {msg}"
+    assert th.ntk_fluctuation(e, 0.0) == pytest.approx(2.0, abs=1e-12)  # N Var[v . v] = 2
+
+
 def test_fit_power_law_recovers_exponent():
     d = np.logspace(-3, -1, 7)
     p, a = ex.fit_power_law(d, 3.0 * d**-2.5)

@@ -82,6 +82,7 @@ __all__ = [
     "asymptote",
     "power_series",
     "ntk",
+    "ntk_fluctuation",
     "tracy_widom_cdf",
     "GINIBRE_MIN_N",
     "edge_scaling",
@@ -468,6 +469,29 @@ def ntk(ensemble: str, V, tied: bool = True):
     """
     m2 = gram_trace(ensemble, V, power=1, tied=tied, _where="theory.linear.ntk")
     return m2**2 if np.ndim(m2) else float(m2) ** 2
+
+
+def ntk_fluctuation(ensemble: str, V, tied: bool = True):
+    """Finite-width fluctuation of the linear-DEQ NTK: ``lim N Var[Theta] / E[Theta]^2``.
+
+    ``Theta = Theta(x, x) / x . x`` with ``Theta(x, x) = (v^T M M^T v)(z* . z*)`` as in :func:`ntk`
+    (001 App. B.1, Eq. 93-95 with ``phi`` the identity). The variance is not in 001; it follows
+    from the two factors being, for a fixed ``W``, independent Gaussian quadratic forms in ``v``
+    (``N(0, I/N)``) and ``x`` (``N(0, I)``): with ``m2 = tr[M^T M]`` and ``r = tr[(M^T M)^2]``
+    (both self-averaging in ``W``, so ``W`` only contributes at order ``1/N^2``),
+    ``N Var[v^T M M^T v] / m2^2 -> 2 r / m2^2`` and, for the ratio ``x^T M^T M x / x . x``,
+    ``2 r / m2^2 - 2`` (the covariance with ``x . x`` removes ``4/N``, its variance adds ``2/N``).
+    Relative variances of independent factors add to first order, so the limit is
+    ``4 gram_trace(power=2) / gram_trace(power=1)**2 - 2``: 2 for ``V = 0`` (only the readout
+    ``v . v`` fluctuates), diverging
+    near ``V_c`` with the exponent of :func:`length_variance` minus twice that of
+    :func:`second_moment`.
+    """
+    where = "theory.linear.ntk_fluctuation"
+    quartic = gram_trace(ensemble, V, power=2, tied=tied, _where=where)
+    m2 = gram_trace(ensemble, V, power=1, tied=tied, _where=where)
+    out = 4.0 * np.asarray(quartic) / np.asarray(m2) ** 2 - 2.0
+    return out if np.ndim(out) else float(out)
 
 
 # --------------------------------------------------------------------------------------------
