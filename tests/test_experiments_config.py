@@ -54,3 +54,20 @@ def test_invalid_value_names_variable_and_choices(monkeypatch, raw):
 def test_pick_is_keyword_only():
     with pytest.raises(TypeError):
         pick(1, 2)  # type: ignore[misc]
+
+
+def test_plain_number_turns_array_scalars_into_python_numbers():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from deqlab.experiments import plain_number
+
+    cases = [(np.float64(0.25), float, 0.25), (np.int64(7), int, 7), (np.bool_(True), bool, True),
+             (np.array(1.5), float, 1.5), (jnp.asarray(2.5, jnp.float32), float, 2.5),
+             (np.float32(0.5), float, 0.5)]
+    for value, kind, expected in cases:
+        out = plain_number(value)
+        assert type(out) is kind and out == expected, (value, out)
+        assert format(out, "") == format(expected, "")  # e.g. '0.25', not 'np.float64(0.25)'
+    for unchanged in ("text", 3, 0.5, [np.float64(1.0)], np.zeros(3)):
+        assert plain_number(unchanged) is unchanged

@@ -5,6 +5,6 @@ The size of every experiment is chosen by the environment variable ``DEQLAB_SCAL
 runs) or ``full`` (the sizes used for the figures quoted in the book).
 """
 
-from deqlab.experiments.config import SCALE_ENV, SCALES, get_scale, pick
+from deqlab.experiments.config import SCALE_ENV, SCALES, get_scale, glue, pick, plain_number
 
-__all__ = ["SCALE_ENV", "SCALES", "get_scale", "pick"]
+__all__ = ["SCALE_ENV", "SCALES", "get_scale", "glue", "pick", "plain_number"]

@@ -14,7 +14,9 @@ the book's figures at full size while CI and the default build stay fast.
 from __future__ import annotations
 
 import os
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
 
 _T = TypeVar("_T")
 
@@ -61,3 +63,28 @@ def pick(*, quick: _T, full: _T) -> _T:
         ValueError: If ``DEQLAB_SCALE`` holds an invalid value.
     """
     return quick if get_scale() == "quick" else full
+
+
+def plain_number(value: Any) -> Any:
+    """``value`` with NumPy / JAX scalars and 0-d arrays turned into Python ``int``/``float``/...
+
+    Under NumPy 2 a NumPy scalar's text form is ``np.float64(0.25)``, which neither reads well in
+    prose nor parses under a ``{glue:text}`` format spec such as ``:.3f``. Anything else is
+    returned unchanged.
+    """
+    if isinstance(value, np.generic):
+        return value.item()
+    if hasattr(value, "ndim") and hasattr(value, "item") and value.ndim == 0:
+        return plain_number(np.asarray(value)[()])
+    return value
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """:func:`myst_nb.glue` for the book's notebooks, storing :func:`plain_number` of ``value``.
+
+    Notebooks glue every number quoted in their prose through this function (default
+    ``display=False``: the value appears where the prose references it, not under the cell).
+    """
+    from myst_nb import glue as myst_glue  # the book extra; deqlab itself does not need myst-nb
+
+    myst_glue(name, plain_number(value), display=display)
