@@ -51,6 +51,9 @@ __all__ = ["fixed_point", "adjoint_solve", "check_gradients", "BACKWARDS", "Back
 BACKWARDS = ("implicit", "unrolled", "phantom")
 _BACKWARD_FAILURES = ("warn", "nan", "ignore")
 
+_GMRES_RESTART = 20
+"""Krylov subspace size between GMRES restarts in the adjoint solve."""
+
 
 class BackwardWarning(RuntimeWarning):
     """The adjoint (backward) solve of an implicit gradient did not converge."""
@@ -75,7 +78,8 @@ def adjoint_solve(
         solver: a forward solver name or object (the adjoint map is affine, so Anderson and
             Broyden are Krylov-like here), or ``"gmres"`` for ``jax.scipy.sparse.linalg.gmres``.
         tol, max_steps, batch_axis: as in :func:`deqlab.solvers.solve`; for GMRES ``tol`` is the
-            relative residual of the linear system per sample, checked after the solve.
+            relative residual of the linear system per sample, checked after the solve, and
+            ``max_steps`` bounds the operator applications (restart cycles of 20 products).
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
@@ -95,8 +99,13 @@ def adjoint_solve(
     def operator(u):
         return jax.tree_util.tree_map(jnp.subtract, u, vjp_z(u)[0])
 
+    # jax's ``maxiter`` counts restart cycles of ``restart`` products each: divide, so that
+    # ``max_steps`` bounds the operator applications as it does for the other solvers (a float32
+    # adjoint that cannot reach ``tol`` otherwise costs ``restart`` times the budget).
+    restart = min(_GMRES_RESTART, config.max_steps)
     u, _ = jax.scipy.sparse.linalg.gmres(
-        operator, cotangent, tol=config.tol, atol=0.0, restart=20, maxiter=config.max_steps
+        operator, cotangent, tol=config.tol, atol=0.0, restart=restart,
+        maxiter=-(-config.max_steps // restart),
     )
     flattener = _Flattener(z_star, batch_axis)
     u_flat = flattener.flatten(u)

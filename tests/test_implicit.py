@@ -128,6 +128,22 @@ def test_adjoint_solve_reports_failure_and_backward_warns():
     assert bool(jnp.all(jnp.isnan(jax.grad(lambda w: loss(w, "nan"))(w))))
 
 
+def test_gmres_adjoint_max_steps_bounds_operator_applications():
+    # A 16-dimensional system with eigenvalues spread on a circle of radius 0.99: GMRES needs about
+    # 16 Krylov vectors. With max_steps = 3 it may apply the operator at most 3 times (one restart
+    # cycle of 3, not 3 cycles of 20 = 60 products, which would solve the system exactly).
+    n = 16
+    w = ensembles.sample("orthogonal", jax.random.PRNGKey(6), n, 0.99, jnp.float64)
+    x = jnp.ones(n)
+    f = lambda z, w, x: w @ z + x  # noqa: E731
+    z_star = jnp.linalg.solve(jnp.eye(n) - w, x)
+    starved = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="gmres", tol=1e-10, max_steps=3)
+    assert int(starved.result) == Result.MAX_STEPS_REACHED
+    enough = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="gmres", tol=1e-10, max_steps=40)
+    assert int(enough.result) == Result.SUCCESS
+    np.testing.assert_allclose(enough.value, jnp.linalg.solve((jnp.eye(n) - w).T, jnp.ones(n)), rtol=1e-8)
+
+
 def test_fixed_point_under_vmap_and_jit():
     n = 8
     keys = jax.random.split(jax.random.PRNGKey(7), 4)
