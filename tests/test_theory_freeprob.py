@@ -75,6 +75,25 @@ def test_s_transform_generic_matches_closed_forms():
     assert np.allclose(mp.mgf(mp.mgf_inverse(w)), w, rtol=1e-12)
 
 
+def test_semicircle_s_transform_branch():
+    # m1 = 0: the generic Newton start does not exist; the closed form takes the principal branch.
+    # M(M^{-1}(w)) = w holds on it for |w| < 1 (there |G| = sqrt(|w| / V) is the root of
+    # V G^2 - z G + 1 = 0 that decays at infinity); S = (1 + w) / (w M^{-1}(w)) (002 Eq. 11).
+    sc = fp.Semicircle(0.7)
+    w = np.array([0.05, 0.2, 0.5 + 0.1j, 0.3 - 0.2j, -0.4 + 0.3j])
+    z = sc.mgf_inverse(w)
+    assert np.allclose(sc.mgf(z), w, rtol=1e-12)
+    assert np.all(z[:2].real > 0)  # M^{-1}(w) -> +inf as w -> 0+
+    assert np.allclose(sc.s_transform(w), (1 + w) / (w * z), rtol=1e-12)
+    # The same branch from the empirical transform of a large GOE sample (Newton started there).
+    n = 1500
+    a = np.random.default_rng(0).normal(size=(n, n)) * np.sqrt(0.7 / n)
+    empirical = fp.samples(np.linalg.eigvalsh((a + a.T) / np.sqrt(2)))
+    z_emp = empirical.mgf_inverse(w[:2], z0=z[:2])
+    # m2 of N = 1500 eigenvalues deviates by O(1/N) and fluctuates by O(1/N): 1e-3 seen over seeds.
+    assert np.allclose(z_emp, z[:2], rtol=1e-2)
+
+
 def test_semicircle_and_mp_against_samples():
     n, k = 200, 4
     goe = np.concatenate([np.linalg.eigvalsh(np.asarray(

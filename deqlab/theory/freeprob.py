@@ -373,7 +373,10 @@ class Semicircle(Spectrum):
 
     ``G(z) = (z - sqrt(z^2 - 4V)) / (2V)`` with the square root cut on ``[-2 sqrt V, 2 sqrt V]``
     (001 Eq. 101, scaled). Its ``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)`` and
-    ``S(w) = 1 / sqrt(V w)`` are two-valued (``m_1 = 0``); see :class:`DWSpectrum`.
+    ``S(w) = 1 / sqrt(V w)`` are two-valued (``m_1 = 0``, so the generic Newton start
+    ``m1 / w + m2 / m1`` does not exist): :meth:`mgf_inverse` and :meth:`s_transform` return the
+    branch with the principal ``sqrt(w)``, the one with ``M^{-1}(w) -> +inf`` as ``w -> 0+``;
+    the other branch is its negative. See also :class:`DWSpectrum`.
     """
 
     def __init__(self, variance: float = 1.0):
@@ -390,6 +393,16 @@ class Semicircle(Spectrum):
         return np.sqrt(np.clip(self.radius**2 - x**2, 0, None)) / (2 * np.pi * self.variance)
 
     continuous_density = density
+
+    def mgf_inverse(self, w, z0=None, **kw):
+        """``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)``, principal ``sqrt`` (``V G^2 - z G + 1 = 0``
+        with ``G = (1 + w) / z``); ``z0`` and Newton options are not needed and ignored."""
+        w = np.asarray(w, dtype=np.complex128)
+        return math.sqrt(self.variance) * (1 + w) / np.sqrt(w)
+
+    def s_transform(self, w):
+        """``S(w) = 1 / sqrt(V w)`` on the branch of :meth:`mgf_inverse`."""
+        return 1.0 / np.sqrt(self.variance * np.asarray(w, dtype=np.complex128))
 
     def moment(self, k: int) -> float:
         if k % 2:
