@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import os
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -50,6 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+if not __package__:  # run as `python benchmarks/forward.py`: the repository root is not on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common
 
 TARGET_ERROR = 1e-5

@@ -36,6 +36,7 @@ matrix-vector products, forward and backward together, counted at run time in a 
 from __future__ import annotations
 
 import statistics
+import os
 import sys
 import warnings
 from typing import Any, NamedTuple
@@ -44,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+if not __package__:  # run as `python benchmarks/gradient.py`: the repository root is not on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common, forward
 
 FORWARD_TARGET = forward.TARGET_ERROR

@@ -22,12 +22,15 @@ those say fixed overheads (loop control, small kernels) still weigh at the small
 from __future__ import annotations
 
 import statistics
+import os
 import sys
 from typing import Any
 
 import jax
 import numpy as np
 
+if not __package__:  # run as `python benchmarks/scaling.py`: the repository root is not on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common
 
 # common.tanh_reference polishes with dense Newton steps up to N = 512 only (beyond, its
