@@ -49,11 +49,14 @@ def parse_args(description: str, argv: Sequence[str] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     """``--size tiny|quick|full``: tiny is a seconds-long correctness run (the CI smoke test),
     quick the default (a few minutes on 2 CPU cores), full the sizes named in the issue.
-    ``--no-peers`` runs the deqlab rows only; ``--repeats`` overrides the timing rounds."""
+    ``--no-peers`` runs the deqlab rows only; ``--repeats`` overrides the timing rounds;
+    ``--problem NAME`` (repeatable) restricts the benchmarks that have several problems."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--size", choices=SIZES, default="quick")
     parser.add_argument("--no-peers", action="store_true", help="run the deqlab rows only")
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds (default by size)")
+    parser.add_argument("--problem", action="append", default=None, metavar="NAME",
+                        help="run only this problem (repeatable; default: all problems of the size)")
     if extra is not None:
         extra(parser)
     return parser.parse_args(argv)

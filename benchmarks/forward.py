@@ -117,8 +117,11 @@ def jaxopt_backward(jaxopt, backward: str | None, tol: float, max_steps: int) ->
     solvers = {"gmres": jaxopt.linear_solve.solve_gmres, "normal_cg": jaxopt.linear_solve.solve_normal_cg}
     if backward not in solvers:
         raise ValueError(f"jaxopt backward must be one of {sorted(solvers)}, got {backward!r}")
-    # jax.scipy's GMRES counts maxiter in restart cycles (of 20 products), CG in products.
-    return dict(implicit_diff_solve=functools.partial(solvers[backward], tol=tol, maxiter=max_steps))
+    # jax.scipy's GMRES counts maxiter in restart cycles (of 20 products), CG in products: divide
+    # for GMRES so that every library's backward gets the same budget of products, max_steps (as
+    # deqlab.implicit.adjoint_solve does; max_steps cycles let jaxopt spend 20x the budget).
+    maxiter = -(-max_steps // 20) if backward == "gmres" else max_steps
+    return dict(implicit_diff_solve=functools.partial(solvers[backward], tol=tol, maxiter=maxiter))
 
 
 def jaxopt_configs(jaxopt, max_steps: int) -> list[Config]:
@@ -302,7 +305,8 @@ def sizes(size: str) -> dict[str, Any]:
                 problems=None, configs=None, vmap=True, count="all")
 
 
-def cases(size: str) -> list[tuple[common.Case, int]]:
+def cases(size: str, problems: list[str] | None = None) -> list[tuple[common.Case, int]]:
+    """The problems of ``size`` (all, or those named in ``problems``) with their iteration limits."""
     s = sizes(size)
     width, batch = s["width"], s["batch"]
     easy, hard, linear = s["steps"]
@@ -314,7 +318,11 @@ def cases(size: str) -> list[tuple[common.Case, int]]:
         "linear GOE 0.48": lambda: (common.linear_case("linear GOE 0.48", width=width, batch=batch, scale=0.48),
                                     linear),
     }
-    return [build() for name, build in builders.items() if s["problems"] is None or name in s["problems"]]
+    available = [name for name in builders if s["problems"] is None or name in s["problems"]]
+    unknown = sorted(set(problems or ()) - set(available))
+    if unknown:
+        raise ValueError(f"--problem must name problems of size {size!r} ({', '.join(available)}), got {unknown}")
+    return [builders[name]() for name in available if problems is None or name in problems]
 
 
 def run_case(case: common.Case, max_steps: int, peers: common.Peers, s: dict[str, Any], repeats: int):
@@ -381,7 +389,7 @@ def main(argv=None) -> dict:
         peers = common.load_peers(options.no_peers)
         common.header("forward: time to max-abs error <= 1e-5", options.size)
         rows = []
-        for case, max_steps in cases(options.size):
+        for case, max_steps in cases(options.size, options.problem):
             print(f"-- {case.name}: {case.note}; iteration limit {max_steps} for every library", flush=True)
             rows += run_case(case, max_steps, peers, s, repeats)
         print()

@@ -91,9 +91,9 @@ QUICK_PAIRS = {
     "tanh 0.9": {("deqlab anderson", "same"), ("jaxopt AndersonAcceleration(m=5)", "gmres"),
                  ("optimistix FixedPointIteration", "gmres")},
     "tanh 0.99": {("deqlab anderson", "same"), ("jaxopt AndersonAcceleration(m=5)", "gmres"),
-                  ("optimistix Newton+lineax.GMRES", "gmres")},
+                  ("optimistix FixedPointIteration", "gmres"), ("optimistix Newton+lineax.GMRES", "gmres")},
     "linear GOE 0.48": {("deqlab anderson", "same"), ("jaxopt AndersonAcceleration(m=5)", "gmres"),
-                        ("optimistix Newton+lineax.GMRES", "gmres")},
+                        ("optimistix FixedPointIteration", "gmres"), ("optimistix Newton+lineax.GMRES", "gmres")},
 }
 # Half decades 1e-2 ... 1e-9: one compilation of a forward + gradient step per tolerance tried
 # (about 4 per configuration by bisection) is the cost of this benchmark on a loaded 2-core CPU.
@@ -246,7 +246,7 @@ def main(argv=None) -> dict:
         peers = common.load_peers(options.no_peers)
         common.header("forward + implicit gradient of sum(z*^2)", options.size)
         rows = []
-        for case, max_steps in forward.cases(options.size):
+        for case, max_steps in forward.cases(options.size, options.problem):
             print(f"-- {case.name}: {case.note}; iteration limit {max_steps} for every library", flush=True)
             rows += run_case(case, max_steps, peers, s, repeats)
         print("-- optimistix default ImplicitAdjoint (dense LU) against lineax.GMRES, tanh 0.9, small sizes",
