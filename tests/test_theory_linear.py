@@ -57,6 +57,18 @@ def test_critical_V_matches_ensembles():
     assert th.critical_V("goe") == 0.25
 
 
+def test_critical_V_puts_the_sampled_spectral_radius_at_one():
+    # At V = V_c a sampled W has spectral radius 1 up to its finite-N edge correction: none for
+    # orthogonal, O(N^-2/3) = 0.02 for the GOE, sqrt(log N / 4N) = 0.06 outward for Ginibre at N = 500
+    # (page 4 of chapter 1). 0.1 covers these; a wrong V_c (e.g. 1 instead of 1/4 for the GOE) is off
+    # by a factor of 2 or more.
+    n = 500
+    for i, e in enumerate(ENS):
+        w = np.asarray(ensembles.sample(e, jax.random.PRNGKey(40 + i), n, math.sqrt(th.critical_V(e)), np.float64))
+        radius = np.max(np.abs(np.linalg.eigvals(w)))
+        assert abs(radius - 1.0) <= 0.1, (e, radius)
+
+
 @pytest.mark.parametrize("bad", [-0.1, 0.25, 0.3, float("nan"), float("inf"), True, "x", [0.1, 0.3]])
 def test_out_of_range_V_raises_with_range(bad):
     with pytest.raises(ValueError, match="V"):
