@@ -85,3 +85,33 @@ def test_bibliography_file_configured():
     cfg = _config()
     for bib in cfg["bibtex_bibfiles"]:
         assert (ROOT / bib).is_file()
+
+
+def _figure_cells():
+    import json
+
+    for path in sorted(BOOK.glob("*/*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "code" and "figure" in cell["metadata"].get("mystnb", {}):
+                yield path.relative_to(ROOT), index, "".join(cell["source"])
+
+
+def test_figure_cells_end_without_a_displayed_value():
+    # myst-nb wraps every displayed output of a figure cell in the figure: a trailing expression
+    # (an execute_result beside the plot) duplicates the figure's label and breaks -W builds.
+    # glue(..., display=False) records are not displayed; plt.show() and tight_layout() return None.
+    import ast
+
+    cells = list(_figure_cells())
+    assert cells, "no figure cells found"
+    offending = []
+    for path, index, source in cells:
+        body = ast.parse("\n".join(line for line in source.splitlines() if not line.startswith(("%", "!")))).body
+        last = body[-1]
+        displays = isinstance(last, ast.Expr) and not (
+            isinstance(last.value, ast.Call)
+            and ast.unparse(last.value.func) in {"plt.show", "plt.tight_layout", "fig.tight_layout", "glue"}
+        )
+        if displays:
+            offending.append(f"{path} cell {index}: {ast.unparse(last)}")
+    assert not offending, "figure cells ending with a displayed value:\n" + "\n".join(offending)
