@@ -296,13 +296,18 @@ def relative_gradient_errors(grads: Sequence[Any], reference: dict[str, np.ndarr
 
 
 def loosest_passing(grid: Sequence[float], attempt: Callable[[float], dict[str, Any]],
-                    exhaustive: bool = False) -> dict[str, Any]:
+                    exhaustive: bool = False, refine: int = 0) -> dict[str, Any]:
     """The loosest tolerance of ``grid`` (ordered loose to tight) for which ``attempt(tol)["ok"]``.
 
     ``exhaustive``: walk the grid from loose to tight and stop at the first that passes.
     Otherwise a bisection over the grid, assuming accuracy improves as the tolerance tightens: the
     tolerance returned passes and its looser neighbour in the grid was tried and failed (or it is
     the loosest of the grid), in about log2(len(grid)) attempts instead of up to len(grid).
+
+    ``refine``: then bisect ``refine`` more times, geometrically, between the passing tolerance and
+    its failing looser neighbour, so that the tolerance found is the loosest that passes to within
+    a factor ``ratio ** (1 / 2**refine)`` of the grid's ratio, not wherever the grid happens to
+    fall (a quarter-decade step is 6 Picard iterations at contraction 0.9).
 
     Returns the passing attempt's dict with ``tried`` (attempts made) added, or, when none passes,
     ``dict(tol=None, error=<smallest "error" seen>, tried=...)``.
@@ -327,7 +332,20 @@ def loosest_passing(grid: Sequence[float], attempt: Callable[[float], dict[str, 
             else:
                 lo = mid + 1
         if hi < len(grid):
-            return dict(trials[hi], tried=len(trials))
+            passing = trials[hi]
+            if hi > 0 and refine > 0:
+                loose, tight = grid[hi - 1], grid[hi]
+                extra = 0
+                for _ in range(refine):
+                    middle = math.sqrt(loose * tight)
+                    trial = attempt(middle)
+                    extra += 1
+                    if trial["ok"]:
+                        passing, tight = trial, middle
+                    else:
+                        loose = middle
+                return dict(passing, tried=len(trials) + extra)
+            return dict(passing, tried=len(trials))
     best = min(t["error"] for t in trials.values())
     return dict(tol=None, error=best, tried=len(trials))
 

@@ -270,7 +270,7 @@ def count_nfe(config: Config, case: common.Case, tol: float) -> int:
     return sum(counter.read().values())
 
 
-def tune(config: Config, case: common.Case, grid: list[float], exhaustive: bool) -> dict[str, Any]:
+def tune(config: Config, case: common.Case, grid: list[float], exhaustive: bool, refine: int = 0) -> dict[str, Any]:
     """The loosest tolerance of ``grid`` (loose to tight) whose result is within TARGET_ERROR
     (:func:`benchmarks.common.loosest_passing`), with the compiled solve at that tolerance."""
 
@@ -281,7 +281,7 @@ def tune(config: Config, case: common.Case, grid: list[float], exhaustive: bool)
         return dict(tol=tol, compiled=compiled, error=error, reported=int(reported), compile_s=seconds,
                     ok=error <= TARGET_ERROR)
 
-    return common.loosest_passing(grid, attempt, exhaustive)
+    return common.loosest_passing(grid, attempt, exhaustive, refine)
 
 
 # Configurations run at each size (None: all). vmap rows are slow (a vmapped loop runs until the
@@ -296,12 +296,12 @@ TINY_GRID = [1e-3, 1e-5, 1e-7]
 
 def sizes(size: str) -> dict[str, Any]:
     if size == "tiny":
-        return dict(width=32, batch=8, grid=TINY_GRID, exhaustive=False, repeats=2, steps=(200, 2000, 2000),
+        return dict(width=32, batch=8, grid=TINY_GRID, exhaustive=False, refine=0, repeats=2, steps=(200, 2000, 2000),
                     problems=tuple(TINY_CONFIGS), configs=TINY_CONFIGS, vmap=False, count="needed")
     if size == "quick":
-        return dict(width=256, batch=128, grid=QUARTER_DECADES, exhaustive=False, repeats=7, steps=(500, 3000, 3000),
+        return dict(width=256, batch=128, grid=QUARTER_DECADES, exhaustive=False, refine=3, repeats=7, steps=(500, 3000, 3000),
                     problems=None, configs=None, vmap=False, count="all")
-    return dict(width=256, batch=128, grid=QUARTER_DECADES, exhaustive=False, repeats=15, steps=(500, 3000, 3000),
+    return dict(width=256, batch=128, grid=QUARTER_DECADES, exhaustive=False, refine=3, repeats=15, steps=(500, 3000, 3000),
                 problems=None, configs=None, vmap=True, count="all")
 
 
@@ -334,7 +334,7 @@ def run_case(case: common.Case, max_steps: int, peers: common.Peers, s: dict[str
         if "[vmap]" in label and not s["vmap"]:
             continue
         try:
-            tuned = tune(config, case, s["grid"], s["exhaustive"])
+            tuned = tune(config, case, s["grid"], s["exhaustive"], s["refine"])
             if tuned["tol"] is None:
                 rows.append(dict(problem=case.name, config=label, error=tuned["error"],
                                  status=f"no tol in grid reaches {TARGET_ERROR:g}"))

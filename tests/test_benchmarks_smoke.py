@@ -69,3 +69,25 @@ def test_scaling_benchmark_tiny():
 def test_growth_exponent_recovers_a_power_law():
     sizes = [16, 64, 256]
     assert abs(scaling.growth_exponent(sizes, [3.0 * n**1.5 for n in sizes]) - 1.5) < 1e-12
+
+
+def test_tolerance_search_finds_the_loosest_passing_tolerance():
+    # A configuration that passes for tol <= 2.9e-5: the grid search stops at 1.78e-5 (the grid's
+    # passing point), three refinements close in on the threshold to within 1.78 ** (1/8).
+    from benchmarks import common
+
+    threshold = 2.9e-5
+    calls = []
+
+    def attempt(tol):
+        calls.append(tol)
+        return dict(tol=tol, ok=tol <= threshold, error=tol)
+
+    coarse = common.loosest_passing(forward.QUARTER_DECADES, attempt)
+    assert coarse["tol"] == 1.78e-5
+    refined = common.loosest_passing(forward.QUARTER_DECADES, attempt, refine=3)
+    assert refined["tol"] <= threshold < refined["tol"] * 1.78 ** (1 / 8) * 1.0001
+    assert refined["tried"] == coarse["tried"] + 3
+    # Nothing passes: no tolerance, the smallest error seen.
+    none = common.loosest_passing([1e-2, 1e-3], lambda tol: dict(tol=tol, ok=False, error=tol), refine=3)
+    assert none["tol"] is None and none["error"] == 1e-3
