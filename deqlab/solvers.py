@@ -26,7 +26,11 @@ Failure is reported, never hidden
     ``Result.DIVERGED`` when the absolute residual grows by ``divergence_factor`` over the best one
     seen; ``Result.NONFINITE`` when ``f`` returns NaN or inf (the non-finite iterate is never
     accepted); ``Result.MAX_STEPS_REACHED`` otherwise. The returned value is the best iterate (the
-    smallest relative residual seen), which is the last one whenever the residual decreased.
+    smallest relative residual seen), which is the last one whenever the residual decreased; for a
+    converged sample, :class:`Picard` returns one step further, ``z + damping (f(z) - z)`` from
+    that iterate: ``f(z)`` was evaluated to check convergence, and where the damped map contracts
+    (which is when Picard converges) that step is closer to the fixed point at no cost. The
+    statistics describe the iterate the step starts from.
     Inside ``jit`` nothing raises; outside, ``throw=True`` raises :class:`SolverError` listing the
     failing samples and their residuals.
 """
@@ -147,6 +151,11 @@ class _SolverConfig:
         """Update the solver's history with an evaluated proposal (default: nothing to keep)."""
         return state
 
+    # True when one more proposal from a converged iterate needs no new information: the step is
+    # then taken on the returned value (plain and damped Picard; not Anderson or Broyden, whose
+    # next step mixes a history that a frozen sample no longer updates).
+    steps_past_convergence = False
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Picard(_SolverConfig):
@@ -159,6 +168,7 @@ class Picard(_SolverConfig):
 
     damping: float = 1.0
     name = "picard"
+    steps_past_convergence = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -545,6 +555,8 @@ def _run(config, func, z0_flat, unrolled):
         state=solver_state0,
     )
 
+    if config.steps_past_convergence:
+        carry0["best_fz"] = fz0_safe
     residual_floor = jnp.finfo(z0_flat.dtype).eps * math.sqrt(z0_flat.shape[1])
 
     def body(carry):
@@ -581,7 +593,7 @@ def _run(config, func, z0_flat, unrolled):
         step = carry["step"] + 1
         steps = carry["steps"] + active.astype(jnp.int32)
         trace = jax.lax.dynamic_update_slice(carry["trace"], res[None, :], (step, jnp.zeros_like(step)))
-        return dict(
+        carry_out = dict(
             z=z,
             fz=fz,
             res=res,
@@ -596,6 +608,9 @@ def _run(config, func, z0_flat, unrolled):
             trace=trace,
             state=state,
         )
+        if config.steps_past_convergence:
+            carry_out["best_fz"] = jnp.where(improved[:, None], fz_prop, carry["best_fz"])
+        return carry_out
 
     if unrolled:
         final, _ = jax.lax.scan(lambda c, _: (body(c), None), carry0, None, length=config.max_steps)
@@ -618,7 +633,11 @@ def _run(config, func, z0_flat, unrolled):
         best_res=final["best_res"],
         res=final["res"],
     )
-    return final["best_z"], final["result"], stats
+    value = final["best_z"]
+    if config.steps_past_convergence:
+        stepped, _ = config.propose(value, final["best_fz"], final["state"])
+        value = jnp.where((final["result"] == Result.SUCCESS)[:, None], stepped, value)
+    return value, final["result"], stats
 
 
 def solve(

@@ -231,3 +231,28 @@ def test_bad_solve_arguments_raise_value_error(argument, case):
 def test_bad_solver_configurations_raise_value_error(argument, make):
     with pytest.raises(ValueError, match=argument):
         make()
+
+
+@pytest.mark.parametrize("damping", [1.0, 0.6])
+def test_picard_returns_the_step_past_its_converged_iterate(damping):
+    # z <- (1 - d) z + d (a z + x) per sample, a = 0.5 and 0.95: the first sample converges, the
+    # second runs out of steps. The converged one returns the iterate after the one whose residual
+    # met tol (f of it was already evaluated), the other its best iterate; the statistics describe
+    # the best iterate. An exact replay of the iteration fixes which iterate is which.
+    a = jnp.array([0.5, 0.95])
+    x = jnp.ones((2, 3))
+    f = lambda z, a, x: a[:, None] * z + x  # noqa: E731
+    sol = solve(f, jnp.zeros((2, 3)), a, x, solver=Picard(damping=damping), tol=1e-6, max_steps=40, batch_axis=0)
+    assert [Result(int(r)) for r in sol.result] == [Result.SUCCESS, Result.MAX_STEPS_REACHED]
+    iterates = [np.zeros((2, 3))]
+    for _ in range(41):
+        z = iterates[-1]
+        iterates.append(z + damping * (np.asarray(f(z, a, x)) - z))
+    steps = np.asarray(sol.stats.steps)
+    np.testing.assert_allclose(sol.value[0], iterates[steps[0] + 1][0], rtol=1e-14)
+    np.testing.assert_allclose(sol.value[1], iterates[steps[1]][1], rtol=1e-14)
+    fixed = x / (1 - a[:, None])
+    best = iterates[steps[0]][0]
+    assert np.max(np.abs(sol.value[0] - fixed[0])) < np.max(np.abs(best - fixed[0]))
+    residual = np.linalg.norm(f(best, a, x)[0] - best) / np.linalg.norm(f(best, a, x)[0])
+    np.testing.assert_allclose(sol.stats.residual[0], residual, rtol=1e-10)
