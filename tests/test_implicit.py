@@ -106,13 +106,16 @@ def test_phantom_gradient_approaches_implicit_with_more_steps():
     assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-8
 
 
-def test_adjoint_solve_reports_failure_and_backward_warns():
-    # Near-critical linear map with a starved backward solve: the adjoint cannot converge in 3 steps.
-    n = 16
+def _near_critical_linear_deq(n=16):
+    """z = W z + x with W orthogonal at 0.99: eigenvalues on a circle near 1, slow to solve."""
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(6), n, 0.99, jnp.float64)
     x = jnp.ones(n)
-    f = lambda z, w, x: w @ z + x  # noqa: E731
-    z_star = jnp.linalg.solve(jnp.eye(n) - w, x)
+    return n, w, x, (lambda z, w, x: w @ z + x), jnp.linalg.solve(jnp.eye(n) - w, x)
+
+
+def test_adjoint_solve_reports_failure_and_backward_warns():
+    # Near-critical linear map with a starved backward solve: the adjoint cannot converge in 3 steps.
+    n, w, x, f, z_star = _near_critical_linear_deq()
     adjoint = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="picard", max_steps=3)
     assert int(adjoint.result) == Result.MAX_STEPS_REACHED and not bool(adjoint.converged)
 
@@ -132,11 +135,7 @@ def test_gmres_adjoint_max_steps_bounds_operator_applications():
     # A 16-dimensional system with eigenvalues spread on a circle of radius 0.99: GMRES needs about
     # 16 Krylov vectors. With max_steps = 3 it may apply the operator at most 3 times (one restart
     # cycle of 3, not 3 cycles of 20 = 60 products, which would solve the system exactly).
-    n = 16
-    w = ensembles.sample("orthogonal", jax.random.PRNGKey(6), n, 0.99, jnp.float64)
-    x = jnp.ones(n)
-    f = lambda z, w, x: w @ z + x  # noqa: E731
-    z_star = jnp.linalg.solve(jnp.eye(n) - w, x)
+    n, w, x, f, z_star = _near_critical_linear_deq()
     starved = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="gmres", tol=1e-10, max_steps=3)
     assert int(starved.result) == Result.MAX_STEPS_REACHED
     enough = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="gmres", tol=1e-10, max_steps=40)
