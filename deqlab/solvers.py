@@ -555,8 +555,6 @@ def _run(config, func, z0_flat, unrolled):
         state=solver_state0,
     )
 
-    if config.steps_past_convergence:
-        carry0["best_fz"] = fz0_safe
     residual_floor = jnp.finfo(z0_flat.dtype).eps * math.sqrt(z0_flat.shape[1])
 
     def body(carry):
@@ -593,7 +591,7 @@ def _run(config, func, z0_flat, unrolled):
         step = carry["step"] + 1
         steps = carry["steps"] + active.astype(jnp.int32)
         trace = jax.lax.dynamic_update_slice(carry["trace"], res[None, :], (step, jnp.zeros_like(step)))
-        carry_out = dict(
+        return dict(
             z=z,
             fz=fz,
             res=res,
@@ -608,9 +606,6 @@ def _run(config, func, z0_flat, unrolled):
             trace=trace,
             state=state,
         )
-        if config.steps_past_convergence:
-            carry_out["best_fz"] = jnp.where(improved[:, None], fz_prop, carry["best_fz"])
-        return carry_out
 
     if unrolled:
         final, _ = jax.lax.scan(lambda c, _: (body(c), None), carry0, None, length=config.max_steps)
@@ -635,7 +630,9 @@ def _run(config, func, z0_flat, unrolled):
     )
     value = final["best_z"]
     if config.steps_past_convergence:
-        stepped, _ = config.propose(value, final["best_fz"], final["state"])
+        # A converged sample was frozen at the iterate that met tol, whose residual is below all
+        # earlier ones (they were above tol): its best iterate is its last z, with f(z) in fz.
+        stepped, _ = config.propose(final["z"], final["fz"], final["state"])
         value = jnp.where((final["result"] == Result.SUCCESS)[:, None], stepped, value)
     return value, final["result"], stats
 
