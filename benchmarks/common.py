@@ -335,16 +335,14 @@ def loosest_passing(grid: Sequence[float], attempt: Callable[[float], dict[str, 
             passing = trials[hi]
             if hi > 0 and refine > 0:
                 loose, tight = grid[hi - 1], grid[hi]
-                extra = 0
                 for _ in range(refine):
                     middle = math.sqrt(loose * tight)
                     trial = attempt(middle)
-                    extra += 1
                     if trial["ok"]:
                         passing, tight = trial, middle
                     else:
                         loose = middle
-                return dict(passing, tried=len(trials) + extra)
+                return dict(passing, tried=len(trials) + refine)
             return dict(passing, tried=len(trials))
     best = min(t["error"] for t in trials.values())
     return dict(tol=None, error=best, tried=len(trials))

@@ -42,14 +42,13 @@ run (common.Counter); "reported" is the library's own count where it has one.
 from __future__ import annotations
 
 import functools
-import statistics
 import os
+import statistics
 import sys
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 if not __package__:  # run as `python benchmarks/forward.py`: the repository root is not on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -35,8 +35,8 @@ matrix-vector products, forward and backward together, counted at run time in a 
 
 from __future__ import annotations
 
-import statistics
 import os
+import statistics
 import sys
 import warnings
 from typing import Any, NamedTuple

@@ -21,12 +21,10 @@ those say fixed overheads (loop control, small kernels) still weigh at the small
 
 from __future__ import annotations
 
-import statistics
 import os
+import statistics
 import sys
-from typing import Any
 
-import jax
 import numpy as np
 
 if not __package__:  # run as `python benchmarks/scaling.py`: the repository root is not on sys.path

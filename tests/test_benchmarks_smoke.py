@@ -77,10 +77,8 @@ def test_tolerance_search_finds_the_loosest_passing_tolerance():
     from benchmarks import common
 
     threshold = 2.9e-5
-    calls = []
 
     def attempt(tol):
-        calls.append(tol)
         return dict(tol=tol, ok=tol <= threshold, error=tol)
 
     coarse = common.loosest_passing(forward.QUARTER_DECADES, attempt)
