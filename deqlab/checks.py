@@ -1,0 +1,153 @@
+"""Argument checks shared by every public function of deqlab: one place, one message format.
+
+Every check raises ``ValueError`` with a message of the form::
+
+    solvers.Anderson: `m` must be an integer >= 1, got 0.
+
+naming the argument as the user wrote it, the valid range, and the value received. ``where`` (the
+public function or class the user called) is optional. Checks return the value normalised
+(a Python ``int`` / ``float`` / ``str`` / dtype) so callers can use it directly.
+
+Checks of numbers only run on concrete values: a traced value (inside ``jit``) cannot be
+inspected without breaking the trace, and is returned unchanged where a check allows it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "fail",
+    "integer",
+    "positive_int",
+    "number",
+    "positive_number",
+    "unit_interval",
+    "choice",
+    "floating_dtype",
+    "prng_key",
+    "is_traced",
+]
+
+
+def _prefix(where: str | None) -> str:
+    return f"{where}: " if where else ""
+
+
+def fail(name: str, requirement: str, value: Any, where: str | None = None) -> ValueError:
+    """The ``ValueError`` of this module's format (returned, so that callers ``raise`` it)."""
+    return ValueError(f"{_prefix(where)}`{name}` must be {requirement}, got {value!r}.")
+
+
+def is_traced(value: Any) -> bool:
+    """True when any leaf of ``value`` is a JAX tracer (its number cannot be read)."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
+
+
+def integer(value: Any, name: str, where: str | None = None, *, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+    """A static Python / NumPy integer (never a bool) in ``[minimum, maximum]``."""
+    lo = "" if minimum is None else f" >= {minimum}"
+    hi = "" if maximum is None else f" <= {maximum}"
+    requirement = f"an integer{lo}{' and' if lo and hi else ''}{hi}"
+    if isinstance(value, (bool, np.bool_)):
+        raise fail(name, requirement, value, where)
+    try:
+        result = operator.index(value)
+    except TypeError:
+        raise fail(name, requirement + " (a static Python int)", value, where) from None
+    if (minimum is not None and result < minimum) or (maximum is not None and result > maximum):
+        raise fail(name, requirement, value, where)
+    return result
+
+
+def positive_int(value: Any, name: str, where: str | None = None) -> int:
+    """An integer >= 1."""
+    return integer(value, name, where, minimum=1)
+
+
+def number(value: Any, name: str, where: str | None = None, *, lower: float | None = None,
+           upper: float | None = None, lower_open: bool = False, upper_open: bool = False,
+           allow_traced: bool = False) -> Any:
+    """A finite real scalar in the given interval (ends open or closed).
+
+    With ``allow_traced=True`` a traced scalar passes unchecked (its range cannot be read inside
+    ``jit``); otherwise a tracer is an error naming the argument.
+    """
+    left = "" if lower is None else ("> " if lower_open else ">= ") + f"{lower:g}"
+    right = "" if upper is None else ("< " if upper_open else "<= ") + f"{upper:g}"
+    bounds = " and ".join(b for b in (left, right) if b)
+    requirement = "a finite real number" + (f" {bounds}" if bounds else "")
+    if isinstance(value, jax.core.Tracer):
+        if allow_traced and jnp.ndim(value) == 0 and jnp.issubdtype(value.dtype, jnp.number):
+            return value
+        raise fail(name, requirement + " known outside jit (a static value)", value, where)
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        raise fail(name, requirement, value, where)
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything that is not array-like is a bad number
+        raise fail(name, requirement, value, where) from None
+    if array.ndim != 0 or array.dtype.kind not in "iuf":
+        raise fail(name, requirement, value, where)
+    x = float(array)
+    bad = not math.isfinite(x)
+    if lower is not None:
+        bad |= x <= lower if lower_open else x < lower
+    if upper is not None:
+        bad |= x >= upper if upper_open else x > upper
+    if bad:
+        raise fail(name, requirement, value, where)
+    return x
+
+
+def positive_number(value: Any, name: str, where: str | None = None) -> float:
+    """A finite real number > 0."""
+    return number(value, name, where, lower=0.0, lower_open=True)
+
+
+def unit_interval(value: Any, name: str, where: str | None = None) -> float:
+    """A number in (0, 1] (damping factors, step lengths)."""
+    return number(value, name, where, lower=0.0, upper=1.0, lower_open=True)
+
+
+def choice(value: Any, name: str, options: Iterable[str], where: str | None = None) -> str:
+    """One of ``options`` (strings)."""
+    options = tuple(options)
+    if not isinstance(value, str) or value not in options:
+        raise fail(name, f"one of {', '.join(repr(o) for o in options)}", value, where)
+    return value
+
+
+def floating_dtype(dtype: Any, name: str = "dtype", where: str | None = None) -> np.dtype:
+    """A real floating-point dtype (float16, bfloat16, float32, float64)."""
+    requirement = "a real floating-point dtype such as jnp.float32"
+    try:
+        result = jnp.dtype(dtype)
+    except TypeError:
+        raise fail(name, requirement, dtype, where) from None
+    if not jnp.issubdtype(result, jnp.floating):
+        raise fail(name, requirement, result, where)
+    return result
+
+
+def prng_key(key: Any, name: str = "key", where: str | None = None) -> jax.Array:
+    """A JAX PRNG key: ``jax.random.key(seed)`` or a raw ``uint32[2]`` from ``PRNGKey``."""
+    requirement = "a JAX PRNG key such as jax.random.key(0) (not an int seed)"
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        raise fail(name, requirement, key, where)
+    if not hasattr(key, "dtype") or not hasattr(key, "shape"):
+        raise fail(name, requirement, key, where)
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise fail(name, "a single PRNG key (shape ())", f"an array of keys of shape {key.shape}", where)
+        return key
+    if key.dtype != jnp.uint32 or tuple(key.shape) != (2,):
+        raise fail(name, requirement, f"an array of dtype {key.dtype} and shape {tuple(key.shape)}", where)
+    return key
