@@ -40,7 +40,7 @@ from deqlab.solvers import (
     Result,
     Solution,
     SolveStats,
-    _Flattener,
+    Flattener,
     get_solver,
     relative_residual,
     solve,
@@ -107,7 +107,7 @@ def adjoint_solve(
         operator, cotangent, tol=config.tol, atol=0.0, restart=restart,
         maxiter=-(-config.max_steps // restart),
     )
-    flattener = _Flattener(z_star, batch_axis)
+    flattener = Flattener(z_star, batch_axis)
     u_flat = flattener.flatten(u)
     residual = relative_residual(flattener.flatten(adjoint_map(u)), u_flat)
     finite = jnp.all(jnp.isfinite(u_flat), axis=1)
@@ -242,7 +242,7 @@ def fixed_point(
         u = adjoint.value
         failed = adjoint.result != Result.SUCCESS
         if backward_failure == "nan":
-            flattener = _Flattener(z_star, batch_axis)
+            flattener = Flattener(z_star, batch_axis)
             u_flat = flattener.flatten(u)
             mask = jnp.reshape(failed, (-1,))
             u = flattener.unflatten(jnp.where(mask[:, None], jnp.nan, u_flat))

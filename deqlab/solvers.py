@@ -11,9 +11,14 @@ Tolerance rule (one rule for every solver)
     .. math:: \\rho(z) = \\frac{\\lVert f(z) - z \\rVert_2}{\\lVert f(z) \\rVert_2 + \\epsilon\\sqrt{D}}
 
     satisfies ``rho <= tol``. Norms are taken per sample over all its entries (all leaves of the
-    pytree, D numbers in total); ``epsilon`` is the machine epsilon of the iterate's dtype, so a
-    fixed point at exactly zero is still reachable. With ``batch_axis=None`` the whole pytree is
-    one sample.
+    pytree, D numbers in total), accumulated in at least float32; ``epsilon`` is the machine
+    epsilon of the iterate's dtype, so a fixed point at exactly zero is still reachable. With
+    ``batch_axis=None`` the whole pytree is one sample.
+
+    The default ``tol`` follows the dtype of ``z0`` (:func:`deqlab.precision.default_tol`:
+    float64 1e-10, float32 1e-5, float16 1e-2, bfloat16 5e-2), and a tolerance below what the
+    dtype can reach warns once. f is evaluated at the matmul precision the tolerance needs, which
+    matters on TPUs and TF32 GPUs (:mod:`deqlab.precision`).
 
 Batches
     With ``batch_axis=k`` the k-th axis of every leaf indexes independent samples. Each sample is
@@ -25,12 +30,14 @@ Batches
 Failure is reported, never hidden
     ``Result.DIVERGED`` when the absolute residual grows by ``divergence_factor`` over the best one
     seen; ``Result.NONFINITE`` when ``f`` returns NaN or inf (the non-finite iterate is never
-    accepted); ``Result.MAX_STEPS_REACHED`` otherwise. The returned value is the best iterate (the
-    smallest relative residual seen), which is the last one whenever the residual decreased; for a
-    converged sample, :class:`Picard` returns one step further, ``z + damping (f(z) - z)`` from
-    that iterate: ``f(z)`` was evaluated to check convergence, and where the damped map contracts
+    accepted); ``Result.MAX_STEPS_REACHED`` otherwise. A converged sample returns the iterate that
+    met ``tol``; :class:`Picard` returns one step further, ``z + damping (f(z) - z)`` from that
+    iterate: ``f(z)`` was evaluated to check convergence, and where the damped map contracts
     (which is when Picard converges) that step is closer to the fixed point at no cost. The
-    statistics describe the iterate the step starts from.
+    statistics describe the iterate the step starts from. A sample that failed returns its finite
+    iterate closest to convergence, the one with the smallest absolute residual
+    ``||f(z) - z||`` (the relative residual would prefer a diverging iterate: for f = 2z + 1 it
+    falls towards 1/2 as z runs off), with its result code.
     Inside ``jit`` nothing raises; outside, ``throw=True`` raises :class:`SolverError` listing the
     failing samples and their residuals.
 """
@@ -46,10 +53,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqlab import checks
+from deqlab import precision as precision_module
+
 __all__ = [
     "Result",
     "SolveStats",
+    "SolverState",
     "Solution",
+    "Flattener",
     "SolverError",
     "Picard",
     "Anderson",
@@ -82,8 +94,11 @@ class SolveStats(NamedTuple):
         nfe: number of evaluations of ``f`` on the batch (including the one at ``z0``).
         residual_trace: relative residual of each sample after each step, shape
             ``(max_steps + 1, B)`` (row 0 is at ``z0``); a frozen sample repeats its last value.
-        best_residual: smallest relative residual of each sample (that of the returned value).
+        best_residual: relative residual of each sample's returned value (for a converged sample
+            the iterate that met ``tol``; otherwise the finite iterate with the smallest absolute
+            residual, see the module docstring).
         residual: relative residual of the last accepted iterate of each sample.
+        tol: the tolerance the solve used (the dtype's default when none was given).
     """
 
     steps: jax.Array
@@ -91,14 +106,29 @@ class SolveStats(NamedTuple):
     residual_trace: jax.Array
     best_residual: jax.Array
     residual: jax.Array
+    tol: Any = None
+
+
+class SolverState(NamedTuple):
+    """Where a solve stopped: its last iterate ``z`` and the solver's history, flattened to
+    ``(B, D)`` rows. Pass it back as ``solve(..., init_state=sol.state)`` to continue the same
+    iteration (for example with a larger ``max_steps``); the history of Anderson and Broyden is
+    kept, so the continuation is the same iteration as one longer solve."""
+
+    z: jax.Array
+    history: Any
 
 
 class Solution(NamedTuple):
-    """Result of :func:`solve`: ``value`` (same pytree as ``z0``), ``result`` and ``stats``."""
+    """Result of :func:`solve`: ``value`` (same pytree as ``z0``), per-sample ``result``,
+    ``stats``, the final solver ``state`` (for a warm start) and, with ``has_aux=True``, the
+    auxiliary output of ``f`` at ``value``."""
 
     value: Any
     result: jax.Array
     stats: SolveStats
+    state: SolverState | None = None
+    aux: Any = None
 
     @property
     def converged(self) -> jax.Array:
@@ -110,34 +140,24 @@ class Solution(NamedTuple):
 # Solver configurations
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
-
-
-def _check_positive_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"`{name}` must be a positive finite number, got {value!r}.")
-    if not math.isfinite(float(value)) or float(value) <= 0:
-        raise ValueError(f"`{name}` must be a positive finite number, got {value!r}.")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _SolverConfig:
-    tol: float = 1e-5
+    tol: float | None = None
     max_steps: int = 100
     divergence_factor: float = 1e4
 
     name = "base"
 
     def __post_init__(self):
-        _check_positive_float("tol", self.tol)
-        _check_positive_int("max_steps", self.max_steps)
-        _check_positive_float("divergence_factor", self.divergence_factor)
-        if self.divergence_factor <= 1:
-            raise ValueError(
-                f"`divergence_factor` must be > 1, got {self.divergence_factor!r}."
-            )
+        where = f"solvers.{type(self).__name__}"
+        if self.tol is not None:
+            checks.positive_number(self.tol, "tol", where)
+        checks.positive_int(self.max_steps, "max_steps", where)
+        checks.number(self.divergence_factor, "divergence_factor", where, lower=1.0, lower_open=True)
+
+    def resolved_tol(self, dtype) -> float:
+        """The tolerance of a solve in ``dtype``: ``tol``, or the dtype's default."""
+        return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
 
     # Each solver implements: init(z, fz) -> state and propose(z, fz, state) -> (z_next, state).
     # Arrays are (B, D); states are pytrees of arrays whose leading axis is the batch.
@@ -172,7 +192,7 @@ class Picard(_SolverConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_unit_interval("damping", self.damping)
+        checks.unit_interval(self.damping, "damping", "solvers.Picard")
 
     def init(self, z, fz):
         return ()
@@ -183,11 +203,9 @@ class Picard(_SolverConfig):
         return z + self.damping * (fz - z), state
 
 
-def _check_unit_interval(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
-        raise ValueError(f"`{name}` must be a number in (0, 1], got {value!r}.")
-    if not (0.0 < float(value) <= 1.0):
-        raise ValueError(f"`{name}` must be in (0, 1], got {value!r}.")
+_EXACT = jax.lax.Precision.HIGHEST
+"""The solvers' own small products (Gram matrices, mixing, secant updates) are never demoted to
+bfloat16 passes on accelerators: they decide the step, and they are cheap next to f."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -202,7 +220,8 @@ class Anderson(_SolverConfig):
     The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G, is computed from the Jacobi-scaled
     matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual relative to its
     own norm, so it stays scale free while the residuals shrink by orders of magnitude.
-    H is kept up to date one row per step. Memory is fixed: 2 m vectors per sample (f(z_i) and
+    H is kept up to date one row per step, in at least float32 (half-precision iterates work: the
+    m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample (f(z_i) and
     g_i) and the m x m matrix H, whatever ``max_steps`` is.
 
     Args:
@@ -218,46 +237,54 @@ class Anderson(_SolverConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_positive_int("m", self.m)
-        if isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float, np.floating)):
-            raise ValueError(f"`ridge` must be a finite number >= 0, got {self.ridge!r}.")
-        if not math.isfinite(float(self.ridge)) or self.ridge < 0:
-            raise ValueError(f"`ridge` must be a finite number >= 0, got {self.ridge!r}.")
-        _check_unit_interval("damping", self.damping)
+        checks.positive_int(self.m, "m", "solvers.Anderson")
+        checks.number(self.ridge, "ridge", "solvers.Anderson", lower=0.0)
+        checks.unit_interval(self.damping, "damping", "solvers.Anderson")
 
-    # History layout: f(z_i) and g_i = f(z_i) - z_i in (B, m, D) ring buffers, plus their Gram
-    # matrix G^T G (B, m, m), updated one row and column per step (O(B m D) instead of O(B m^2 D)).
-    # The slot counter is a scalar: every sample still iterating has recorded every step (a sample
-    # whose proposal is rejected stops for good), so all active samples share it. Writes are
-    # dynamic_update_slice along the history axis: O(B D) per step, batch sharding preserved.
+    # History layout: f(z_i) and g_i = f(z_i) - z_i in (B, m, D) ring buffers (dtype of z), plus
+    # their Gram matrix G^T G (B, m, m, at least float32), updated one row and column per step
+    # (O(B m D) instead of O(B m^2 D)). The slot counter is a scalar: every sample still iterating
+    # has recorded every step (a sample whose proposal is rejected stops for good), so all active
+    # samples share it. Writes are dynamic_update_slice along the history axis: O(B D) per step,
+    # batch sharding preserved.
     def init(self, z, fz):
         g = fz - z
         fs = _write_slot(_empty_history(z, self.m), 0, fz)
         gs = _write_slot(_empty_history(z, self.m), 0, g)
-        gram = jnp.einsum("bid,bjd->bij", gs, gs)  # computed, not created: keeps the batch sharding
+        gram = _dots("bid,bjd->bij", gs, gs)  # computed, not created: keeps the batch sharding
         return fs, gs, gram, jnp.ones((), jnp.int32)
 
     def propose(self, z, fz, state):
         fs, gs, gram, count = state
         m = self.m
+        work = gram.dtype
         valid = jnp.arange(m) < jnp.minimum(count, m)  # (m,), the same for every sample
         # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H = G^T G, SPD). H is
         # solved in Jacobi-scaled form D^-1/2 H D^-1/2 + ridge I (D = diag H): the residuals of a
         # converging iteration span orders of magnitude, and a ridge relative to their mean norm
         # would swamp the newest (smallest) ones and stall the acceleration.
         diag = jnp.einsum("bii->bi", gram)
-        inv_sqrt = jnp.where(valid[None, :], jax.lax.rsqrt(diag + jnp.finfo(z.dtype).tiny), 0.0)
+        # Columns with a zero residual (an exact fixed point) get weight zero. The double where
+        # keeps rsqrt away from 0, whose derivative is infinite: unrolled differentiation through
+        # a sample that has converged exactly would otherwise return NaN gradients.
+        usable = valid[None, :] & (diag > jnp.finfo(work).tiny)
+        inv_sqrt = jnp.where(usable, jax.lax.rsqrt(jnp.where(usable, diag, 1.0)), 0.0)
         scaled = gram * inv_sqrt[:, :, None] * inv_sqrt[:, None, :]
         # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
-        reg = jnp.where(valid, self.ridge, 1.0)
-        hessian = scaled + reg[None, :, None] * jnp.eye(m, dtype=z.dtype)
+        reg = jnp.where(usable, self.ridge, 1.0)
+        hessian = scaled + reg[:, :, None] * jnp.eye(m, dtype=work)
         y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[..., None])[..., 0]
-        alpha = y / jnp.sum(y, axis=1, keepdims=True)
-        mixed_f = jnp.einsum("bi,bid->bd", alpha, fs)
+        total = jnp.sum(y, axis=1, keepdims=True)
+        # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
+        newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)[None, :]
+        has_weight = total != 0
+        alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), newest)
+        mixed_f = _dots("bi,bid->bd", alpha, fs).astype(z.dtype)
         if self.damping == 1.0:  # one pass over the history instead of two
             return mixed_f, state
         # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
-        return mixed_f - (1.0 - self.damping) * jnp.einsum("bi,bid->bd", alpha, gs), state
+        mixed_g = _dots("bi,bid->bd", alpha, gs).astype(z.dtype)
+        return mixed_f - (1.0 - self.damping) * mixed_g, state
 
     def record(self, z, fz, state):
         fs, gs, gram, count = state
@@ -265,7 +292,7 @@ class Anderson(_SolverConfig):
         g = fz - z
         fs = _write_slot(fs, slot, fz)
         gs = _write_slot(gs, slot, g)
-        gram = _write_gram(gram, slot, jnp.einsum("bid,bd->bi", gs, g))
+        gram = _write_gram(gram, slot, _dots("bid,bd->bi", gs, g))
         return fs, gs, gram, count + 1
 
 
@@ -278,7 +305,8 @@ class Broyden(_SolverConfig):
     most ``m`` pairs; when the history is full it restarts from -I, so memory does not grow with
     ``max_steps`` (the complaint of locuslab/deq issue 28). Steps are z <- z - step * B g.
     The first step is a Picard step. Updates whose denominator is tiny are skipped (their slot
-    holds a zero pair).
+    holds a zero pair). Inner products are accumulated in at least float32, so half-precision
+    iterates work.
 
     Each step costs two products with the low-rank part (B g for the next step and B^T dz for the
     update): B dg is recovered as B g_new - B g_old, B g_old being the previous step's direction.
@@ -294,8 +322,8 @@ class Broyden(_SolverConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_positive_int("m", self.m)
-        _check_unit_interval("step", self.step)
+        checks.positive_int(self.m, "m", "solvers.Broyden")
+        checks.unit_interval(self.step, "step", "solvers.Broyden")
 
     # State: (us, vs, count, z, g, direction) with direction = B g at the current z. The pair
     # counter is a scalar for the reason given in Anderson (all active samples share it).
@@ -307,12 +335,14 @@ class Broyden(_SolverConfig):
     @staticmethod
     def _apply(us, vs, used, x):
         """B x with B = -I + sum_{i used} u_i v_i^T."""
-        return -x + jnp.einsum("bid,bi->bd", us, jnp.einsum("bid,bd->bi", vs, x) * used)
+        coefficients = _dots("bid,bd->bi", vs, x) * used
+        return -x + _dots("bid,bi->bd", us, coefficients).astype(x.dtype)
 
     @staticmethod
     def _apply_transpose(us, vs, used, x):
         """B^T x."""
-        return -x + jnp.einsum("bid,bi->bd", vs, jnp.einsum("bid,bd->bi", us, x) * used)
+        coefficients = _dots("bid,bd->bi", us, x) * used
+        return -x + _dots("bid,bi->bd", vs, coefficients).astype(x.dtype)
 
     def propose(self, z, fz, state):
         return z - self.step * state[5], state
@@ -323,23 +353,36 @@ class Broyden(_SolverConfig):
         # (each built on top of it) inconsistent, which diverges in practice.
         full = count >= self.m
         count = jnp.where(full, 0, count)
-        used = (jnp.arange(self.m) < count).astype(z.dtype)
+        work = precision_module.working_dtype(z.dtype)
+        used = (jnp.arange(self.m) < count).astype(work)
         g = fz - z
         dz = z - z_prev
         b_g = self._apply(us, vs, used, g)
         b_g_prev = jnp.where(full, -g_prev, direction)
         b_dg = b_g - b_g_prev
-        denom = jnp.einsum("bd,bd->b", dz, b_dg)
-        eps = jnp.finfo(z.dtype).eps
-        size = jnp.linalg.norm(dz, axis=1) * jnp.linalg.norm(b_dg, axis=1)
-        ok = (jnp.abs(denom) > eps * size) & (size > 0)
+        denom = _dots("bd,bd->b", dz, b_dg)
+        # The skip test only decides; differentiating the norms of a zero step would give NaN.
+        size = jax.lax.stop_gradient(_row_norm(dz) * _row_norm(b_dg))
+        ok = (jnp.abs(jax.lax.stop_gradient(denom)) > jnp.finfo(z.dtype).eps * size) & (size > 0)
         safe = jnp.where(ok, denom, 1.0)
-        u = jnp.where(ok[:, None], (dz - b_dg) / safe[:, None], 0.0)
-        v = jnp.where(ok[:, None], self._apply_transpose(us, vs, used, dz), 0.0)
+        u = jnp.where(ok[:, None], (dz - b_dg) / safe[:, None].astype(z.dtype), 0.0).astype(z.dtype)
+        v = jnp.where(ok[:, None], self._apply_transpose(us, vs, used, dz), 0.0).astype(z.dtype)
         us = _write_slot(us, count, u)
         vs = _write_slot(vs, count, v)
-        direction = b_g + u * jnp.einsum("bd,bd->b", v, g)[:, None]
+        direction = b_g + u * _dots("bd,bd->b", v, g)[:, None].astype(z.dtype)
         return us, vs, count + 1, z, g, direction
+
+
+def _dots(spec, a, b):
+    """einsum in at least float32 at full precision (half-precision iterates, TPU matmuls)."""
+    work = precision_module.working_dtype(jnp.result_type(a, b))
+    return jnp.einsum(spec, a.astype(work), b.astype(work), precision=_EXACT)
+
+
+def _row_norm(x):
+    """2-norm of each row of a (B, D) array, accumulated in at least float32."""
+    work = precision_module.working_dtype(x.dtype)
+    return jnp.sqrt(jnp.sum(jnp.square(x.astype(work)), axis=-1))
 
 
 def _empty_history(z, m):
@@ -368,11 +411,12 @@ def _write_gram(gram, slot, dots):
 SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
 
 
-def get_solver(solver: str | _SolverConfig = "anderson", **overrides) -> _SolverConfig:
+def get_solver(solver: str | _SolverConfig = "anderson", *, name: str = "solver", **overrides) -> _SolverConfig:
     """Return a solver configuration from a name or a configured object.
 
-    ``overrides`` whose value is None are ignored, so ``get_solver("picard", tol=None)`` keeps the
-    default tolerance.
+    ``overrides`` whose value is None are ignored: a configured object keeps its own settings
+    unless a value is given (``get_solver(Anderson(tol=1e-8), tol=None)`` keeps 1e-8). ``name`` is
+    the argument the user wrote, used in error messages.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if isinstance(solver, _SolverConfig):
@@ -380,7 +424,7 @@ def get_solver(solver: str | _SolverConfig = "anderson", **overrides) -> _Solver
     if isinstance(solver, str) and solver in SOLVERS:
         return SOLVERS[solver](**overrides)
     raise ValueError(
-        f"`solver` must be one of {sorted(SOLVERS)} or a solver object such as "
+        f"`{name}` must be one of {sorted(SOLVERS)} or a solver object such as "
         f"deqlab.solvers.Anderson(m=5), got {solver!r}."
     )
 
@@ -389,17 +433,25 @@ def get_solver(solver: str | _SolverConfig = "anderson", **overrides) -> _Solver
 # Flattening a (possibly batched) pytree into a (B, D) matrix
 
 
-class _Flattener:
-    """Maps a pytree whose leaves share a batch axis to a (B, D) array and back."""
+class Flattener:
+    """Maps a pytree whose leaves share a batch axis to a (B, D) array and back.
 
-    def __init__(self, tree, batch_axis):
+    ``name`` is the argument the pytree came from (for error messages).
+    """
+
+    def __init__(self, tree, batch_axis, name="z0"):
         leaves, self.treedef = jax.tree_util.tree_flatten(tree)
         if not leaves:
-            raise ValueError("`z0` must contain at least one array.")
+            raise ValueError(f"`{name}` must contain at least one array.")
         for leaf in leaves:
-            if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            if not hasattr(leaf, "dtype") or not hasattr(leaf, "shape"):
                 raise ValueError(
-                    f"`z0` must hold floating-point arrays, got dtype {jnp.result_type(leaf)}."
+                    f"`{name}` must be an array or a pytree of arrays, got a leaf of type "
+                    f"{type(leaf).__name__} ({leaf!r}); convert it with jnp.asarray."
+                )
+            if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+                raise ValueError(
+                    f"`{name}` must hold real floating-point arrays, got dtype {jnp.result_type(leaf)}."
                 )
         self.dtype = jnp.result_type(*leaves)
         self.batch_axis = batch_axis
@@ -412,13 +464,14 @@ class _Flattener:
             for shape in self.shapes:
                 if not -len(shape) <= batch_axis < len(shape):
                     raise ValueError(
-                        f"`batch_axis` must index an axis of every leaf of z0 (ndim "
-                        f"{len(shape)}), got {batch_axis}."
+                        f"`batch_axis` must index an axis of every leaf of {name} (ndim "
+                        f"{len(shape)}, so -{len(shape)} <= batch_axis < {len(shape)}), got "
+                        f"{batch_axis}."
                     )
                 sizes.add(shape[batch_axis])
             if len(sizes) != 1:
                 raise ValueError(
-                    f"`z0` leaves disagree on the size of batch axis {batch_axis}: {sorted(sizes)}."
+                    f"`{name}` leaves disagree on the size of batch axis {batch_axis}: {sorted(sizes)}."
                 )
             self.batch = sizes.pop()
         moved = [self._moved_shape(s) for s in self.shapes]
@@ -462,29 +515,33 @@ class _Flattener:
 
 
 def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
-    """Relative residual of each row of (B, D) arrays (the tolerance rule of this module)."""
+    """Relative residual of each row of (B, D) arrays (the tolerance rule of this module),
+    accumulated in at least float32 and never differentiated (it only decides)."""
+    fz, z = jax.lax.stop_gradient((fz, z))
     eps = jnp.finfo(z.dtype).eps
-    scale = jnp.linalg.norm(fz, axis=-1) + eps * math.sqrt(z.shape[-1])
-    return jnp.linalg.norm(fz - z, axis=-1) / scale
+    scale = _row_norm(fz) + eps * math.sqrt(z.shape[-1])
+    return _row_norm(fz - z) / scale
 
 
-def _is_concrete(tree) -> bool:
-    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
-
-
-def _check_problem(f, z0, args, flattener):
+def _check_problem(f, z0, args, has_aux=False):
+    """Evaluate f's output structure once (abstractly) and name what is wrong, if anything."""
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
     try:
         out = jax.eval_shape(lambda z, a: f(z, *a), z0, args)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise ValueError(f"`f` could not be evaluated as f(z0, *args): {err}") from err
+    if has_aux:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError("with `has_aux=True`, `f` must return a pair (z_next, aux).")
+        out = out[0]
     in_struct = jax.tree_util.tree_structure(z0)
     out_struct = jax.tree_util.tree_structure(out)
     if in_struct != out_struct:
+        hint = " (if f returns (z, aux), pass has_aux=True)" if isinstance(out, tuple) else ""
         raise ValueError(
             f"`f` must return the same pytree structure as `z0`: got {out_struct}, "
-            f"expected {in_struct}."
+            f"expected {in_struct}{hint}."
         )
     for leaf_in, leaf_out in zip(jax.tree_util.tree_leaves(z0), jax.tree_util.tree_leaves(out)):
         if jnp.shape(leaf_in) != leaf_out.shape:
@@ -516,61 +573,64 @@ def _where_batch(mask, new, old):
     return jax.tree_util.tree_map(select, new, old)
 
 
-def _run(config, func, z0_flat, unrolled):
+def _run(config, tol, func, z0_flat, unrolled, init_history=None):
     """The shared iteration loop on (B, D) arrays.
 
     ``unrolled=True`` uses ``lax.scan`` over exactly ``max_steps`` (frozen samples are masked), so
     reverse-mode differentiation through the iterations works; otherwise ``lax.while_loop``.
+    ``init_history`` continues a solver history from an earlier solve (``SolverState.history``).
     """
-    tol = config.tol
+    dtype = z0_flat.dtype
+    big = jnp.finfo(precision_module.working_dtype(dtype)).max
     fz0 = func(z0_flat)
     # Adopt the layout of f's output: z0 is often a fresh, replicated zeros array while the input
     # (and so f(z0)) is sharded over the batch.
     z0_flat = z0_flat + jnp.zeros_like(fz0)
     finite0 = jnp.all(jnp.isfinite(fz0), axis=1)
-    res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), jnp.inf)
-    abs0 = jnp.linalg.norm(fz0 - z0_flat, axis=1)
+    res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), big)
+    abs0 = jnp.where(finite0, _row_norm(jax.lax.stop_gradient(fz0 - z0_flat)), big)
     result0 = jnp.where(
         ~finite0, Result.NONFINITE, jnp.where(res0 <= tol, Result.SUCCESS, Result.MAX_STEPS_REACHED)
     ).astype(jnp.int32)
     active0 = result0 == Result.MAX_STEPS_REACHED
     # One row per step, written with dynamic_update_slice: O(B) per step, and the batch axis (the
     # second) keeps the sharding of the residuals when the batch is split across devices.
-    trace0 = jnp.repeat(jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max)[None, :], config.max_steps + 1, axis=0)
+    trace0 = jnp.repeat(res0[None, :], config.max_steps + 1, axis=0)
     fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
-    solver_state0 = config.init(z0_flat, fz0_safe)
+    history0 = config.init(z0_flat, fz0_safe) if init_history is None else init_history
     carry0 = dict(
         z=z0_flat,
         fz=fz0_safe,
-        res=jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max),
+        res=res0,
         best_z=z0_flat,
-        best_res=jnp.where(finite0, res0, jnp.finfo(z0_flat.dtype).max),
-        best_abs=jnp.where(finite0, abs0, jnp.finfo(z0_flat.dtype).max),
+        best_res=res0,
+        best_abs=abs0,
         active=active0,
         result=result0,
         steps=_per_sample_zeros(z0_flat),
         step=jnp.zeros((), jnp.int32),
         nfe=jnp.ones((), jnp.int32),
         trace=trace0,
-        state=solver_state0,
+        state=history0,
     )
 
-    residual_floor = jnp.finfo(z0_flat.dtype).eps * math.sqrt(z0_flat.shape[1])
+    residual_floor = jnp.finfo(dtype).eps * math.sqrt(z0_flat.shape[1])
 
     def body(carry):
         z_prop, state_prop = config.propose(carry["z"], carry["fz"], carry["state"])
         fz_prop = func(z_prop)
-        # One pass for both norms: a NaN or inf anywhere in z_prop or f(z_prop) makes them
-        # non-finite (as does a float overflow of the norm, which only a diverging iterate reaches).
-        diff_norm = jnp.linalg.norm(fz_prop - z_prop, axis=1)
-        f_norm = jnp.linalg.norm(fz_prop, axis=1)
+        # A NaN or inf anywhere in z_prop or f(z_prop) makes the norms non-finite (as does an
+        # overflow of the norm, which only a diverging iterate reaches). The norms only decide and
+        # report, so they are not differentiated (the norm of an exact zero has no derivative).
+        diff_norm = _row_norm(jax.lax.stop_gradient(fz_prop - z_prop))
+        f_norm = _row_norm(jax.lax.stop_gradient(fz_prop))
         finite = jnp.isfinite(diff_norm) & jnp.isfinite(f_norm)
         active = carry["active"]
         accept = active & finite
         z = jnp.where(accept[:, None], z_prop, carry["z"])
         fz = jnp.where(accept[:, None], fz_prop, carry["fz"])
-        res_prop = jnp.where(finite, diff_norm / (f_norm + residual_floor), jnp.inf)
-        abs_prop = jnp.where(finite, diff_norm, jnp.inf)
+        res_prop = jnp.where(finite, diff_norm / (f_norm + residual_floor), big)
+        abs_prop = jnp.where(finite, diff_norm, big)
         res = jnp.where(accept, res_prop, carry["res"])
         state = config.record(z_prop, fz_prop, state_prop)
         if unrolled:
@@ -578,10 +638,13 @@ def _run(config, func, z0_flat, unrolled):
             # irrelevant to the result; it is kept finite only when differentiating through the
             # loop (a NaN in an unselected branch would still poison the gradient).
             state = _where_batch(accept, state, carry["state"])
-        improved = accept & (res_prop < carry["best_res"])
+        # The best iterate is the one closest to convergence in absolute terms: a relative
+        # residual also falls when an iterate runs off to infinity (for f = 2z + 1 it tends to
+        # 1/2), so it cannot tell a diverging iterate from a converging one.
+        improved = accept & (abs_prop < carry["best_abs"])
         best_z = jnp.where(improved[:, None], z_prop, carry["best_z"])
         best_res = jnp.where(improved, res_prop, carry["best_res"])
-        best_abs = jnp.where(accept, jnp.minimum(carry["best_abs"], abs_prop), carry["best_abs"])
+        best_abs = jnp.where(improved, abs_prop, carry["best_abs"])
         converged = accept & (res_prop <= tol)
         diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry["best_abs"])
         result = carry["result"]
@@ -619,22 +682,23 @@ def _run(config, func, z0_flat, unrolled):
     # Rows after the last step repeat the final residual, so the trace is finite and plottable.
     rows = jnp.arange(config.max_steps + 1)[:, None]
     trace = jnp.where(rows <= final["step"], final["trace"], final["res"][None, :])
-    # In unrolled mode the value must be differentiable through the iterations; the best iterate
-    # selection is a where() and keeps that property.
+    # A converged sample was frozen at the iterate that met tol: its value is that iterate (its
+    # last z); any other sample returns its finite iterate of smallest absolute residual. In
+    # unrolled mode both selections are where()s, so the value stays differentiable.
+    success = final["result"] == Result.SUCCESS
+    value = jnp.where(success[:, None], final["z"], final["best_z"])
+    if config.steps_past_convergence:
+        # f(z) of the converged iterate is in fz already: one more step costs nothing.
+        stepped, _ = config.propose(final["z"], final["fz"], final["state"])
+        value = jnp.where(success[:, None], stepped, value)
     stats = dict(
         steps=final["steps"],
         nfe=final["nfe"],
         trace=trace,
-        best_res=final["best_res"],
+        best_res=jnp.where(success, final["res"], final["best_res"]),
         res=final["res"],
     )
-    value = final["best_z"]
-    if config.steps_past_convergence:
-        # A converged sample was frozen at the iterate that met tol, whose residual is below all
-        # earlier ones (they were above tol): its best iterate is its last z, with f(z) in fz.
-        stepped, _ = config.propose(final["z"], final["fz"], final["state"])
-        value = jnp.where((final["result"] == Result.SUCCESS)[:, None], stepped, value)
-    return value, final["result"], stats
+    return value, final["result"], stats, SolverState(final["z"], final["state"])
 
 
 def solve(
@@ -647,45 +711,92 @@ def solve(
     batch_axis: int | None = None,
     throw: bool = False,
     unrolled: bool = False,
+    has_aux: bool = False,
+    precision: Any = None,
+    init_state: SolverState | None = None,
 ) -> Solution:
     """Find ``z* = f(z*, *args)`` starting from ``z0`` (003 Eq. 4-6).
 
     Args:
-        f: the map, called as ``f(z, *args)``; must return a pytree shaped like ``z``.
-        z0: initial guess (any pytree of floating arrays).
+        f: the map, called as ``f(z, *args)``; must return a pytree shaped like ``z`` (or a pair
+            ``(z_next, aux)`` with ``has_aux=True``).
+        z0: initial guess (an array or a pytree of real floating arrays).
         *args: further arguments of ``f`` (parameters, inputs), passed explicitly.
         solver: ``"picard"``, ``"anderson"``, ``"broyden"`` or a configured object such as
-            ``Anderson(m=5, tol=1e-6)``.
-        tol: relative-residual tolerance (overrides the solver's), see the module docstring.
+            ``Anderson(m=5, tol=1e-6)``; its settings are kept unless ``tol`` / ``max_steps``
+            are given here.
+        tol: relative-residual tolerance (overrides the solver's). None (and a solver object
+            without one): the default of z0's dtype, :func:`deqlab.precision_module.default_tol`
+            (float64 1e-10, float32 1e-5, 16-bit 1e-2 / 5e-2). A tolerance the dtype cannot
+            reach warns once (:class:`deqlab.precision.PrecisionWarning`).
         max_steps: iteration limit (overrides the solver's).
         batch_axis: axis of every leaf of ``z0`` that indexes independent samples, or None.
         throw: raise :class:`SolverError` if any sample fails (only outside ``jit``).
         unrolled: iterate with ``lax.scan`` for exactly ``max_steps`` (frozen samples masked) so
             that reverse-mode autodiff can go through the iterations.
+        has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
+            value (one more evaluation of f, counted in ``nfe``).
+        precision: matmul precision of f's evaluations (``"default"``, ``"high"``,
+            ``"highest"``); None: what ``tol`` needs (:func:`deqlab.precision.required_precision`;
+            it matters on TPUs and TF32 GPUs only, see :mod:`deqlab.precision`).
+        init_state: ``Solution.state`` of an earlier solve of the same problem, to continue it
+            (its iterate replaces ``z0``'s values; ``z0`` still gives the structure).
 
     Returns:
-        :class:`Solution` with per-sample ``result``, ``converged`` and ``stats``.
+        :class:`Solution` with per-sample ``result``, ``converged``, ``stats`` and ``state``.
     """
+    if not isinstance(throw, bool):
+        raise checks.fail("throw", "True or False", throw, "solve")
+    if not isinstance(has_aux, bool):
+        raise checks.fail("has_aux", "True or False", has_aux, "solve")
     config = get_solver(solver, tol=tol, max_steps=max_steps)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
-    flattener = _Flattener(z0, batch_axis)
-    _check_problem(f, z0, args, flattener)
+    flattener = Flattener(z0, batch_axis)
+    _check_problem(f, z0, args, has_aux)
+    resolved_tol = config.resolved_tol(flattener.dtype)
+    precision_module.check_tol(resolved_tol, flattener.dtype, "solve")
+    level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
 
     def func(z_flat):
-        return flattener.flatten(f(flattener.unflatten(z_flat), *args))
+        with precision_module.matmul_precision(level):
+            out = f(flattener.unflatten(z_flat), *args)
+        return flattener.flatten(out[0] if has_aux else out)
 
-    value, result, stats = _run(config, func, flattener.flatten(z0), unrolled)
+    z0_flat = flattener.flatten(z0)
+    history = None
+    if init_state is not None:
+        if not isinstance(init_state, SolverState) or jnp.shape(init_state.z) != z0_flat.shape:
+            raise ValueError(
+                f"`init_state` must be the `state` of an earlier Solution of this problem "
+                f"(a SolverState with z of shape {z0_flat.shape}), got {type(init_state).__name__}."
+            )
+        expected = jax.tree_util.tree_structure(jax.eval_shape(config.init, z0_flat, z0_flat))
+        if jax.tree_util.tree_structure(init_state.history) != expected:
+            raise ValueError(
+                f"`init_state` holds the history of another solver than {type(config).__name__}."
+            )
+        z0_flat, history = init_state.z.astype(z0_flat.dtype), init_state.history
+    value, result, stats, state = _run(config, resolved_tol, func, z0_flat, unrolled, history)
+    aux = None
+    nfe = stats["nfe"]
+    if has_aux:
+        with precision_module.matmul_precision(level):
+            aux = f(flattener.unflatten(value), *args)[1]
+        nfe = nfe + 1
     solution = Solution(
         value=flattener.unflatten(value),
         result=flattener.per_sample(result),
         stats=SolveStats(
             steps=flattener.per_sample(stats["steps"]),
-            nfe=stats["nfe"],
+            nfe=nfe,
             residual_trace=flattener.per_sample(stats["trace"]),
             best_residual=flattener.per_sample(stats["best_res"]),
             residual=flattener.per_sample(stats["res"]),
+            tol=jnp.asarray(resolved_tol, precision_module.working_dtype(flattener.dtype)),
         ),
+        state=state,
+        aux=aux,
     )
     if throw:
         raise_if_failed(solution)
@@ -694,7 +805,7 @@ def solve(
 
 def raise_if_failed(solution: Solution, what: str = "fixed-point solve") -> None:
     """Raise :class:`SolverError` naming the failing samples (outside ``jit`` only)."""
-    if not _is_concrete(solution.result):
+    if checks.is_traced(solution.result):
         raise ValueError("`throw=True` needs concrete values: it cannot be used inside jit.")
     result = np.atleast_1d(np.asarray(solution.result))
     residual = np.atleast_1d(np.asarray(solution.stats.best_residual))
