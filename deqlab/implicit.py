@@ -11,24 +11,32 @@ instead of g_theta = f - z. We solve it matrix-free, with vector-Jacobian produc
 the same fixed-point solvers as the forward pass or by GMRES (Saad & Schultz 1986). No Jacobian is
 ever formed.
 
-Backward modes of :func:`fixed_point`:
+Backward modes of :func:`fixed_point` are objects, like the forward solvers (the strings
+``"implicit"``, ``"unrolled"``, ``"phantom"`` are shortcuts for their defaults):
 
-- ``"implicit"``: the above, through ``jax.custom_vjp``. Memory does not depend on the number of
-  forward iterations.
-- ``"unrolled"``: reverse-mode differentiation through ``max_steps`` forward iterations
-  (``lax.scan``; memory grows linearly with ``max_steps``). The reference the others are checked
-  against.
-- ``"phantom"``: solve without gradient, then take ``phantom_steps`` damped steps
-  z <- (1 - d) z + d f(z, a) from z* with gradient (Geng et al. 2021), an inexpensive approximation.
+- :class:`Implicit` ``(solver, tol, max_steps, on_failure)``: the above, through
+  ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
+- :class:`Unrolled` ``(on_failure)``: reverse-mode differentiation through ``max_steps`` forward
+  iterations (``lax.scan``; memory grows linearly with ``max_steps``). The reference the others
+  are checked against.
+- :class:`Phantom` ``(steps, damping, on_failure)``: solve without gradient, then take ``steps``
+  damped steps z <- (1 - d) z + d f(z, a) from z* with gradient (Geng et al. 2021), an inexpensive
+  approximation.
 
-The adjoint solve reports its own convergence: :func:`adjoint_solve` returns a full
-:class:`~deqlab.solvers.Solution`, and inside the backward pass a failure is never silent (a
-warning, or NaN gradients for the failing samples with ``backward_failure="nan"``) — unlike a
-backward linear solve that returns zeros when it fails (google/jaxopt issue 466).
+Failures are never silent. ``on_failure`` is one policy for both solves behind a gradient: a
+sample whose forward solve failed (its value, hence its gradient, is not the equilibrium's) and a
+sample whose adjoint solve failed (its gradient is inexact). ``"warn"`` (default) issues a
+:class:`BackwardWarning`; ``"nan"`` makes the failing samples' values and gradients NaN, so a
+loss that uses them is NaN; ``"raise"`` raises :class:`~deqlab.solvers.SolverError` (directly
+when the values are concrete; inside ``jit`` the error surfaces from a host callback, wrapped in
+JAX's runtime error); ``"ignore"`` leaves the per-sample ``Solution.result`` as the only record.
+Compare a backward linear solve that returns zeros when it fails (google/jaxopt issue 466).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 from typing import Any, Callable
 
@@ -36,27 +44,206 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqlab import checks
+from deqlab import precision as precision_module
 from deqlab.solvers import (
+    Flattener,
     Result,
     Solution,
+    SolverError,
     SolveStats,
-    Flattener,
+    check_problem,
     get_solver,
     relative_residual,
     solve,
 )
 
-__all__ = ["fixed_point", "adjoint_solve", "check_gradients", "BACKWARDS", "BackwardWarning"]
+__all__ = [
+    "fixed_point",
+    "adjoint_solve",
+    "check_gradients",
+    "Implicit",
+    "Unrolled",
+    "Phantom",
+    "get_backward",
+    "BACKWARDS",
+    "FAILURE_POLICIES",
+    "BackwardWarning",
+]
 
-BACKWARDS = ("implicit", "unrolled", "phantom")
-_BACKWARD_FAILURES = ("warn", "nan", "ignore")
+FAILURE_POLICIES = ("warn", "nan", "raise", "ignore")
 
 _GMRES_RESTART = 20
 """Krylov subspace size between GMRES restarts in the adjoint solve."""
 
 
 class BackwardWarning(RuntimeWarning):
-    """The adjoint (backward) solve of an implicit gradient did not converge."""
+    """A solve behind a gradient (forward or adjoint) did not converge for some samples."""
+
+
+def _check_policy(value, where):
+    return checks.choice(value, "on_failure", FAILURE_POLICIES, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Implicit:
+    """Implicit backward pass: solve the adjoint fixed point u = g + J_f(z*)^T u (003 Eq. 11).
+
+    Args:
+        solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, or
+            ``"gmres"``; None: the forward solver.
+        tol, max_steps: of the adjoint solve; None: the forward ones.
+        on_failure: ``"warn"``, ``"nan"``, ``"raise"`` or ``"ignore"`` (module docstring).
+    """
+
+    solver: Any = None
+    tol: float | None = None
+    max_steps: int | None = None
+    on_failure: str = "warn"
+    name = "implicit"
+
+    def __post_init__(self):
+        where = "implicit.Implicit"
+        if self.solver is not None and self.solver != "gmres":
+            get_solver(self.solver, name="solver")
+        if self.tol is not None:
+            checks.positive_number(self.tol, "tol", where)
+        if self.max_steps is not None:
+            checks.positive_int(self.max_steps, "max_steps", where)
+        _check_policy(self.on_failure, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Unrolled:
+    """Backpropagation through ``max_steps`` forward iterations (``lax.scan``).
+
+    Args:
+        on_failure: policy for samples whose forward solve failed (module docstring).
+    """
+
+    on_failure: str = "warn"
+    name = "unrolled"
+
+    def __post_init__(self):
+        _check_policy(self.on_failure, "implicit.Unrolled")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Phantom:
+    """Phantom gradient (Geng et al. 2021): ``steps`` damped steps from z*, differentiated.
+
+    Args:
+        steps: number of steps k (>= 1).
+        damping: step fraction in (0, 1].
+        on_failure: policy for samples whose forward solve failed (module docstring).
+    """
+
+    steps: int = 5
+    damping: float = 0.5
+    on_failure: str = "warn"
+    name = "phantom"
+
+    def __post_init__(self):
+        checks.positive_int(self.steps, "steps", "implicit.Phantom")
+        checks.unit_interval(self.damping, "damping", "implicit.Phantom")
+        _check_policy(self.on_failure, "implicit.Phantom")
+
+
+BACKWARDS = {cls.name: cls for cls in (Implicit, Unrolled, Phantom)}
+
+
+def get_backward(backward: Any) -> Implicit | Unrolled | Phantom:
+    """A backward object from a name (its defaults) or an object (unchanged)."""
+    if isinstance(backward, (Implicit, Unrolled, Phantom)):
+        return backward
+    if isinstance(backward, str) and backward in BACKWARDS:
+        return BACKWARDS[backward]()
+    raise ValueError(
+        f"`backward` must be one of {list(BACKWARDS)} or an object such as "
+        f"deqlab.implicit.Implicit(solver='gmres'), got {backward!r}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reporting failures
+
+
+def _magnitude(residual: np.ndarray) -> str:
+    """Order of magnitude of the worst residual, rounded so that a warning repeated every training
+    step shows once under Python's default filter."""
+    finite = residual[np.isfinite(residual)]
+    if finite.size < residual.size or finite.size == 0:
+        return "non-finite"
+    return f"below 1e{int(math.ceil(math.log10(max(float(finite.max()), 1e-300))))}"
+
+
+def _report(what, policy, result, residual):
+    """Host side of a failure report: warn, or raise :class:`SolverError`."""
+    result = np.atleast_1d(np.asarray(result))
+    residual = np.atleast_1d(np.asarray(residual, dtype=np.float64))
+    failed = np.flatnonzero(result != Result.SUCCESS)
+    if failed.size == 0:  # under vmap, lax.cond runs both branches
+        return
+    if policy == "raise":
+        shown = ", ".join(
+            f"sample {i}: {Result(int(result[i])).name.lower()} (residual {residual[i]:.3e})" for i in failed[:8]
+        )
+        more = f" and {failed.size - 8} more" if failed.size > 8 else ""
+        raise SolverError(
+            f"fixed_point: the {what} solve failed for {failed.size}/{result.size} samples: {shown}{more}."
+        )
+    hint = (
+        "their values and gradients are not the equilibrium's. Raise max_steps, loosen tol, or check "
+        "that f contracts (Solution.result reports each sample)"
+        if what == "forward"
+        else "their gradients are inaccurate. Raise the backward max_steps "
+        "(deqlab.implicit.Implicit(max_steps=...)), try Implicit(solver='gmres'), or check that the "
+        "forward solve converged"
+    )
+    warnings.warn(
+        f"fixed_point: the {what} solve did not converge for some samples (worst relative residual "
+        f"{_magnitude(residual[failed])}); {hint}.",
+        BackwardWarning,
+        stacklevel=2,
+    )
+
+
+def _signal(what, policy, result, residual):
+    """Apply ``policy`` to the per-sample results of a solve: warn or raise (NaN is the caller's)."""
+    if policy in ("ignore", "nan"):
+        return
+    if not checks.is_traced((result, residual)):
+        _report(what, policy, result, residual)
+        return
+    jax.lax.cond(
+        jnp.any(result != Result.SUCCESS),
+        lambda: jax.debug.callback(lambda r, s: _report(what, policy, r, s), result, residual),
+        lambda: None,
+    )
+
+
+def _nan_where_failed(tree, result, batch_axis, name):
+    """NaN in every entry of the failing samples of ``tree``."""
+    flattener = Flattener(tree, batch_axis, name)
+    flat = flattener.flatten(tree)
+    failed = jnp.reshape(result != Result.SUCCESS, (-1,))
+    return flattener.unflatten(jnp.where(failed[:, None], jnp.nan, flat))
+
+
+# --------------------------------------------------------------------------------------------
+# The adjoint solve
+
+
+def _check_cotangent(cotangent, z_star):
+    got = jax.tree_util.tree_structure(cotangent)
+    want = jax.tree_util.tree_structure(z_star)
+    shapes = [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(z_star)]
+    if got != want or [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(cotangent)] != shapes:
+        given = [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(cotangent)]
+        raise ValueError(
+            f"`cotangent` must have the structure and shapes of `z_star` ({want}, shapes {shapes}), "
+            f"got {got} with shapes {given}."
+        )
 
 
 def adjoint_solve(
@@ -69,6 +256,7 @@ def adjoint_solve(
     tol: float | None = None,
     max_steps: int | None = None,
     batch_axis: int | None = None,
+    precision: Any = None,
 ) -> Solution:
     """Solve the adjoint fixed point u = g + J_f(z*)^T u matrix-free (003 Eq. 11).
 
@@ -77,24 +265,36 @@ def adjoint_solve(
         cotangent: g = dL/dz*, shaped like ``z_star``.
         solver: a forward solver name or object (the adjoint map is affine, so Anderson and
             Broyden are Krylov-like here), or ``"gmres"`` for ``jax.scipy.sparse.linalg.gmres``.
-        tol, max_steps, batch_axis: as in :func:`deqlab.solvers.solve`; for GMRES ``tol`` is the
-            relative residual of the linear system per sample, checked after the solve, and
-            ``max_steps`` bounds the operator applications (restart cycles of 20 products).
+        tol, max_steps, batch_axis: as in :func:`deqlab.solvers.solve` (``tol`` None: the
+            dtype's default); for GMRES ``tol`` is the relative residual of the linear system per
+            sample, checked after the solve, and ``max_steps`` bounds the operator applications
+            (restart cycles of 20 products).
+        precision: matmul precision of the vector-Jacobian products; None: what ``tol`` needs
+            (:func:`deqlab.precision.required_precision`).
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
     """
-    _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
+    if not isinstance(args, tuple):
+        raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
+    _check_cotangent(cotangent, z_star)
+    flattener = Flattener(z_star, batch_axis, "z_star")
+    if solver == "gmres":
+        config = get_solver("anderson", tol=tol, max_steps=max_steps)  # validates tol / max_steps
+    else:
+        config = get_solver(solver, tol=tol, max_steps=max_steps)
+    resolved_tol = config.resolved_tol(flattener.dtype)
+    level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
+    with precision_module.matmul_precision(level):
+        _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
 
     def adjoint_map(u):
         return jax.tree_util.tree_map(jnp.add, cotangent, vjp_z(u)[0])
 
     if solver != "gmres":
-        return solve(
-            adjoint_map, cotangent, solver=solver, tol=tol, max_steps=max_steps, batch_axis=batch_axis
-        )
+        return solve(adjoint_map, cotangent, solver=config, tol=resolved_tol, batch_axis=batch_axis)
 
-    config = get_solver("anderson", tol=tol, max_steps=max_steps)  # validates tol / max_steps
+    precision_module.check_tol(resolved_tol, flattener.dtype, "adjoint_solve")
 
     def operator(u):
         return jax.tree_util.tree_map(jnp.subtract, u, vjp_z(u)[0])
@@ -104,17 +304,16 @@ def adjoint_solve(
     # adjoint that cannot reach ``tol`` otherwise costs ``restart`` times the budget).
     restart = min(_GMRES_RESTART, config.max_steps)
     u, _ = jax.scipy.sparse.linalg.gmres(
-        operator, cotangent, tol=config.tol, atol=0.0, restart=restart,
+        operator, cotangent, tol=resolved_tol, atol=0.0, restart=restart,
         maxiter=-(-config.max_steps // restart),
     )
-    flattener = Flattener(z_star, batch_axis)
     u_flat = flattener.flatten(u)
     residual = relative_residual(flattener.flatten(adjoint_map(u)), u_flat)
-    finite = jnp.all(jnp.isfinite(u_flat), axis=1)
+    finite = jnp.all(jnp.isfinite(u_flat), axis=1) & jnp.isfinite(residual)
     result = jnp.where(
         ~finite,
         Result.NONFINITE,
-        jnp.where(residual <= config.tol, Result.SUCCESS, Result.MAX_STEPS_REACHED),
+        jnp.where(residual <= resolved_tol, Result.SUCCESS, Result.MAX_STEPS_REACHED),
     ).astype(jnp.int32)
     per_sample = flattener.per_sample
     stats = SolveStats(
@@ -123,40 +322,35 @@ def adjoint_solve(
         residual_trace=per_sample(residual[None, :]),
         best_residual=per_sample(residual),
         residual=per_sample(residual),
+        tol=jnp.asarray(resolved_tol, residual.dtype),
     )
     return Solution(u, per_sample(result), stats)
 
 
-def _warn_backward(result, residual):
-    result = np.atleast_1d(np.asarray(result))
-    residual = np.atleast_1d(np.asarray(residual))
-    failed = np.flatnonzero(result != Result.SUCCESS)
-    if failed.size == 0:  # under vmap, lax.cond runs both branches
-        return
-    # The residual is rounded to its order of magnitude so that Python's warning filter shows a
-    # repeated failure once instead of once per training step.
-    exponent = int(np.ceil(np.log10(max(float(residual[failed].max()), 1e-300))))
-    warnings.warn(
-        f"implicit backward: the adjoint solve did not converge for some samples (worst relative "
-        f"residual below 1e{exponent}); their gradients are inaccurate. Raise backward_max_steps, "
-        "change backward_solver, or check that the forward solve converged. "
-        "deqlab.implicit.adjoint_solve reports per-sample results.",
-        BackwardWarning,
-        stacklevel=2,
-    )
+# --------------------------------------------------------------------------------------------
+# fixed_point
 
 
-def _validate_backward(backward, backward_failure, phantom_steps, phantom_damping):
-    if backward not in BACKWARDS:
-        raise ValueError(f"`backward` must be one of {list(BACKWARDS)}, got {backward!r}.")
-    if backward_failure not in _BACKWARD_FAILURES:
+def _close_over_nothing(f, z0, args, has_aux):
+    """``f`` with closed-over traced values hoisted into explicit arguments (``jax.closure_convert``).
+
+    ``jax.custom_vjp`` cannot differentiate a value f closes over, so ``lambda z, x: w @ z + x``
+    with ``w`` being differentiated would fail with an UnexpectedTracerError; after conversion
+    ``w`` is one more argument, and its gradient is the implicit one.
+    """
+    try:
+        closed, hoisted = jax.closure_convert(lambda z, *a: f(z, *a), z0, *args)
+    except jax.errors.UnexpectedTracerError as err:  # pragma: no cover - closure_convert hoists them
         raise ValueError(
-            f"`backward_failure` must be one of {list(_BACKWARD_FAILURES)}, got {backward_failure!r}."
-        )
-    if isinstance(phantom_steps, bool) or not isinstance(phantom_steps, (int, np.integer)) or phantom_steps < 1:
-        raise ValueError(f"`phantom_steps` must be an integer >= 1, got {phantom_steps!r}.")
-    if not isinstance(phantom_damping, (int, float)) or not 0 < phantom_damping <= 1:
-        raise ValueError(f"`phantom_damping` must be in (0, 1], got {phantom_damping!r}.")
+            "`f` closes over a value that is being differentiated; pass it through *args: "
+            "fixed_point(f, z0, w, x) with f(z, w, x)."
+        ) from err
+    n_args = len(args)
+
+    def converted(z, *all_args):
+        return closed(z, *all_args[:n_args], *all_args[n_args:])
+
+    return converted, tuple(args) + tuple(hoisted)
 
 
 def fixed_point(
@@ -167,97 +361,114 @@ def fixed_point(
     tol: float | None = None,
     max_steps: int | None = None,
     batch_axis: int | None = None,
-    backward: str = "implicit",
-    backward_solver: Any = None,
-    backward_tol: float | None = None,
-    backward_max_steps: int | None = None,
-    backward_failure: str = "warn",
-    phantom_steps: int = 5,
-    phantom_damping: float = 0.5,
+    backward: Any = "implicit",
+    has_aux: bool = False,
+    precision: Any = None,
+    init_state: Any = None,
 ) -> Solution:
     """Differentiable fixed point ``z* = f(z*, *args)`` (003 Theorem 1, Eq. 8 and 11).
 
-    Gradients flow to every pytree in ``args``; parameters must be passed there, never closed over
-    by ``f`` (``jax.custom_vjp`` rejects closed-over tracers). ``z0`` receives a zero gradient
-    in the implicit mode: the equilibrium does not depend on the initial guess.
+    Gradients flow to every pytree in ``args`` and to any traced value ``f`` closes over (it is
+    hoisted into an argument with ``jax.closure_convert``). ``z0`` receives a zero gradient in the
+    implicit mode: the equilibrium does not depend on the initial guess.
 
     Args:
-        f: the map ``f(z, *args)``.
+        f: the map ``f(z, *args)`` (or ``(z_next, aux)`` with ``has_aux=True``).
         z0: initial guess (pytree).
         *args: parameters and inputs (pytrees), differentiated.
-        solver, tol, max_steps, batch_axis: forward solve, as in :func:`deqlab.solvers.solve`.
-        backward: ``"implicit"`` (default), ``"unrolled"`` or ``"phantom"``.
-        backward_solver: solver of the adjoint fixed point (name, object or ``"gmres"``); default
-            the forward solver.
-        backward_tol, backward_max_steps: default the forward ones.
-        backward_failure: what a non-converged adjoint solve does: ``"warn"`` (a
-            :class:`BackwardWarning`), ``"nan"`` (NaN gradients for the failing samples) or
-            ``"ignore"``.
-        phantom_steps, phantom_damping: the k steps and damping of the phantom gradient.
+        solver, tol, max_steps, batch_axis, precision, init_state: forward solve, as in
+            :func:`deqlab.solvers.solve` (``tol`` None: the dtype's default; ``precision`` None:
+            what ``tol`` needs, for the forward solve and the adjoint products alike).
+        backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`, or one of
+            their names for the defaults. Its ``on_failure`` decides what failed solves do.
+        has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
+            value, differentiable (through z* implicitly).
 
     Returns:
         The forward :class:`~deqlab.solvers.Solution`; differentiate through ``.value``.
     """
-    _validate_backward(backward, backward_failure, phantom_steps, phantom_damping)
+    mode = get_backward(backward)
     config = get_solver(solver, tol=tol, max_steps=max_steps)
-    forward = dict(solver=config, batch_axis=batch_axis)
+    # Validate the problem up front, so that errors name the user's arguments.
+    probe = Flattener(z0, batch_axis)
+    resolved_tol = config.resolved_tol(probe.dtype)
+    config = dataclasses.replace(config, tol=resolved_tol)
+    forward = dict(solver=config, batch_axis=batch_axis, precision=precision)
+    check_problem(f, z0, args, has_aux)
+    f, args = _close_over_nothing(f, z0, args, has_aux)
 
-    if backward == "unrolled":
-        return solve(f, z0, *args, unrolled=True, **forward)
+    def step_map(z, *a):
+        out = f(z, *a)
+        return out[0] if has_aux else out
 
-    if backward == "phantom":
+    if isinstance(mode, Unrolled):
+        sol = solve(step_map, z0, *args, unrolled=True, init_state=init_state, **forward)
+    elif isinstance(mode, Phantom):
         sol = solve(
-            f, jax.lax.stop_gradient(z0), *jax.lax.stop_gradient(args), **forward
+            step_map, jax.lax.stop_gradient(z0), *jax.lax.stop_gradient(args), init_state=init_state, **forward
         )
         z = jax.lax.stop_gradient(sol.value)
-        for _ in range(phantom_steps):
-            fz = f(z, *args)
-            z = jax.tree_util.tree_map(lambda a, b: (1 - phantom_damping) * a + phantom_damping * b, z, fz)
-        return sol._replace(value=z)
+        d = mode.damping
+        with precision_module.matmul_precision(_level(precision, resolved_tol, probe.dtype)):
+            for _ in range(mode.steps):
+                z = jax.tree_util.tree_map(lambda a, b: (1 - d) * a + d * b, z, step_map(z, *args))
+        sol = sol._replace(value=z)
+    else:
+        sol = _implicit(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
 
-    if backward_solver is None:
-        backward_solver = config
+    _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
+    if mode.on_failure == "nan":
+        sol = sol._replace(value=_nan_where_failed(sol.value, sol.result, batch_axis, "z0"))
+    if has_aux:
+        with precision_module.matmul_precision(_level(precision, resolved_tol, probe.dtype)):
+            aux = f(sol.value, *args)[1]
+        sol = sol._replace(aux=aux, stats=sol.stats._replace(nfe=sol.stats.nfe + 1))
+    return sol
+
+
+def _level(precision, tol, dtype):
+    return precision_module.required_precision(tol, dtype) if precision is None else precision
+
+
+def _implicit(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
+    """The forward solve under ``jax.custom_vjp``, with the adjoint solve as its backward pass."""
+    backward_solver = forward["solver"] if mode.solver is None else mode.solver
     if backward_solver != "gmres":
-        backward_solver = get_solver(backward_solver)
+        backward_solver = get_solver(backward_solver, name="solver")
     backward_options = dict(
         solver=backward_solver,
-        tol=config.tol if backward_tol is None else backward_tol,
-        max_steps=config.max_steps if backward_max_steps is None else backward_max_steps,
+        tol=tol if mode.tol is None else mode.tol,
+        max_steps=forward["solver"].max_steps if mode.max_steps is None else mode.max_steps,
         batch_axis=batch_axis,
+        precision=forward["precision"],
     )
-    if backward_solver != "gmres":
-        get_solver(backward_solver, tol=backward_options["tol"], max_steps=backward_options["max_steps"])
 
     @jax.custom_vjp
     def equilibrium(z0, args):
-        return solve(f, z0, *args, **forward)
+        return solve(f, z0, *args, init_state=init_state, **forward)
 
     def equilibrium_fwd(z0, args):
-        sol = solve(f, z0, *args, **forward)
+        sol = solve(f, z0, *args, init_state=init_state, **forward)
         return sol, (sol.value, z0, args)
 
     def equilibrium_bwd(residuals, cotangent):
         z_star, z0, args = residuals
         adjoint = adjoint_solve(f, z_star, args, cotangent.value, **backward_options)
+        _signal("adjoint", mode.on_failure, adjoint.result, adjoint.stats.best_residual)
         u = adjoint.value
-        failed = adjoint.result != Result.SUCCESS
-        if backward_failure == "nan":
-            flattener = Flattener(z_star, batch_axis)
-            u_flat = flattener.flatten(u)
-            mask = jnp.reshape(failed, (-1,))
-            u = flattener.unflatten(jnp.where(mask[:, None], jnp.nan, u_flat))
-        elif backward_failure == "warn":
-            jax.lax.cond(
-                jnp.any(failed),
-                lambda: jax.debug.callback(_warn_backward, adjoint.result, adjoint.stats.best_residual),
-                lambda: None,
-            )
-        _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
+        if mode.on_failure == "nan":
+            u = _nan_where_failed(u, adjoint.result, batch_axis, "cotangent")
+        with precision_module.matmul_precision(_level(forward["precision"], backward_options["tol"], dtype)):
+            _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
         return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
     return equilibrium(z0, args)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient check
 
 
 def _tree_dot(a, b):
@@ -268,21 +479,26 @@ def _tree_norm(a):
     return jnp.sqrt(_tree_dot(a, a))
 
 
+def _worst(a: float, b: float) -> float:
+    """max that propagates NaN (Python's max(0.0, nan) is 0.0: a NaN error must not read as 0)."""
+    return float("nan") if math.isnan(a) or math.isnan(b) else max(a, b)
+
+
 def check_gradients(
     f: Callable[..., Any],
     z0: Any,
     *args: Any,
     loss: Callable[[Any], jax.Array] | None = None,
     solver: Any = "anderson",
-    tol: float = 1e-12,
+    tol: float | None = None,
     max_steps: int = 500,
     batch_axis: int | None = None,
-    backward_solver: Any = None,
+    backward: Any = "implicit",
     eps: float = 1e-6,
     directions: int = 3,
     key: jax.Array | None = None,
 ) -> dict[str, float]:
-    """Compare implicit gradients with unrolled backprop and central finite differences.
+    """Compare a backward mode's gradients with unrolled backprop and central finite differences.
 
     Uses ``loss(z*)`` (default: sum of squares of every leaf of z*), differentiated w.r.t. every
     argument in ``args``. Finite differences are directional: for ``directions`` random unit
@@ -290,33 +506,41 @@ def check_gradients(
     <grad L, v>. Run it in float64 (``jax.config.update("jax_enable_x64", True)``): in float32 the
     finite differences alone have errors around 1e-3.
 
+    Args:
+        tol: forward (and adjoint) tolerance; None: 1e-12 in float64, the dtype's default otherwise.
+        backward: the backward mode checked (name or object, as in :func:`fixed_point`).
+
     Returns:
         ``{"implicit_vs_unrolled", "implicit_vs_fd", "unrolled_vs_fd"}`` relative errors (the
-        largest over directions for the finite-difference ones) and the forward and adjoint
-        solves' worst residuals, ``"forward_residual"`` and ``"adjoint_residual"``.
+        largest over directions for the finite-difference ones; "implicit" is the mode checked)
+        and the forward and adjoint solves' worst residuals, ``"forward_residual"`` and
+        ``"adjoint_residual"``. A gradient with a NaN gives a NaN error, never a small one.
     """
     if loss is None:
         loss = lambda z: sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(z))  # noqa: E731
-    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
-        raise ValueError(f"`directions` must be an integer >= 1, got {directions!r}.")
-    if not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"`eps` must be a positive number, got {eps!r}.")
+    directions = checks.positive_int(directions, "directions", "check_gradients")
+    eps = checks.positive_number(eps, "eps", "check_gradients")
+    mode = get_backward(backward)
+    dtype = Flattener(z0, batch_axis).dtype
+    if tol is None:
+        tol = 1e-12 if jnp.dtype(dtype) == jnp.float64 else precision_module.default_tol(dtype)
     options = dict(solver=solver, tol=tol, max_steps=max_steps, batch_axis=batch_axis)
+    quiet = dataclasses.replace(mode, on_failure="ignore")  # failures are reported in the result
 
     def objective(args, backward):
-        return loss(fixed_point(f, z0, *args, backward=backward, backward_solver=backward_solver, **options).value)
+        return loss(fixed_point(f, z0, *args, backward=backward, **options).value)
 
-    grad_implicit = jax.jit(jax.grad(lambda a: objective(a, "implicit")))(args)
-    grad_unrolled = jax.jit(jax.grad(lambda a: objective(a, "unrolled")))(args)
-    value = jax.jit(lambda a: objective(a, "implicit"))
+    grad_checked = jax.jit(jax.grad(lambda a: objective(a, quiet)))(args)
+    grad_unrolled = jax.jit(jax.grad(lambda a: objective(a, Unrolled(on_failure="ignore"))))(args)
+    value = jax.jit(lambda a: objective(a, Unrolled(on_failure="ignore")))
 
-    difference = jax.tree_util.tree_map(jnp.subtract, grad_implicit, grad_unrolled)
+    difference = jax.tree_util.tree_map(jnp.subtract, grad_checked, grad_unrolled)
     errors = {
         "implicit_vs_unrolled": float(_tree_norm(difference) / _tree_norm(grad_unrolled)),
         "implicit_vs_fd": 0.0,
         "unrolled_vs_fd": 0.0,
     }
-    key = jax.random.PRNGKey(0) if key is None else key
+    key = jax.random.key(0) if key is None else checks.prng_key(key, "key", "check_gradients")
     leaves, treedef = jax.tree_util.tree_flatten(args)
     for k in jax.random.split(key, directions):
         keys = jax.random.split(k, len(leaves))
@@ -328,17 +552,16 @@ def check_gradients(
         minus = jax.tree_util.tree_map(lambda a, d: a - eps * d, args, v)
         fd = float((value(plus) - value(minus)) / (2 * eps))
         scale = max(abs(fd), 1e-300)
-        errors["implicit_vs_fd"] = max(errors["implicit_vs_fd"], abs(float(_tree_dot(grad_implicit, v)) - fd) / scale)
-        errors["unrolled_vs_fd"] = max(errors["unrolled_vs_fd"], abs(float(_tree_dot(grad_unrolled, v)) - fd) / scale)
+        errors["implicit_vs_fd"] = _worst(errors["implicit_vs_fd"], abs(float(_tree_dot(grad_checked, v)) - fd) / scale)
+        errors["unrolled_vs_fd"] = _worst(errors["unrolled_vs_fd"], abs(float(_tree_dot(grad_unrolled, v)) - fd) / scale)
 
     @jax.jit
     def residuals(args):
         sol = solve(f, z0, *args, **options)
         cotangent = jax.grad(loss)(sol.value)
-        adjoint = adjoint_solve(
-            f, sol.value, args, cotangent, solver=solver if backward_solver is None else backward_solver,
-            tol=tol, max_steps=max_steps, batch_axis=batch_axis,
-        )
+        adjoint_solver = solver if not isinstance(mode, Implicit) or mode.solver is None else mode.solver
+        adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, tol=tol,
+                                max_steps=max_steps, batch_axis=batch_axis)
         return sol, adjoint
 
     sol, adjoint = residuals(args)

@@ -62,6 +62,7 @@ __all__ = [
     "SolverState",
     "Solution",
     "Flattener",
+    "check_problem",
     "SolverError",
     "Picard",
     "Anderson",
@@ -523,7 +524,7 @@ def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
     return _row_norm(fz - z) / scale
 
 
-def _check_problem(f, z0, args, has_aux=False):
+def check_problem(f, z0, args, has_aux=False):
     """Evaluate f's output structure once (abstractly) and name what is wrong, if anything."""
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
@@ -753,7 +754,7 @@ def solve(
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
     flattener = Flattener(z0, batch_axis)
-    _check_problem(f, z0, args, has_aux)
+    check_problem(f, z0, args, has_aux)
     resolved_tol = config.resolved_tol(flattener.dtype)
     precision_module.check_tol(resolved_tol, flattener.dtype, "solve")
     level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision

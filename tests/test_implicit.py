@@ -12,8 +12,16 @@ from hypothesis import strategies as st
 jax.config.update("jax_enable_x64", True)
 
 from deqlab import ensembles  # noqa: E402
-from deqlab.implicit import BackwardWarning, adjoint_solve, check_gradients, fixed_point  # noqa: E402
-from deqlab.solvers import Result  # noqa: E402
+from deqlab.implicit import (  # noqa: E402
+    BackwardWarning,
+    Implicit,
+    Phantom,
+    Unrolled,
+    adjoint_solve,
+    check_gradients,
+    fixed_point,
+)
+from deqlab.solvers import Result, SolverError  # noqa: E402
 
 # Tolerance of the gradient checks (the requirement). With solves to 1e-12 relative
 # residual and central differences at eps = 1e-6 in float64, the finite-difference error is
@@ -68,7 +76,7 @@ def test_backward_solvers_agree(backward_solver):
     u = jnp.eye(n)
     b = jnp.zeros(n)
     x = jax.random.normal(keys[1], (n,))
-    errors = check_gradients(tanh_map, jnp.zeros(n), w, u, b, x, backward_solver=backward_solver)
+    errors = check_gradients(tanh_map, jnp.zeros(n), w, u, b, x, backward=Implicit(solver=backward_solver))
     assert errors["implicit_vs_fd"] <= GRADIENT_RTOL, errors
 
 
@@ -97,12 +105,12 @@ def test_phantom_gradient_approaches_implicit_with_more_steps():
     x = jax.random.normal(keys[1], (n,))
     f = lambda z, w, x: jnp.tanh(w @ z + x)  # noqa: E731
 
-    def grad(backward, steps=5):
-        return jax.grad(lambda w: jnp.sum(fixed_point(f, jnp.zeros(n), w, x, tol=1e-12, backward=backward,
-                                                      phantom_steps=steps, phantom_damping=1.0).value ** 2))(w)
+    def grad(backward):
+        return jax.grad(lambda w: jnp.sum(fixed_point(f, jnp.zeros(n), w, x, tol=1e-12, backward=backward).value ** 2))(w)
 
     exact = grad("implicit")
-    errors = [float(jnp.linalg.norm(grad("phantom", k) - exact) / jnp.linalg.norm(exact)) for k in (1, 5, 40)]
+    errors = [float(jnp.linalg.norm(grad(Phantom(steps=k, damping=1.0)) - exact) / jnp.linalg.norm(exact))
+              for k in (1, 5, 40)]
     assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-8
 
 
@@ -120,8 +128,8 @@ def test_adjoint_solve_reports_failure_and_backward_warns():
     assert int(adjoint.result) == Result.MAX_STEPS_REACHED and not bool(adjoint.converged)
 
     def loss(w, failure):
-        sol = fixed_point(f, jnp.zeros(n), w, x, tol=1e-10, max_steps=3000, backward_solver="picard",
-                          backward_max_steps=3, backward_failure=failure)
+        sol = fixed_point(f, jnp.zeros(n), w, x, tol=1e-10, max_steps=3000,
+                          backward=Implicit(solver="picard", max_steps=3, on_failure=failure))
         return jnp.sum(sol.value)
 
     with warnings.catch_warnings(record=True) as caught:
@@ -180,18 +188,20 @@ def test_implicit_memory_is_flat_in_iterations_and_unrolled_grows():
 @pytest.mark.parametrize(
     "argument,kwargs",
     [
-        ("backward", dict(backward="adjoint")),
-        ("backward_failure", dict(backward_failure="raise")),
-        ("phantom_steps", dict(backward="phantom", phantom_steps=0)),
-        ("phantom_damping", dict(backward="phantom", phantom_damping=1.5)),
-        ("solver", dict(backward_solver="cg")),
-        ("tol", dict(backward_tol=-1.0)),
-        ("max_steps", dict(backward_max_steps=0)),
+        ("`backward`", lambda: dict(backward="adjoint")),
+        ("Implicit: `on_failure`", lambda: dict(backward=Implicit(on_failure="explode"))),
+        ("Phantom: `steps`", lambda: dict(backward=Phantom(steps=0))),
+        ("Phantom: `damping`", lambda: dict(backward=Phantom(damping=1.5))),
+        ("`solver`", lambda: dict(backward=Implicit(solver="cg"))),
+        ("Implicit: `tol`", lambda: dict(backward=Implicit(tol=-1.0))),
+        ("Implicit: `max_steps`", lambda: dict(backward=Implicit(max_steps=0))),
+        ("Unrolled: `on_failure`", lambda: dict(backward=Unrolled(on_failure=None))),
     ],
 )
 def test_bad_fixed_point_arguments(argument, kwargs):
+    # The message names the argument as the user wrote it (the object's field, not a flat keyword).
     with pytest.raises(ValueError, match=argument):
-        fixed_point(lambda z, a: 0.5 * z + a, jnp.zeros(3), jnp.ones(3), **kwargs)
+        fixed_point(lambda z, a: 0.5 * z + a, jnp.zeros(3), jnp.ones(3), **kwargs())
 
 
 @pytest.mark.parametrize("argument,kwargs", [("directions", dict(directions=0)), ("eps", dict(eps=-1.0))])
