@@ -223,11 +223,15 @@ def _signal(what, policy, result, residual):
 
 
 def _nan_where_failed(tree, result, batch_axis, name):
-    """NaN in every entry of the failing samples of ``tree``."""
+    """NaN in every entry of the failing samples of ``tree``.
+
+    Added, not selected: a ``where`` would cut the gradient of the failing samples (the NaN branch
+    is a constant), and a NaN loss would come with finite gradients.
+    """
     flattener = Flattener(tree, batch_axis, name)
     flat = flattener.flatten(tree)
     failed = jnp.reshape(result != Result.SUCCESS, (-1,))
-    return flattener.unflatten(jnp.where(failed[:, None], jnp.nan, flat))
+    return flattener.unflatten(flat + jnp.where(failed[:, None], jnp.nan, 0.0).astype(flat.dtype))
 
 
 # --------------------------------------------------------------------------------------------

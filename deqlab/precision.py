@@ -51,6 +51,7 @@ __all__ = [
     "check_tol",
     "required_precision",
     "matmul_precision",
+    "check_precision",
     "dot_general",
     "emulate_accelerator_matmuls",
     "emulating",
@@ -123,6 +124,13 @@ def _normalise(precision: Any, where: str | None = None) -> str | None:
     if isinstance(precision, str) and precision.lower() in names:
         return names[precision.lower()]
     return checks.choice(precision, "precision", PRECISIONS, where)
+
+
+def check_precision(precision: Any, where: str | None = None) -> str:
+    """A matmul precision named by :data:`PRECISIONS` (or a ``jax.lax.Precision``), normalised."""
+    if precision is None:
+        raise checks.fail("precision", f"one of {', '.join(repr(p) for p in PRECISIONS)}", precision, where)
+    return _normalise(precision, where)
 
 
 def required_precision(tol: float, dtype: Any) -> str:

@@ -14,7 +14,9 @@ from flax import nnx
 
 jax.config.update("jax_enable_x64", True)
 
-from deqlab.nn import DEQ, ResNetCell, TanhCell  # noqa: E402
+from deqlab.implicit import BackwardWarning, Implicit  # noqa: E402
+from deqlab.nn import DEQ, ResNetCell, TanhCell, capture_solver_stats  # noqa: E402
+from deqlab.solvers import Anderson, Broyden  # noqa: E402
 
 
 @pytest.mark.parametrize("cell_type", [TanhCell, ResNetCell])
@@ -22,12 +24,13 @@ def test_layer_returns_the_cells_fixed_point(cell_type):
     cell = cell_type(16, 4, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
     layer = DEQ(cell, tol=1e-10, max_steps=200)
     x = jax.random.normal(jax.random.PRNGKey(1), (5, 4))
-    z, sol = layer(x, return_solution=True)
+    (z, sol), stats = capture_solver_stats(lambda m, x: m(x, return_solution=True))(layer, x)
     assert z.shape == (5, 16)
     np.testing.assert_allclose(cell(z, x), z, atol=1e-8)
-    assert float(layer.converged_fraction[...]) == 1.0
-    assert float(layer.steps_max[...]) == float(jnp.max(sol.stats.steps))
-    assert float(layer.residual_max[...]) <= 1e-10
+    (stats,) = stats[""]
+    assert float(stats["converged_fraction"]) == 1.0
+    assert float(stats["steps_max"]) == float(jnp.max(sol.stats.steps))
+    assert float(stats["residual_max"]) <= 1e-10
 
 
 def test_layer_gradient_matches_unrolled():
@@ -64,17 +67,23 @@ def test_training_step_reduces_loss_in_float32():
     model = Model()
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
+    loss_and_stats = capture_solver_stats(lambda m: jnp.mean((m(x) - y) ** 2))
+
     @nnx.jit
     def step(model, optimizer):
-        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        (loss, stats), grads = nnx.value_and_grad(loss_and_stats, has_aux=True)(model)
         optimizer.update(model, grads)
-        return loss
+        return loss, stats["layer"][0]["converged_fraction"]
 
-    losses = [step(model, optimizer) for _ in range(30)]
+    losses, converged = [], []
+    for _ in range(30):
+        loss, fraction = step(model, optimizer)
+        losses.append(loss)
+        converged.append(float(fraction))
     assert losses[0].dtype == jnp.float32
     assert float(losses[-1]) < 0.5 * float(losses[0])
     assert model.layer.cell.recurrent.kernel[...].dtype == jnp.float32
-    assert float(model.layer.converged_fraction[...]) == 1.0
+    assert converged == [1.0] * 30
 
 
 @pytest.mark.parametrize(
@@ -84,7 +93,16 @@ def test_training_step_reduces_loss_in_float32():
         ("in_features", lambda: TanhCell(4, -1, rngs=nnx.Rngs(0))),
         ("hidden", lambda: ResNetCell(4, 4, hidden=0, rngs=nnx.Rngs(0))),
         ("cell", lambda: DEQ(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))),
+        ("cell", lambda: DEQ(lambda z, x: z)),
         ("solver", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), solver="lbfgs")),
+        ("backward", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), backward="adjoint")),
+        ("batch_axis", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), batch_axis="0")),
+        ("precision", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), precision="float8")),
+        ("precision", lambda: TanhCell(4, 4, precision="low", rngs=nnx.Rngs(0))),
+        ("dtype", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), dtype=jnp.int32)),
+        ("param_dtype", lambda: TanhCell(4, 4, param_dtype="int8", rngs=nnx.Rngs(0))),
+        ("tol", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), tol=0.0)),
+        ("max_steps", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), max_steps=0)),
     ],
 )
 def test_bad_layer_arguments(argument, make):
@@ -117,3 +135,78 @@ def test_sharded_batch_on_eight_simulated_devices():
     out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK 8" in out.stdout
+
+
+def test_configured_solver_keeps_its_settings():
+    # A layer given a configured solver runs it as configured (the layer has no defaults of its own
+    # that would override it); tol / max_steps given to the layer override only what they name.
+    cell = TanhCell(8, 3, rngs=nnx.Rngs(0))
+    assert DEQ(cell, solver=Anderson(tol=1e-8, max_steps=500)).solver == Anderson(tol=1e-8, max_steps=500)
+    assert DEQ(cell, solver=Broyden(m=3, tol=1e-6), max_steps=7).solver == Broyden(m=3, tol=1e-6, max_steps=7)
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 3), jnp.float32)
+    _, sol = DEQ(cell, solver=Anderson(tol=1e-6, max_steps=500))(x, return_solution=True)
+    assert float(sol.stats.tol) == pytest.approx(1e-6) and float(jnp.max(sol.stats.best_residual)) <= 1e-6
+    # No tolerance anywhere: the dtype's default (float32 1e-5, float64 1e-10).
+    _, sol = DEQ(cell)(x, return_solution=True)
+    assert float(sol.stats.tol) == pytest.approx(1e-5)
+    _, sol = DEQ(cell, dtype=jnp.float64, param_dtype=jnp.float64)(x, return_solution=True)
+    assert sol.value.dtype == jnp.float64 and float(sol.stats.tol) == pytest.approx(1e-10)
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,message",
+    [
+        ((3,), jnp.float32, "batch axis"),  # one unbatched sample: each coordinate is not a sample
+        ((5, 2), jnp.float32, "3 features"),
+        ((5, 3), jnp.int32, "floating-point"),
+    ],
+)
+def test_bad_inputs_are_named(shape, dtype, message):
+    layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=f"`x`.*{message}"):
+        layer(jnp.ones(shape, dtype))
+    with pytest.raises(ValueError, match="`z0` must have shape"):
+        layer(jnp.ones((5, 3)), jnp.zeros((5, 7)))
+
+
+def test_unbatched_layer_solves_one_sample():
+    cell = TanhCell(8, 3, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (3,))
+    z = DEQ(cell, batch_axis=None, tol=1e-12)(x)
+    np.testing.assert_allclose(cell(z, x), z, atol=1e-10)
+
+
+def test_shared_layer_records_every_call():
+    # Two calls of one layer in one forward pass: both solves are recorded, neither overwritten.
+    layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)))
+    x = jax.random.normal(jax.random.PRNGKey(2), (4, 3), jnp.float32)
+
+    class Twice(nnx.Module):
+        def __init__(self):
+            self.layer = layer
+
+        def __call__(self, x):
+            return self.layer(x) + self.layer(0.1 * x)
+
+    model = Twice()
+    run = nnx.jit(capture_solver_stats(lambda m, x: m(x)))
+    for _ in range(2):  # the model's state does not grow between calls
+        _, stats = run(model, x)
+        calls = stats["layer"]
+        # 0.1 x keeps tanh in its linear regime, where the Jacobian is the whole of W (radius 0.9):
+        # the second call needs more steps, so the two records are told apart.
+        assert len(calls) == 2 and calls[0]["steps_mean"] < calls[1]["steps_mean"]
+    assert nnx.state(model, nnx.Intermediate) == nnx.State({})
+    assert layer(x).shape == (4, 8)  # outside a capture nothing is recorded
+
+
+def test_failed_forward_solve_is_signalled_in_training():
+    # max_steps = 2 cannot reach 1e-5: the gradient step warns (default), or gives NaN with "nan".
+    x = jax.random.normal(jax.random.PRNGKey(3), (4, 3), jnp.float32)
+    layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2)
+    with pytest.warns(BackwardWarning, match="forward solve did not converge"):
+        grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
+    strict = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2, backward=Implicit(on_failure="nan"))
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(strict)
+    assert all(bool(jnp.all(jnp.isnan(g))) for g in jax.tree_util.tree_leaves(grads))

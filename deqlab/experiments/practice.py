@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -21,8 +22,9 @@ import optax
 from flax import nnx
 
 from deqlab import data, ensembles
-from deqlab.implicit import fixed_point
-from deqlab.nn import DEQ, TanhCell
+from deqlab.implicit import Implicit, Phantom, Unrolled, fixed_point
+from deqlab.nn import DEQ, TanhCell, capture_solver_stats
+from deqlab.precision import PrecisionWarning
 from deqlab.solvers import Solution, get_solver, solve
 
 __all__ = [
@@ -119,23 +121,25 @@ def memory_curve(problem: Problem, steps: Sequence[int] = (10, 25, 50, 100), *,
     unrolled mode has to keep every iterate, the implicit mode only z*.
     """
     f, z0, args = problem
+    modes = {"implicit": Implicit(on_failure="ignore"), "unrolled": Unrolled(on_failure="ignore")}
     curves: dict[str, list[int]] = {}
     for backward in backwards:
         curves[backward] = []
         for max_steps in steps:
             config = get_solver(solver, tol=1e-30, max_steps=int(max_steps))
 
-            def loss(params, x, config=config, backward=backward):
-                z = fixed_point(f, z0, *params, x, solver=config, backward=backward, batch_axis=0,
-                                backward_failure="ignore").value
+            def loss(params, x, config=config, mode=modes[backward]):
+                z = fixed_point(f, z0, *params, x, solver=config, backward=mode, batch_axis=0).value
                 return jnp.sum(z**2)
 
-            compiled = jax.jit(jax.grad(loss)).lower(args[:3], args[3]).compile()
+            with warnings.catch_warnings():  # the unreachable tolerance is the point here
+                warnings.simplefilter("ignore", PrecisionWarning)
+                compiled = jax.jit(jax.grad(loss)).lower(args[:3], args[3]).compile()
             curves[backward].append(int(compiled.memory_analysis().temp_size_in_bytes))
     return curves
 
 
-def parameter_gradient(problem: Problem, *, backward: str = "implicit", **options: Any):
+def parameter_gradient(problem: Problem, *, backward: Any = "implicit", **options: Any):
     """Gradient of sum(z*^2) w.r.t. the parameters (W, U, b) of a :func:`tanh_problem`."""
     f, z0, args = problem
 
@@ -155,8 +159,7 @@ def phantom_gradient_errors(problem: Problem, steps: Sequence[int], *, damping: 
     norm = jnp.sqrt(sum(jnp.sum(g**2) for g in exact))
     errors = []
     for k in steps:
-        approx = parameter_gradient(problem, backward="phantom", phantom_steps=int(k),
-                                    phantom_damping=damping, **options)
+        approx = parameter_gradient(problem, backward=Phantom(steps=int(k), damping=damping), **options)
         errors.append(float(jnp.sqrt(sum(jnp.sum((a - e) ** 2) for a, e in zip(approx, exact))) / norm))
     return errors
 
@@ -165,8 +168,8 @@ class DigitsClassifier(nnx.Module):
     """x -> DEQ(tanh cell) -> linear readout, for the 8x8 digits (64 inputs, 10 classes)."""
 
     def __init__(self, *, width: int = 64, ensemble: str = "orthogonal", scale: float | None = None,
-                 solver: Any = "anderson", tol: float = 1e-4, max_steps: int = 50,
-                 backward: str = "implicit", rngs: nnx.Rngs):
+                 solver: Any = "anderson", tol: float | None = None, max_steps: int = 50,
+                 backward: Any = "implicit", rngs: nnx.Rngs):
         self.deq = DEQ(TanhCell(width, 64, ensemble=ensemble, scale=scale, rngs=rngs),
                        solver=solver, tol=tol, max_steps=max_steps, backward=backward)
         self.readout = nnx.Linear(width, 10, rngs=rngs)
@@ -193,14 +196,18 @@ def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float
 
     @nnx.jit
     def train_step(model, optimizer, x, y):
-        def loss_fn(model):
-            logits = model(x)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
+        @capture_solver_stats
+        def logits_and_stats(model):
+            return model(x)
 
-        (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        def loss_fn(model):
+            logits, stats = logits_and_stats(model)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), (logits, stats)
+
+        (loss, (logits, stats)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         optimizer.update(model, grads)
-        stats = (model.deq.steps_mean[...], model.deq.converged_fraction[...])
-        return loss, jnp.mean(jnp.argmax(logits, -1) == y), stats
+        (call,) = stats["deq"]
+        return loss, jnp.mean(jnp.argmax(logits, -1) == y), (call["steps_mean"], call["converged_fraction"])
 
     @nnx.jit
     def accuracy(model, x, y):

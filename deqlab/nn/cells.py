@@ -3,22 +3,45 @@
 Flax ``nnx.Linear`` computes ``z @ K``; for a square kernel K drawn from an ensemble the map is
 z -> K^T z, and K^T has the same law as K for every ensemble in :mod:`deqlab.ensembles`, so the
 theory of 001 (stated for z -> W z) applies unchanged.
+
+Every cell takes the NNX pair ``dtype`` (of the computation; None: promoted from the inputs and
+parameters) and ``param_dtype`` (of the parameters), and a ``precision`` for its matmuls
+(None: the context's, which :class:`deqlab.nn.DEQ` sets to what the tolerance needs). Their
+matmuls go through :func:`deqlab.precision.dot_general`, so
+:func:`deqlab.precision.emulate_accelerator_matmuls` shows on a CPU what a TPU's bfloat16 passes
+do to them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from deqlab import ensembles
+from deqlab import checks, ensembles
+from deqlab import precision as precision_module
 
 __all__ = ["TanhCell", "ResNetCell"]
 
 
-def _check_width(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+def _linear(in_features, out_features, *, use_bias=True, kernel_init=None, dtype, param_dtype,
+            precision, rngs):
+    options = {} if kernel_init is None else {"kernel_init": kernel_init}
+    return nnx.Linear(
+        in_features, out_features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+        precision=precision, dot_general=precision_module.dot_general, rngs=rngs, **options,
+    )
+
+
+def _check_cell(where, width, in_features, dtype, param_dtype, precision):
+    checks.positive_int(width, "width", where)
+    checks.positive_int(in_features, "in_features", where)
+    if dtype is not None:
+        checks.floating_dtype(dtype, "dtype", where)
+    checks.floating_dtype(param_dtype, "param_dtype", where)
+    return None if precision is None else precision_module.check_precision(precision, where)
 
 
 class TanhCell(nnx.Module):
@@ -29,22 +52,24 @@ class TanhCell(nnx.Module):
         in_features: size of the input x.
         ensemble: family of W, one of ``deqlab.ensembles.ENSEMBLES``.
         scale: scale sqrt(V) of W; default 0.9 of the ensemble's critical scale.
+        dtype: dtype of the computation (None: from inputs and parameters).
         param_dtype: dtype of the parameters (float32 for training, float64 for checks).
+        precision: matmul precision (``"default"``, ``"high"``, ``"highest"``; None: the context's).
         rngs: ``nnx.Rngs``.
     """
 
     def __init__(self, width: int, in_features: int, *, ensemble: str = "orthogonal",
-                 scale: float | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        _check_width("width", width)
-        _check_width("in_features", in_features)
+                 scale: float | None = None, dtype: Any = None, param_dtype: Any = jnp.float32,
+                 precision: Any = None, rngs: nnx.Rngs):
+        precision = _check_cell("nn.TanhCell", width, in_features, dtype, param_dtype, precision)
         if scale is None:
             scale = 0.9 * ensembles.critical_scale(ensemble)
         self.width = width
-        self.recurrent = nnx.Linear(
-            width, width, use_bias=False, kernel_init=ensembles.initializer(ensemble, scale),
-            param_dtype=param_dtype, rngs=rngs,
-        )
-        self.inject = nnx.Linear(in_features, width, param_dtype=param_dtype, rngs=rngs)
+        self.in_features = in_features
+        common = dict(dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+        self.recurrent = _linear(width, width, use_bias=False,
+                                 kernel_init=ensembles.initializer(ensemble, scale), **common)
+        self.inject = _linear(in_features, width, **common)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
         return jnp.tanh(self.recurrent(z) + self.inject(x))
@@ -62,27 +87,28 @@ class ResNetCell(nnx.Module):
         in_features: size of x.
         hidden: width of the inner layer (default 2 * width).
         ensemble, scale: law and scale of W1 and W2 (scale defaults to 0.5 of critical).
-        param_dtype: dtype of the parameters.
+        dtype, param_dtype, precision: as for :class:`TanhCell`.
         rngs: ``nnx.Rngs``.
     """
 
     def __init__(self, width: int, in_features: int, *, hidden: int | None = None,
-                 ensemble: str = "gaussian", scale: float | None = None, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
-        _check_width("width", width)
-        _check_width("in_features", in_features)
+                 ensemble: str = "gaussian", scale: float | None = None, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
+        precision = _check_cell("nn.ResNetCell", width, in_features, dtype, param_dtype, precision)
         hidden = 2 * width if hidden is None else hidden
-        _check_width("hidden", hidden)
+        checks.positive_int(hidden, "hidden", "nn.ResNetCell")
         if scale is None:
             scale = 0.5 * ensembles.critical_scale(ensemble)
         init = ensembles.initializer(ensemble, scale)
         self.width = width
-        dtypes = dict(param_dtype=param_dtype, rngs=rngs)
-        self.expand = nnx.Linear(width, hidden, use_bias=False, kernel_init=init, **dtypes)
-        self.contract = nnx.Linear(hidden, width, use_bias=False, kernel_init=init, **dtypes)
-        self.inject = nnx.Linear(in_features, width, **dtypes)
-        self.inner_norm = nnx.LayerNorm(hidden, **dtypes)
-        self.outer_norm = nnx.LayerNorm(width, **dtypes)
+        self.in_features = in_features
+        common = dict(dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+        self.expand = _linear(width, hidden, use_bias=False, kernel_init=init, **common)
+        self.contract = _linear(hidden, width, use_bias=False, kernel_init=init, **common)
+        self.inject = _linear(in_features, width, **common)
+        norms = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.inner_norm = nnx.LayerNorm(hidden, **norms)
+        self.outer_norm = nnx.LayerNorm(width, **norms)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
         h = jax.nn.relu(self.inner_norm(self.expand(z)))

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextvars
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from deqlab.implicit import fixed_point
+from deqlab import checks
+from deqlab import precision as precision_module
+from deqlab.implicit import fixed_point, get_backward
 from deqlab.solvers import Solution, get_solver
 
-__all__ = ["DEQ", "SolveSummary"]
+__all__ = ["DEQ", "SOLVER_STATS", "capture_solver_stats"]
 
+SOLVER_STATS = "solver_stats"
+"""Name under which a :class:`DEQ` sows the statistics of each call (``nnx.Intermediate``)."""
 
-class SolveSummary(nnx.Variable):
-    """Statistics of the layer's last forward solve. Not a ``nnx.Param``: optimisers skip it."""
+# Set while a function wrapped by capture_solver_stats runs: only then does a DEQ sow. Sowing
+# outside a capture would make the model's state grow with every call (and nnx.jit retrace every
+# step); flax >= 0.12 deprecates it for that reason.
+_capturing = contextvars.ContextVar("deqlab_capture_solver_stats", default=False)
 
 
 class DEQ(nnx.Module):
@@ -26,39 +33,87 @@ class DEQ(nnx.Module):
     parameters.
 
     Args:
-        cell: an ``nnx.Module`` mapping ``(z, x)`` to ``z'`` of the same shape as z, with a ``width``
-            attribute (the size of z's last axis).
-        solver, tol, max_steps: forward solver (name or object) and its settings.
-        backward: ``"implicit"``, ``"unrolled"`` or ``"phantom"``.
+        cell: an ``nnx.Module`` mapping ``(z, x)`` to ``z'`` of the same shape as z, with a
+            ``width`` attribute (the size of z's last axis) and, to have x's width checked, an
+            ``in_features`` attribute.
+        solver: forward solver, a name or a configured object (``Anderson(m=6, tol=1e-6)``); its
+            settings are kept unless ``tol`` / ``max_steps`` are given here.
+        tol, max_steps: override the solver's; ``tol`` None (and a solver without one): the
+            default of the solve's dtype (float32 1e-5, float64 1e-10).
+        backward: ``"implicit"``, ``"unrolled"``, ``"phantom"`` or an object
+            (:class:`deqlab.implicit.Implicit`, ``Unrolled``, ``Phantom``); its ``on_failure``
+            decides what a failed solve does (default: warn).
         batch_axis: axis of x and z indexing independent samples (None for a single sample).
-        **options: further keywords of :func:`deqlab.implicit.fixed_point` (``backward_solver``,
-            ``backward_tol``, ``phantom_steps``, ...).
+        precision: matmul precision of the solve (``"default"``, ``"high"``, ``"highest"``); None:
+            what the tolerance needs (see :mod:`deqlab.precision`; it matters on TPUs).
+        dtype: dtype of the solve (x and z are cast to it); None: x's dtype.
+        param_dtype: if given, the cell's parameters are cast to it here (e.g. float64 for a
+            gradient check of a float32 cell); None: the cell's own.
 
-    After each call, ``layer.steps_mean``, ``steps_max``, ``converged_fraction``, ``residual_max``
-    and ``nfe`` (:class:`SolveSummary` variables) describe the last forward solve; call with
-    ``return_solution=True`` to get the whole :class:`~deqlab.solvers.Solution`.
+    Inside a function wrapped by :func:`capture_solver_stats`, each call sows its solver
+    statistics into the ``nnx.Intermediate`` collection under ``"solver_stats"`` (a dict per
+    call: ``steps_mean``, ``steps_max``, ``converged_fraction``, ``residual_max``, ``nfe``); calls
+    append, so two calls of a shared layer do not overwrite each other. ``return_solution=True``
+    also returns the whole :class:`~deqlab.solvers.Solution`.
     """
 
-    def __init__(self, cell: nnx.Module, *, solver: Any = "anderson", tol: float = 1e-4,
-                 max_steps: int = 50, backward: str = "implicit", batch_axis: int | None = 0,
-                 **options: Any):
+    def __init__(self, cell: nnx.Module, *, solver: Any = "anderson", tol: float | None = None,
+                 max_steps: int | None = None, backward: Any = "implicit", batch_axis: int | None = 0,
+                 precision: Any = None, dtype: Any = None, param_dtype: Any = None):
+        where = "nn.DEQ"
+        if not isinstance(cell, nnx.Module) or not callable(cell):
+            raise checks.fail("cell", "an nnx.Module called as cell(z, x)", type(cell).__name__, where)
         if not hasattr(cell, "width"):
-            raise ValueError("`cell` must have a `width` attribute (the size of the hidden state).")
+            raise ValueError(f"{where}: `cell` must have a `width` attribute (the size of the hidden state).")
+        checks.positive_int(cell.width, "cell.width", where)
+        if batch_axis is not None:
+            checks.integer(batch_axis, "batch_axis", where)
         self.cell = cell
         self.solver = get_solver(solver, tol=tol, max_steps=max_steps)
-        self.backward = backward
+        self.backward = get_backward(backward)
         self.batch_axis = batch_axis
-        self.options = dict(options)
-        zero = jnp.zeros((), jnp.float32)
-        self.steps_mean = SolveSummary(zero)
-        self.steps_max = SolveSummary(zero)
-        self.converged_fraction = SolveSummary(zero)
-        self.residual_max = SolveSummary(zero)
-        self.nfe = SolveSummary(zero)
+        self.precision = None if precision is None else precision_module.check_precision(precision, where)
+        self.dtype = None if dtype is None else checks.floating_dtype(dtype, "dtype", where)
+        if param_dtype is not None:
+            param_dtype = checks.floating_dtype(param_dtype, "param_dtype", where)
+            params = nnx.state(cell, nnx.Param)
+            nnx.update(cell, jax.tree_util.tree_map(lambda p: p.astype(param_dtype), params))
+
+    def _check_input(self, x, z0):
+        where = "nn.DEQ"
+        if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+            raise checks.fail("x", "an array", type(x).__name__, where)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(
+                f"{where}: `x` must be a real floating-point array, got dtype {x.dtype}; "
+                "convert it with x.astype(jnp.float32)."
+            )
+        if self.batch_axis is not None:
+            axis = self.batch_axis
+            if x.ndim < 2 or not -x.ndim <= axis < x.ndim or axis % x.ndim == x.ndim - 1:
+                raise ValueError(
+                    f"{where}: `x` has shape {tuple(x.shape)}, but with batch_axis={axis} it must have a "
+                    f"batch axis {axis} besides its feature axis (ndim >= 2). For one sample pass "
+                    "x[None] or build the layer with batch_axis=None."
+                )
+        elif x.ndim < 1:
+            raise checks.fail("x", "an array with a feature axis (ndim >= 1)", f"shape {tuple(x.shape)}", where)
+        in_features = getattr(self.cell, "in_features", None)
+        if in_features is not None and x.shape[-1] != in_features:
+            raise ValueError(
+                f"{where}: `x` must have {in_features} features on its last axis (the cell's "
+                f"in_features), got shape {tuple(x.shape)}."
+            )
+        expected = tuple(x.shape[:-1]) + (self.cell.width,)
+        if z0 is not None and tuple(jnp.shape(z0)) != expected:
+            raise ValueError(f"{where}: `z0` must have shape {expected} (x's batch, the cell's width), "
+                             f"got {tuple(jnp.shape(z0))}.")
 
     def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, return_solution: bool = False):
-        if z0 is None:
-            z0 = jnp.zeros(x.shape[:-1] + (self.cell.width,), x.dtype)
+        self._check_input(x, z0)
+        dtype = self.dtype or x.dtype
+        x = x.astype(dtype)
+        z0 = jnp.zeros(x.shape[:-1] + (self.cell.width,), dtype) if z0 is None else jnp.asarray(z0, dtype)
         graphdef, state = nnx.split(self.cell)
 
         def cell_map(z, state, x):
@@ -66,12 +121,57 @@ class DEQ(nnx.Module):
 
         sol: Solution = fixed_point(
             cell_map, z0, state, x, solver=self.solver, backward=self.backward,
-            batch_axis=self.batch_axis, **self.options,
+            batch_axis=self.batch_axis, precision=self.precision,
         )
-        steps = jax.lax.stop_gradient(sol.stats.steps).astype(jnp.float32)
-        self.steps_mean[...] = jnp.mean(steps)
-        self.steps_max[...] = jnp.max(steps)
-        self.converged_fraction[...] = jnp.mean(sol.converged.astype(jnp.float32))
-        self.residual_max[...] = jnp.max(jax.lax.stop_gradient(sol.stats.best_residual)).astype(jnp.float32)
-        self.nfe[...] = sol.stats.nfe.astype(jnp.float32)
+        if _capturing.get():
+            self._sow_stats(sol)
         return (sol.value, sol) if return_solution else sol.value
+
+    def _sow_stats(self, sol):
+        steps = jax.lax.stop_gradient(sol.stats.steps).astype(jnp.float32)
+        self.sow(nnx.Intermediate, SOLVER_STATS, {
+            "steps_mean": jnp.mean(steps),
+            "steps_max": jnp.max(steps),
+            "converged_fraction": jnp.mean(sol.converged.astype(jnp.float32)),
+            "residual_max": jnp.max(jax.lax.stop_gradient(sol.stats.best_residual)).astype(jnp.float32),
+            "nfe": sol.stats.nfe.astype(jnp.float32),
+        })
+
+
+def capture_solver_stats(fn: Callable[..., Any]) -> Callable[..., tuple[Any, dict[str, list]]]:
+    """Wrap ``fn(model, *args)`` to return ``(fn's result, stats)``, where ``stats`` maps the path
+    of each :class:`DEQ` in ``model`` (``"/"``-joined attribute names; ``""`` for ``model``
+    itself) to the list of its calls' statistics, in call order::
+
+        loss_and_stats = capture_solver_stats(lambda m, x: loss(m(x)))
+        (loss, stats), grads = nnx.value_and_grad(loss_and_stats, has_aux=True)(model, x)
+        stats["deq"][0]["converged_fraction"]
+
+    Works inside ``nnx.jit`` and ``nnx.grad``, with ``nnx.capture`` where flax has it (>= 0.12) and
+    with sow-then-pop before.
+    """
+
+    def run(model, *args, **kwargs):
+        token = _capturing.set(True)
+        try:
+            if hasattr(nnx, "capture"):
+                out, state = nnx.capture(fn, nnx.Intermediate)(model, *args, **kwargs)
+            else:
+                out = fn(model, *args, **kwargs)
+                state = nnx.pop(model, nnx.Intermediate)
+        finally:
+            _capturing.reset(token)
+        return out, _solver_stats(state)
+
+    return run
+
+
+def _solver_stats(state) -> dict[str, list[dict[str, jax.Array]]]:
+    is_variable = lambda v: isinstance(v, nnx.Variable)  # noqa: E731
+    stats = {}
+    for path, variable in jax.tree_util.tree_leaves_with_path(state, is_leaf=is_variable):
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        if keys and keys[-1] == SOLVER_STATS:
+            value = variable.get_value() if hasattr(variable, "get_value") else variable.value
+            stats["/".join(keys[:-1])] = list(value)
+    return stats
