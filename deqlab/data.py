@@ -19,6 +19,8 @@ import functools
 
 import numpy as np
 
+from deqlab import checks
+
 DATASETS = ("digits",)
 """Names accepted by :func:`load_dataset`."""
 
@@ -29,14 +31,6 @@ DIGITS_SOURCES = ("sklearn",)
 """Sources accepted by :func:`load_digits`; the first is the (offline) default."""
 
 _DIGITS_MAX_PIXEL = 16.0  # scikit-learn's digits have integer pixel values 0..16
-
-
-def _check_choice(kind: str, value: object, valid: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in valid:
-        raise ValueError(
-            f"unknown {kind} {value!r}; valid values are {', '.join(repr(v) for v in valid)}"
-        )
-    return value
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,7 +83,7 @@ def load_digits(
         source: Where the data come from; one of :data:`DIGITS_SOURCES`.
         split: ``"train"`` or ``"test"``.
         test_fraction: Fraction of each class put in the test set, strictly between 0 and 1.
-        seed: Seed of the split.
+        seed: Seed of the split, an integer >= 0 (NumPy's ``default_rng``; not a JAX key).
 
     Returns:
         A pair ``(x, y)``: ``x`` is a ``float32`` array of shape ``(n, 64)`` with the flattened
@@ -97,15 +91,17 @@ def load_digits(
         labels 0-9.
 
     Raises:
-        ValueError: If ``source`` or ``split`` is not a valid value, or ``test_fraction`` is not
-            strictly between 0 and 1.
+        ValueError: If ``source`` or ``split`` is not a valid value, ``test_fraction`` is not
+            strictly between 0 and 1, or ``seed`` is not an integer >= 0.
     """
-    _check_choice("source", source, DIGITS_SOURCES)
-    _check_choice("split", split, SPLITS)
-    if not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction must be strictly between 0 and 1, got {test_fraction!r}")
+    where = "data.load_digits"
+    checks.choice(source, "source", DIGITS_SOURCES, where)
+    checks.choice(split, "split", SPLITS, where)
+    test_fraction = checks.number(test_fraction, "test_fraction", where, lower=0.0, upper=1.0,
+                                  lower_open=True, upper_open=True)
+    seed = checks.integer(seed, "seed", where, minimum=0)
     x, y = _digits_sklearn()
-    train_idx, test_idx = _stratified_split(y, float(test_fraction), int(seed))
+    train_idx, test_idx = _stratified_split(y, test_fraction, seed)
     idx = train_idx if split == "train" else test_idx
     return x[idx], y[idx]  # fancy indexing returns fresh, writable copies
 
@@ -128,8 +124,10 @@ def load_dataset(
     Raises:
         ValueError: If ``name``, ``split`` or ``source`` is not a valid value.
     """
-    _check_choice("dataset name", name, DATASETS)
-    _check_choice("split", split, SPLITS)
+    where = "data.load_dataset"
+    checks.choice(name, "name", DATASETS, where)
+    checks.choice(split, "split", SPLITS, where)
     if name == "digits":
-        return load_digits(DIGITS_SOURCES[0] if source is None else source, split=split)
+        source = DIGITS_SOURCES[0] if source is None else checks.choice(source, "source", DIGITS_SOURCES, where)
+        return load_digits(source, split=split)
     raise AssertionError(f"dataset {name!r} is listed in DATASETS but has no loader")

@@ -28,9 +28,10 @@ semicircle on ``i [-2, 2]``; hence the same critical scale ``1/2`` as GOE.
 All samplers take an explicit PRNG key (raw ``uint32[2]`` or typed ``jax.random.key``), are
 pure, and are ``jit``/``vmap`` safe: ``name``, ``n``/``shape`` and ``dtype`` must be static
 Python values, while ``scale`` may be a traced scalar. GOE and antisymmetric samples are
-bitwise (anti)symmetric, also under ``jit``. Argument validation raises
-``ValueError``; checks on ``scale`` (sign, finiteness) only run when ``scale`` is concrete,
-since a traced value cannot be inspected without breaking ``jit``.
+bitwise (anti)symmetric, also under ``jit``. Argument validation (:mod:`deqlab.checks`) raises
+``ValueError`` naming the argument and its valid range; checks on ``scale`` (sign, finiteness)
+only run when ``scale`` is concrete, since a traced value cannot be inspected without breaking
+``jit``. Matrices above :data:`MAX_ELEMENTS` entries are refused before XLA is reached.
 
 Sampling is done in ``promote_types(dtype, float32)`` and the result is cast to ``dtype``, so
 half-precision dtypes work (QR is not available in half precision on every backend). As
@@ -40,12 +41,13 @@ everywhere in JAX, ``float64`` silently becomes ``float32`` unless ``jax_enable_
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from deqlab import checks
 
 __all__ = [
     "ENSEMBLES",
@@ -54,104 +56,75 @@ __all__ = [
     "critical_variance",
     "spectral_radius_limit",
     "initializer",
+    "MAX_ELEMENTS",
 ]
 
 ENSEMBLES: tuple[str, ...] = ("gaussian", "orthogonal", "goe", "antisymmetric")
+"""The registry of ensemble names: every module of deqlab validates an ensemble name against it
+(:mod:`deqlab.theory` and :mod:`deqlab.experiments` accept the subsets they have results for)."""
 
 # Large-n spectral radius of W0 (001 App. A.1): circular law / unit circle -> 1, semicircle -> 2.
 _RADIUS_FACTOR = {"gaussian": 1.0, "orthogonal": 1.0, "goe": 2.0, "antisymmetric": 2.0}
 
 
 # --------------------------------------------------------------------------------------------
-# Validation helpers
+# Validation (deqlab.checks, plus the two checks specific to matrix shapes)
 # --------------------------------------------------------------------------------------------
 
-
-def _check_name(name: Any, where: str) -> str:
-    if not isinstance(name, str) or name not in ENSEMBLES:
-        raise ValueError(f"{where}: name must be one of {ENSEMBLES}, got {name!r}")
-    return name
-
-
-def _check_n(n: Any, where: str) -> int:
-    if isinstance(n, (bool, np.bool_)):
-        raise ValueError(f"{where}: n must be a positive integer (n >= 1), got bool {n!r}")
-    try:
-        value = operator.index(n)
-    except TypeError:
-        raise ValueError(
-            f"{where}: n must be a positive integer (n >= 1) given as a static Python int, "
-            f"got {n!r} of type {type(n).__name__}"
-        ) from None
-    if value < 1:
-        raise ValueError(f"{where}: n must be a positive integer (n >= 1), got {value}")
-    return value
+MAX_ELEMENTS: int = 2**31
+"""Largest number of entries (``rows * cols``) of a sampled matrix: ``2**31`` elements (8 GiB in
+float32, ``n = 46340`` for a square matrix). Beyond it XLA can abort the whole process while
+allocating instead of raising an exception; larger matrices than any experiment of the book."""
 
 
-def _check_scale(scale: Any, where: str) -> Any:
-    """Validate ``scale``: a real scalar, and when concrete, finite and ``>= 0``."""
-    if isinstance(scale, jax.core.Tracer):
-        if jnp.ndim(scale) != 0:
-            raise ValueError(f"{where}: scale must be a scalar, got shape {jnp.shape(scale)}")
-        if not jnp.issubdtype(scale.dtype, jnp.floating) and not jnp.issubdtype(
-            scale.dtype, jnp.integer
-        ):
-            raise ValueError(f"{where}: scale must be a real number, got dtype {scale.dtype}")
-        return scale  # traced: sign/finiteness cannot be checked without breaking jit
-    if isinstance(scale, (bool, np.bool_)):
-        raise ValueError(f"{where}: scale must be a finite real number >= 0, got {scale!r}")
-    try:
-        arr = np.asarray(scale)
-    except Exception:  # noqa: BLE001 - anything that is not array-like is a bad scale
-        raise ValueError(
-            f"{where}: scale must be a finite real number >= 0, got {scale!r}"
-        ) from None
-    if arr.ndim != 0:
-        raise ValueError(f"{where}: scale must be a scalar, got shape {arr.shape}")
-    if arr.dtype.kind not in "iuf":
-        raise ValueError(f"{where}: scale must be a finite real number >= 0, got {scale!r}")
-    value = float(arr)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: scale must be a finite real number >= 0, got {value}")
-    return scale
+def _name(name: Any, where: str) -> str:
+    return checks.choice(name, "name", ENSEMBLES, where)
 
 
-def _check_dtype(dtype: Any, where: str) -> np.dtype:
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        raise ValueError(
-            f"{where}: dtype must be a floating-point dtype (e.g. jnp.float32), got {dtype!r}"
-        ) from None
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(
-            f"{where}: dtype must be a real floating-point dtype (e.g. jnp.float32), got {dt}"
-        )
-    return dt
+def _size(n: Any, where: str) -> int:
+    n = checks.positive_int(n, "n", where)
+    if n * n > MAX_ELEMENTS:
+        raise checks.fail("n", f"an integer with n * n <= 2**31 elements (ensembles.MAX_ELEMENTS; "
+                          f"n <= {math.isqrt(MAX_ELEMENTS)})", n, where)
+    return n
 
 
-def _check_shape(shape: Any, name: str, where: str) -> tuple[int, int]:
-    bad = f"{where}: shape must be a 2-D tuple of positive ints, got {shape!r}"
+class _Described(str):
+    """A description shown without quotes where a message prints the received value."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _scale(scale: Any, where: str) -> Any:
+    """``scale``: a real scalar, and when concrete, finite and ``>= 0`` (traced: unchecked)."""
+    requirement = "a real scalar sqrt(V) >= 0"
+    if checks.is_traced(scale) and jnp.ndim(scale) != 0:
+        raise checks.fail("scale", requirement,
+                          _Described(f"a traced array of shape {jnp.shape(scale)}"), where)
+    if not checks.is_traced(scale) and np.ndim(scale) != 0:
+        raise checks.fail("scale", requirement,
+                          _Described(f"an array of shape {np.shape(scale)}"), where)
+    return checks.number(scale, "scale", where, lower=0.0, allow_traced=True)
+
+
+def _shape(shape: Any, name: str, where: str) -> tuple[int, int]:
+    requirement = "a 2-D tuple (fan_in, fan_out) of integers >= 1"
     try:
         dims = tuple(shape)
     except TypeError:
-        raise ValueError(bad) from None
+        raise checks.fail("shape", requirement, shape, where) from None
     if len(dims) != 2:
-        raise ValueError(
-            f"{where}: shape must be 2-D (fan_in, fan_out), got {shape!r} with {len(dims)} dims"
-        )
+        raise checks.fail("shape", requirement, shape, where)
     try:
-        if any(isinstance(d, (bool, np.bool_)) for d in dims):
-            raise TypeError
-        rows, cols = (operator.index(d) for d in dims)
-    except TypeError:
-        raise ValueError(bad) from None
-    if rows < 1 or cols < 1:
-        raise ValueError(f"{where}: shape must have positive dimensions, got {shape!r}")
+        rows, cols = (checks.integer(d, "shape", where, minimum=1) for d in dims)
+    except ValueError:
+        raise checks.fail("shape", requirement, shape, where) from None
+    if rows * cols > MAX_ELEMENTS:
+        raise checks.fail("shape", f"{requirement} with rows * cols <= 2**31 elements "
+                          "(ensembles.MAX_ELEMENTS)", shape, where)
     if name in ("goe", "antisymmetric") and rows != cols:
-        raise ValueError(
-            f"{where}: shape must be square for the {name!r} ensemble, got {shape!r}"
-        )
+        raise checks.fail("shape", f"square for the {name!r} ensemble", shape, where)
     return rows, cols
 
 
@@ -229,8 +202,9 @@ def sample(
 
     Args:
       name: one of :data:`ENSEMBLES` (static).
-      key: a JAX PRNG key. Use ``jax.vmap`` over a batch of keys for many samples.
-      n: matrix size, a positive Python int (static).
+      key: a JAX PRNG key (``jax.random.key(seed)`` or ``jax.random.PRNGKey(seed)``, not an
+        int seed). Use ``jax.vmap`` over a batch of keys for many samples.
+      n: matrix size, a positive Python int (static) with ``n * n <=`` :data:`MAX_ELEMENTS`.
       scale: ``sqrt(V) >= 0``. May be a traced scalar (e.g. under ``jit``/``vmap``); it is
         checked to be finite and non-negative only when concrete.
       dtype: a real floating dtype (static), default ``float32``.
@@ -239,14 +213,17 @@ def sample(
       An ``(n, n)`` array of dtype ``dtype``.
 
     Raises:
-      ValueError: for an unknown ``name``, non-positive or non-integer ``n``, a negative,
-        non-finite or non-scalar ``scale``, or a non-floating ``dtype``.
+      ValueError: for an unknown ``name``, an int seed or other non-key ``key``, a non-positive
+        or non-integer ``n`` or one with ``n * n >`` :data:`MAX_ELEMENTS`, a negative,
+        non-finite or non-scalar ``scale``, or a non-floating ``dtype`` (messages in the format
+        of :mod:`deqlab.checks`, naming the argument and its valid range).
     """
     where = "ensembles.sample"
-    name = _check_name(name, where)
-    n = _check_n(n, where)
-    scale = _check_scale(scale, where)
-    dtype = _check_dtype(dtype, where)
+    name = _name(name, where)
+    key = checks.prng_key(key, "key", where)
+    n = _size(n, where)
+    scale = _scale(scale, where)
+    dtype = checks.floating_dtype(dtype, "dtype", where)
     return _scaled(name, key, n, n, scale, dtype)
 
 
@@ -256,7 +233,7 @@ def critical_scale(name: str) -> float:
     ``1`` for ``"gaussian"`` and ``"orthogonal"``, ``1/2`` for ``"goe"`` and
     ``"antisymmetric"`` (001 §2.1.2, App. A.1).
     """
-    name = _check_name(name, "ensembles.critical_scale")
+    name = _name(name, "ensembles.critical_scale")
     return 1.0 / _RADIUS_FACTOR[name]
 
 
@@ -266,7 +243,7 @@ def critical_variance(name: str) -> float:
     ``1`` for ``"gaussian"`` and ``"orthogonal"``, ``1/4`` for ``"goe"`` and
     ``"antisymmetric"``.
     """
-    name = _check_name(name, "ensembles.critical_variance")
+    name = _name(name, "ensembles.critical_variance")
     return critical_scale(name) ** 2
 
 
@@ -278,8 +255,8 @@ def spectral_radius_limit(name: str, scale: float | jax.Array = 1.0) -> float | 
     corrections are ``O(sqrt(log n / n))`` for Ginibre and ``O(n^{-2/3})`` for GOE.
     """
     where = "ensembles.spectral_radius_limit"
-    name = _check_name(name, where)
-    scale = _check_scale(scale, where)
+    name = _name(name, where)
+    scale = _scale(scale, where)
     return _RADIUS_FACTOR[name] * scale
 
 
@@ -314,12 +291,13 @@ def initializer(name: str, scale: float | None = None) -> Callable[..., jax.Arra
       non-floating ``dtype``.
     """
     where = "ensembles.initializer"
-    name = _check_name(name, where)
-    scale = critical_scale(name) if scale is None else _check_scale(scale, where)
+    name = _name(name, where)
+    scale = critical_scale(name) if scale is None else _scale(scale, where)
 
     def init(key: jax.Array, shape: Any, dtype: Any = jnp.float32) -> jax.Array:
-        rows, cols = _check_shape(shape, name, where)
-        dt = _check_dtype(dtype, where)
+        key = checks.prng_key(key, "key", where)
+        rows, cols = _shape(shape, name, where)
+        dt = checks.floating_dtype(dtype, "dtype", where)
         return _scaled(name, key, rows, cols, scale, dt)
 
     init.__name__ = f"{name}_init"

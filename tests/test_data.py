@@ -88,29 +88,35 @@ def test_datasets_listed():
 
 
 def test_load_dataset_bad_name():
-    with pytest.raises(ValueError, match=r"'cifar10'.*'digits'"):
+    with pytest.raises(ValueError, match=r"load_dataset: `name` must be one of 'digits', got 'cifar10'"):
         load_dataset("cifar10", split="train")
 
 
 @pytest.mark.parametrize("split", ["val", "Train", "", None])
 def test_bad_split(split):
-    with pytest.raises(ValueError, match=r"split.*'train'.*'test'"):
+    with pytest.raises(ValueError, match=r"load_dataset: `split` must be one of 'train', 'test'"):
         load_dataset("digits", split=split)
-    with pytest.raises(ValueError, match=r"split.*'train'.*'test'"):
+    with pytest.raises(ValueError, match=r"load_digits: `split` must be one of 'train', 'test'"):
         load_digits(split=split)
 
 
 def test_bad_source():
-    with pytest.raises(ValueError, match=r"source.*'openml'.*'sklearn'"):
+    with pytest.raises(ValueError, match=r"load_dataset: `source` must be one of 'sklearn', got 'openml'"):
         load_dataset("digits", split="train", source="openml")
-    with pytest.raises(ValueError, match=r"'sklearn'"):
+    with pytest.raises(ValueError, match=r"load_digits: `source` must be one of 'sklearn', got 'internet'"):
         load_digits("internet")
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
 def test_bad_test_fraction(fraction):
-    with pytest.raises(ValueError, match="test_fraction"):
+    with pytest.raises(ValueError, match=r"`test_fraction` must be a finite real number > 0 and < 1"):
         load_digits(test_fraction=fraction)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", None])
+def test_bad_seed(seed):
+    with pytest.raises(ValueError, match=r"load_digits: `seed` must be an integer >= 0"):
+        load_digits(seed=seed)
 
 
 def test_split_is_keyword_only():

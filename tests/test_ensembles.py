@@ -17,6 +17,8 @@ shared between ensembles) and reuse a few sizes: ``N_SMALL`` for API tests, (128
 moments, (50, 40) for orthogonality/Haar phases, and shared sizes in the spectral test.
 """
 
+import math
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -375,34 +377,41 @@ _S = ensembles.sample
 _I = ensembles.initializer
 
 BAD_INPUTS = [
-    # (id, callable, regex on the message)
-    ("unknown-name", lambda: _S("ginibre", _KEY, 4), r"name must be one of .*gaussian"),
-    ("name-not-str", lambda: _S(3, _KEY, 4), r"name must be one of"),
-    ("n-zero", lambda: _S("gaussian", _KEY, 0), r"n must be a positive integer"),
-    ("n-negative", lambda: _S("goe", _KEY, -3), r"n must be a positive integer"),
-    ("n-float", lambda: _S("gaussian", _KEY, 2.5), r"n must be a positive integer"),
-    ("n-bool", lambda: _S("gaussian", _KEY, True), r"n must be a positive integer"),
-    ("scale-negative", lambda: _S("gaussian", _KEY, 4, -1.0), r"scale must be .*>= 0"),
-    ("scale-nan", lambda: _S("orthogonal", _KEY, 4, float("nan")), r"scale must be .*finite"),
-    ("scale-inf", lambda: _S("goe", _KEY, 4, np.inf), r"scale must be .*finite"),
-    ("scale-negative-array", lambda: _S("goe", _KEY, 4, jnp.array(-0.5)), r"scale must be"),
-    ("scale-vector", lambda: _S("gaussian", _KEY, 4, np.ones(2)), r"scale must be a scalar"),
-    ("scale-string", lambda: _S("gaussian", _KEY, 4, "big"), r"scale must be"),
-    ("dtype-int", lambda: _S("gaussian", _KEY, 4, 1.0, jnp.int32), r"dtype must be"),
-    ("dtype-complex", lambda: _S("gaussian", _KEY, 4, 1.0, jnp.complex64), r"dtype must be"),
-    ("dtype-garbage", lambda: _S("gaussian", _KEY, 4, 1.0, "not-a-dtype"), r"dtype must be"),
-    ("critical-unknown", lambda: ensembles.critical_scale("wigner"), r"name must be one of"),
-    ("critical-var-unknown", lambda: ensembles.critical_variance("x"), r"name must be one of"),
-    ("limit-negative", lambda: ensembles.spectral_radius_limit("goe", -1.0), r"scale must be"),
-    ("init-unknown", lambda: _I("haar"), r"name must be one of"),
-    ("init-negative-scale", lambda: _I("gaussian", -0.5), r"scale must be"),
-    ("init-1d", lambda: _I("gaussian")(_KEY, (3,)), r"shape must be 2-D"),
-    ("init-3d", lambda: _I("orthogonal")(_KEY, (2, 3, 4)), r"shape must be 2-D"),
-    ("init-zero-dim", lambda: _I("gaussian")(_KEY, (0, 4)), r"shape must have positive"),
-    ("init-float-dim", lambda: _I("gaussian")(_KEY, (2.0, 4)), r"shape must be"),
-    ("init-goe-rect", lambda: _I("goe")(_KEY, (3, 4)), r"shape must be square"),
-    ("init-antisym-rect", lambda: _I("antisymmetric")(_KEY, (4, 3)), r"shape must be square"),
-    ("init-dtype-int", lambda: _I("gaussian")(_KEY, (3, 3), jnp.int8), r"dtype must be"),
+    # (id, callable, regex on the message: the argument in backticks, then its valid range)
+    ("unknown-name", lambda: _S("ginibre", _KEY, 4), r"sample: `name` must be one of .*'gaussian'.*got 'ginibre'"),
+    ("name-not-str", lambda: _S(3, _KEY, 4), r"`name` must be one of"),
+    ("n-zero", lambda: _S("gaussian", _KEY, 0), r"`n` must be an integer >= 1, got 0"),
+    ("n-negative", lambda: _S("goe", _KEY, -3), r"`n` must be an integer >= 1"),
+    ("n-float", lambda: _S("gaussian", _KEY, 2.5), r"`n` must be an integer >= 1 \(a static"),
+    ("n-bool", lambda: _S("gaussian", _KEY, True), r"`n` must be an integer >= 1"),
+    ("n-absurd", lambda: _S("gaussian", _KEY, 10**9), r"`n` must be .*n \* n <= 2\*\*31"),
+    ("n-just-too-big", lambda: _S("goe", _KEY, 46341), r"`n` must be .*n <= 46340"),
+    ("key-int-seed", lambda: _S("gaussian", 0, 4), r"sample: `key` must be a JAX PRNG key .*not an int seed"),
+    ("key-float", lambda: _S("gaussian", 0.5, 4), r"`key` must be a JAX PRNG key"),
+    ("key-wrong-shape", lambda: _S("gaussian", jnp.zeros(3, jnp.uint32), 4), r"`key` must be a JAX PRNG key"),
+    ("scale-negative", lambda: _S("gaussian", _KEY, 4, -1.0), r"`scale` must be .*>= 0, got -1.0"),
+    ("scale-nan", lambda: _S("orthogonal", _KEY, 4, float("nan")), r"`scale` must be a finite"),
+    ("scale-inf", lambda: _S("goe", _KEY, 4, np.inf), r"`scale` must be a finite"),
+    ("scale-negative-array", lambda: _S("goe", _KEY, 4, jnp.array(-0.5)), r"`scale` must be"),
+    ("scale-vector", lambda: _S("gaussian", _KEY, 4, np.ones(2)), r"`scale` must be a real scalar.*shape \(2,\)"),
+    ("scale-string", lambda: _S("gaussian", _KEY, 4, "big"), r"`scale` must be"),
+    ("dtype-int", lambda: _S("gaussian", _KEY, 4, 1.0, jnp.int32), r"`dtype` must be a real floating"),
+    ("dtype-complex", lambda: _S("gaussian", _KEY, 4, 1.0, jnp.complex64), r"`dtype` must be a real floating"),
+    ("dtype-garbage", lambda: _S("gaussian", _KEY, 4, 1.0, "not-a-dtype"), r"`dtype` must be"),
+    ("critical-unknown", lambda: ensembles.critical_scale("wigner"), r"critical_scale: `name` must be one of"),
+    ("critical-var-unknown", lambda: ensembles.critical_variance("x"), r"critical_variance: `name` must be one of"),
+    ("limit-negative", lambda: ensembles.spectral_radius_limit("goe", -1.0), r"`scale` must be"),
+    ("init-unknown", lambda: _I("haar"), r"initializer: `name` must be one of"),
+    ("init-negative-scale", lambda: _I("gaussian", -0.5), r"`scale` must be"),
+    ("init-int-seed", lambda: _I("gaussian")(3, (3, 3)), r"initializer: `key` must be a JAX PRNG key"),
+    ("init-1d", lambda: _I("gaussian")(_KEY, (3,)), r"`shape` must be a 2-D tuple"),
+    ("init-3d", lambda: _I("orthogonal")(_KEY, (2, 3, 4)), r"`shape` must be a 2-D tuple"),
+    ("init-zero-dim", lambda: _I("gaussian")(_KEY, (0, 4)), r"`shape` must be .*integers >= 1, got \(0, 4\)"),
+    ("init-float-dim", lambda: _I("gaussian")(_KEY, (2.0, 4)), r"`shape` must be"),
+    ("init-absurd", lambda: _I("gaussian")(_KEY, (10**5, 10**5)), r"`shape` must be .*2\*\*31"),
+    ("init-goe-rect", lambda: _I("goe")(_KEY, (3, 4)), r"`shape` must be square"),
+    ("init-antisym-rect", lambda: _I("antisymmetric")(_KEY, (4, 3)), r"`shape` must be square"),
+    ("init-dtype-int", lambda: _I("gaussian")(_KEY, (3, 3), jnp.int8), r"`dtype` must be"),
 ]
 
 
@@ -419,5 +428,23 @@ def test_traced_scale_is_not_validated_but_works_under_jit():
     draw = jax.jit(lambda s: ensembles.sample("gaussian", _KEY, N_SMALL, s))
     expected = -ensembles.sample("gaussian", _KEY, N_SMALL, 1.0)
     np.testing.assert_allclose(draw(-1.0), expected, rtol=1e-6)
-    with pytest.raises(ValueError, match="scale must be a scalar"):
+    with pytest.raises(ValueError, match="`scale` must be a real scalar.*traced array of shape"):
         draw(jnp.ones(2))
+
+
+def test_size_limit_admits_the_largest_matrix_without_drawing_it():
+    # The limit refuses n * n > 2**31 before XLA is reached; the largest admitted n traces fine
+    # (eval_shape allocates nothing), so the check is not stricter than stated.
+    n_max = math.isqrt(ensembles.MAX_ELEMENTS)
+    out = jax.eval_shape(lambda k: ensembles.sample("gaussian", k, n_max), _KEY)
+    assert out.shape == (n_max, n_max)
+    with pytest.raises(ValueError, match=f"n <= {n_max}"):
+        ensembles.sample("gaussian", _KEY, n_max + 1)
+
+
+def test_typed_and_raw_keys_both_accepted_also_under_vmap():
+    raw, typed = jax.random.PRNGKey(3), jax.random.key(3)
+    assert ensembles.sample("goe", raw, 4).shape == (4, 4)
+    assert ensembles.sample("goe", typed, 4).shape == (4, 4)
+    batch = jax.vmap(lambda k: ensembles.sample("orthogonal", k, 3))(jax.random.split(typed, 5))
+    assert batch.shape == (5, 3, 3)

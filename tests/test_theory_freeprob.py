@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from deqlab import nonlinearities, stats
 from deqlab.experiments import freeprob as ex
 from deqlab.theory import freeprob as fp
 
@@ -24,7 +25,7 @@ ALPHA = 1e-6
 
 
 def dkw(n_samples: int, n: int) -> float:
-    return math.sqrt(math.log(2 / ALPHA) / (2 * n_samples)) + 1.0 / n
+    return stats.spectral_ks_bound(n_samples, n, ALPHA)
 
 
 def key(i):
@@ -101,14 +102,14 @@ def test_semicircle_and_mp_against_samples():
         for kk in jax.random.split(key(0), k)])
     sc = fp.Semicircle(0.3)
     x = np.linspace(-sc.radius, sc.radius, 2001)
-    assert fp.kolmogorov_distance(goe, x, sc.density(x)) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(goe, x, sc.density(x)) < dkw(n * k, n)
     # the density from -Im G / pi at small eps matches the closed form in the bulk
     xb = np.linspace(-0.9, 0.9, 7) * sc.radius
     assert np.allclose(fp.Spectrum.density(sc, xb, 1e-9), sc.density(xb), atol=1e-6)
     mp = fp.MarchenkoPastur(1.5)
     wtw = ex.masked_wishart_eigs(key(1), 1.0, 1.5, n, k)
     x = np.linspace(0, 6, 4001)
-    assert fp.kolmogorov_distance(wtw, x, mp.density(x)) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(wtw, x, mp.density(x)) < dkw(n * k, n)
     assert mp.moment(2) == pytest.approx(2 * 1.5**2)
 
 
@@ -118,13 +119,13 @@ def test_free_product_against_masked_wishart():
     prod = fp.FreeProduct(fp.Bernoulli(p), fp.MarchenkoPastur(s))
     lam = np.linspace(1e-4, 4 * s * 1.6, 1500)
     rho = prod.continuous_density(lam, 1e-9)
-    mass, m1, m2 = fp.mass_and_moments(lam, rho, prod.atoms)
+    mass, m1, m2 = stats.mass_and_moments(lam, rho, prod.atoms)
     # free moments: m1 = p s, m2 = m2(a) m1(b)^2 + m1(a)^2 m2(b) - m1(a)^2 m1(b)^2
     assert mass == pytest.approx(1, abs=2e-3)  # grid error: sqrt edges on a 1500-point grid
     assert m1 == pytest.approx(p * s, rel=2e-3)
     assert m2 == pytest.approx(p * s**2 + p**2 * s**2, rel=2e-3)
     eigs = ex.masked_wishart_eigs(key(2), p, s, n, k)
-    assert fp.kolmogorov_distance(eigs, lam, rho, prod.atoms, lower=1e-3) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(eigs, lam, rho, prod.atoms, lower=1e-3) < dkw(n * k, n)
 
 
 # -------------------------------------------------------------------- nonlinearities, moments
@@ -149,7 +150,7 @@ def test_critical_point_is_fixed_point(nl):
     assert sw2 * fp.slope_moments(nl, q, 1)[0] == pytest.approx(1, rel=1e-12)
     u, w = np.polynomial.hermite_e.hermegauss(150)
     w = w / w.sum()
-    e_phi2 = np.sum(w * fp._phi(nl, math.sqrt(q) * u) ** 2)
+    e_phi2 = np.sum(w * nonlinearities.get(nl).numpy(math.sqrt(q) * u) ** 2)
     assert sw2 * e_phi2 + sb2 == pytest.approx(q, rel=2e-3)  # GH error on kinks
     if nl in ("linear", "relu"):
         assert (sw2, sb2) == ({"linear": 1.0, "relu": 2.0}[nl], 0.0)
@@ -195,14 +196,14 @@ def test_master_equation_density(nl, weights, L, q):
     lam = _grid(hi)
     res = fp.jacobian_density(nl, weights, L, q, lam, n_nodes=64, ratio=1.25, eps=1e-9)
     assert np.all(res.density >= -1e-8)
-    mass, mm1, mm2 = fp.mass_and_moments(lam, res.density, res.atoms)
+    mass, mm1, mm2 = stats.mass_and_moments(lam, res.density, res.atoms)
     # the grid misses the mass below 1e-10 and the tail above `hi` (bounded by m2/hi^2 for
     # the mean); 2e-2 covers both for these depths (checked by the density's own moments).
     assert mass == pytest.approx(1, abs=2e-2)
     assert mm1 == pytest.approx(m1, abs=2e-2)
     assert mm2 == pytest.approx(m2, rel=3e-2)
     eigs, q_mean = ex.jacobian_eigs(key(4), nl, weights, [L], q, n, n_networks=k)
-    assert fp.kolmogorov_distance(eigs[L], lam, res.density, res.atoms, lower=1e-8) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(eigs[L], lam, res.density, res.atoms, lower=1e-8) < dkw(n * k, n)
 
 
 def test_master_equation_linear_gaussian_one_layer_is_mp():
@@ -236,7 +237,7 @@ def test_bernoulli_limit():
                         np.linspace(math.exp(-5), lim.edge, 20001)])
     rho = lim.density(x)
     tail = lim.small_lambda_mass(s0, x[0])
-    tot, m1, m2 = fp.mass_and_moments(x, rho, lim.atoms)
+    tot, m1, m2 = stats.mass_and_moments(x, rho, lim.atoms)
     assert tot + tail == pytest.approx(1, abs=1e-4)
     assert m1 == pytest.approx(1, abs=1e-5)
     assert m2 == pytest.approx(1 + s0, abs=1e-5)
@@ -257,7 +258,7 @@ def test_smooth_limit_edges_and_moments():
     assert math.sqrt(hi) == pytest.approx(1.56, abs=5e-3)
     x = np.linspace(lo, hi, 1200)
     rho = lim.density(x, 1e-10)
-    tot, m1, m2 = fp.mass_and_moments(x, rho)
+    tot, m1, m2 = stats.mass_and_moments(x, rho)
     assert tot == pytest.approx(1, abs=2e-3)
     assert m1 == pytest.approx(1, abs=2e-3)
     assert m2 == pytest.approx(1 + s0, abs=3e-3)
@@ -319,12 +320,12 @@ def test_dw_erf_against_simulation():
     dw = fp.DWSpectrum(fp.slope_spectrum("erf", q, 96), v)
     x = np.linspace(-1.6, 1.6, 1200)
     rho = dw.continuous_density(x, 1e-9)
-    tot, m1, m2 = fp.mass_and_moments(x, rho)
+    tot, m1, m2 = stats.mass_and_moments(x, rho)
     assert tot == pytest.approx(1, abs=3e-3)
     assert m1 == pytest.approx(0, abs=1e-6)  # symmetric spectrum
     assert m2 == pytest.approx(dw.moment(2), rel=5e-3)
     eigs = ex.dw_eigs(key(5), "erf", q, v, n, k)
-    assert fp.kolmogorov_distance(eigs, x, rho) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(eigs, x, rho) < dkw(n * k, n)
 
 
 def test_pencil_goe_quadratic():
@@ -427,13 +428,13 @@ def test_dw_hard_tanh_atom_and_semicircle_against_simulation():
     rho = dw.continuous_density(x, 1e-10)
     semicircle = p * fp.Semicircle(v * p).density(x)
     assert np.max(np.abs(rho - semicircle)) <= 1e-4 * np.max(semicircle)
-    mass, m1, m2 = fp.mass_and_moments(x, rho, dw.atoms)
+    mass, m1, m2 = stats.mass_and_moments(x, rho, dw.atoms)
     assert mass == pytest.approx(1, abs=1e-4)  # sqrt edges on a 2001-point grid
     assert m1 == pytest.approx(0, abs=1e-9)
     assert m2 == pytest.approx(dw.moment(2), rel=1e-3)
     assert dw.moment(2) == pytest.approx(v * p**2)  # V m1(D)^2
     eigs = ex.dw_eigs(key(7), "hard_tanh", q, v, n, k)
-    assert fp.kolmogorov_distance(eigs, x, rho, dw.atoms) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(eigs, x, rho, dw.atoms) < dkw(n * k, n)
     # the atom itself: the fraction of (numerically) zero eigenvalues is Binomial(n k, 1 - p)
     zero = np.mean(np.abs(eigs) < 1e-8)
     assert abs(zero - (1 - p)) <= 5 * math.sqrt(p * (1 - p) / (n * k))
@@ -453,7 +454,7 @@ def test_length_pencil_density_against_simulation(ensemble, v):
                            max_iter=5000, check=False)
     assert res.converged.mean() >= 0.98  # slow convergence only at the square-root edges
     rho = -res.g[:, 0, 0].imag / np.pi
-    mass, m1, m2 = fp.mass_and_moments(lam, rho)
+    mass, m1, m2 = stats.mass_and_moments(lam, rho)
     assert mass == pytest.approx(1, abs=3e-3)
     assert m1 == pytest.approx(tl.gram_trace(ensemble, v, 1), rel=3e-3)
     assert m2 == pytest.approx(tl.gram_trace(ensemble, v, 2), rel=5e-3)
@@ -471,7 +472,7 @@ def test_length_pencil_density_against_simulation(ensemble, v):
     for kk in jax.random.split(key(8), k):
         w = np.asarray(ensembles.sample(ensemble, kk, n, math.sqrt(v)), np.float64)
         eigs.append(1 / np.linalg.svd(np.eye(n) - w, compute_uv=False) ** 2)
-    assert fp.kolmogorov_distance(np.concatenate(eigs), lam, rho) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(np.concatenate(eigs), lam, rho) < dkw(n * k, n)
 
 
 @pytest.mark.parametrize("ensemble,vs", [("goe", (0.05, 0.2, 0.24)), ("gaussian", (0.1, 0.5, 0.95))])

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from deqlab import stats
 from deqlab.experiments import freeprob as ex
 from deqlab.theory import freeprob as fp
 
@@ -22,7 +23,7 @@ SIGMA0_2 = 0.25  # 002 Figure 4
 
 
 def dkw(n_samples: int, n: int) -> float:
-    return math.sqrt(math.log(2 / ALPHA) / (2 * n_samples)) + 1.0 / n
+    return stats.spectral_ks_bound(n_samples, n, ALPHA)
 
 
 def _grid(hi):
@@ -40,51 +41,23 @@ def test_limit_edges_and_atom_measured_on_the_densities():
     for limit, edges in ((bern, (None, bern.edge)), (smooth, smooth.edges)):
         rho = lambda x: limit.continuous_density(x, 1e-10)
         coarse = np.linspace(1e-3, 3.0, 300)
-        lo, hi = fp.support_edges(coarse, rho(coarse))
+        lo, hi = stats.support_edges(coarse, rho(coarse))
         h = coarse[1] - coarse[0]
         fine_hi = np.linspace(hi - h, hi + h, 201)
-        assert fp.support_edges(fine_hi, rho(fine_hi))[1] == pytest.approx(edges[1], abs=2 * h / 200)
+        assert stats.support_edges(fine_hi, rho(fine_hi))[1] == pytest.approx(edges[1], abs=2 * h / 200)
         if edges[0] is not None:
             fine_lo = np.linspace(lo - h, lo + h, 201)
-            assert fp.support_edges(fine_lo, rho(fine_lo))[0] == pytest.approx(edges[0], abs=2 * h / 200)
+            assert stats.support_edges(fine_lo, rho(fine_lo))[0] == pytest.approx(edges[0], abs=2 * h / 200)
     # the paper's two-digit singular values
     assert math.sqrt(bern.edge) == pytest.approx(0.82, abs=5e-3)
     assert [math.sqrt(e) for e in smooth.edges] == pytest.approx([0.57, 1.56], abs=5e-3)
     # the atom: a Lorentzian of height m / (pi eps); the bulk, >= 0.6 away, shifts the measured
     # mass by O(eps) and the location by O(eps^2)
     eps = 1e-6
-    loc, mass = fp.locate_atom(bern, bern.edge * 1.05, 3.0, eps=eps)
+    loc, mass = stats.locate_atom(bern, bern.edge * 1.05, 3.0, eps=eps)
     assert loc == pytest.approx(math.exp(SIGMA0_2), abs=1e-7)
     assert math.sqrt(loc) == pytest.approx(1.13, abs=5e-3)  # e^{1/8}
     assert mass == pytest.approx(1 - SIGMA0_2, abs=10 * eps)
-
-
-def test_measurement_helpers():
-    sc = fp.Semicircle(0.5)
-    x = np.linspace(-2, 2, 4001)
-    lo, hi = fp.support_edges(x, sc.density(x), floor=0.0)
-    assert (lo, hi) == pytest.approx((-sc.radius, sc.radius), abs=x[1] - x[0])
-    # point masses: W1 between delta(1) and delta(1.2) is 0.2; between a density and itself 0
-    grid = np.linspace(0.5, 2, 1501)
-    zero = np.zeros_like(grid)
-    assert fp.wasserstein_distance(grid, zero, zero, ((1.0, 1.0),), ((1.2, 1.0),)) == pytest.approx(0.2, abs=1e-12)
-    mp = fp.MarchenkoPastur(0.3)
-    assert fp.wasserstein_distance(grid, mp.density(grid), mp.density(grid)) == 0
-    # a shifted uniform density: W1 = shift (trapezoid error at the jumps: one grid step)
-    step = grid[1] - grid[0]
-    box = lambda a: ((grid >= a) & (grid <= a + 0.5)) / 0.5
-    assert fp.wasserstein_distance(grid, box(0.7), box(0.9)) == pytest.approx(0.2, abs=2 * step)
-    # the atom of a point mass is found where it is
-    loc, mass = fp.locate_atom(fp.PointMasses([0.3, 1.7], [0.4, 0.6]), 1.0, 2.0, eps=1e-5)
-    assert (loc, mass) == pytest.approx((1.7, 0.6), rel=1e-6)
-    with pytest.raises(ValueError, match="floor"):
-        fp.support_edges(x, sc.density(x), floor=-1.0)
-    with pytest.raises(ValueError, match="never exceeds"):
-        fp.support_edges(x, np.zeros_like(x))
-    with pytest.raises(ValueError, match="lo < hi"):
-        fp.locate_atom(sc, 1.0, 1.0)
-    with pytest.raises(ValueError, match="same length"):
-        fp.wasserstein_distance(grid, zero[:-1], zero)
 
 
 def test_finite_depth_atoms_approach_the_limit_atom():
@@ -115,7 +88,7 @@ def test_finite_depth_approaches_limit_at_its_rate(nl, exponent):
     for L in (128, 2048):
         q = fp.double_scaling_q_star(nl, L, SIGMA0_2)
         res = fp.jacobian_density(nl, "orthogonal", L, q, lam, eps=1e-7 * lam, n_nodes=64, ratio=1.25)
-        w1.append(fp.wasserstein_distance(lam, res.density, ref, res.atoms, limit.atoms))
+        w1.append(stats.wasserstein_distance(lam, res.density, ref, res.atoms, limit.atoms))
     assert w1[0] / w1[1] >= 16 ** (exponent / 2)
 
 
@@ -134,7 +107,7 @@ def test_double_scaling_density_against_simulation(nl, weights):
     # eps relative to lambda: a fixed 1e-9 leaves -Im G / pi slightly negative at 1e-8
     res = fp.jacobian_density(nl, weights, L, q, lam, n_nodes=64, ratio=1.25, eps=1e-7 * lam)
     assert np.all(res.density >= -1e-8)
-    mass, mm1, mm2 = fp.mass_and_moments(lam, res.density, res.atoms)
+    mass, mm1, mm2 = stats.mass_and_moments(lam, res.density, res.atoms)
     if weights == "gaussian":
         # a product of L square Gaussian factors has density ~ lambda^(-L/(L+1)) near 0, so the
         # grid misses (L + 1) lam[0] rho(lam[0]) (7% here) below its first point
@@ -145,7 +118,7 @@ def test_double_scaling_density_against_simulation(nl, weights):
     assert mm1 == pytest.approx(m1, abs=2e-2)
     assert mm2 == pytest.approx(m2, rel=3e-2)
     eigs, q_ratio = ex.double_scaling_eigs(jax.random.PRNGKey(9), nl, weights, [L], SIGMA0_2, n, k)
-    assert fp.kolmogorov_distance(eigs[L], lam, res.density, res.atoms, lower=1e-8) < dkw(n * k, n)
+    assert stats.kolmogorov_distance(eigs[L], lam, res.density, res.atoms, lower=1e-8) < dkw(n * k, n)
 
 
 def test_gaussian_weights_spread_with_depth():
@@ -160,7 +133,7 @@ def test_gaussian_weights_spread_with_depth():
         for L in (2, 8, 32):
             q = fp.double_scaling_q_star("erf", L, SIGMA0_2)
             res = fp.jacobian_density("erf", weights, L, q, lam, eps=1e-6 * lam, n_nodes=64, ratio=1.25)
-            above, _, _ = fp.mass_and_moments(lam, res.density)
+            above, _, _ = stats.mass_and_moments(lam, res.density)
             below[weights, L] = 1 - above
     # orthogonal: only the quadrature error of the grid (square-root edges on a step of 0.025:
     # about 1e-3, and 1.3e-3 at half the step)

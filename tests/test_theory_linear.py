@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from deqlab import ensembles
+from deqlab import ensembles, stats
 from deqlab.experiments import linear as ex
 from deqlab.theory import linear as th
 
@@ -36,9 +36,7 @@ def richardson(per_width):
     """Limit estimate and SE from ``{N: samples}`` at two widths ``N`` and ``2N``."""
     (n1, a1), (n2, a2) = sorted(per_width.items())
     assert n2 == 2 * n1
-    m1, s1 = ex.mean_se(a1)
-    m2, s2 = ex.mean_se(a2)
-    return 2 * m2 - m1, math.sqrt(4 * s2**2 + s1**2)
+    return stats.richardson_mean(a1, a2)
 
 
 def within(est, se, predicted):
@@ -50,21 +48,21 @@ def within(est, se, predicted):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_critical_V_matches_ensembles():
+def test_critical_variance_matches_ensembles():
     for e in ENS:
-        assert th.critical_V(e) == ensembles.critical_variance(e)
-        assert th.critical_V(e, tied=False) == 1.0
-    assert th.critical_V("goe") == 0.25
+        assert th.critical_variance(e) == ensembles.critical_variance(e)
+        assert th.critical_variance(e, tied=False) == 1.0
+    assert th.critical_variance("goe") == 0.25
 
 
-def test_critical_V_puts_the_sampled_spectral_radius_at_one():
+def test_critical_variance_puts_the_sampled_spectral_radius_at_one():
     # At V = V_c a sampled W has spectral radius 1 up to its finite-N edge correction: none for
     # orthogonal, O(N^-2/3) = 0.02 for the GOE, sqrt(log N / 4N) = 0.06 outward for Ginibre at N = 500
     # (page 4 of chapter 1). 0.1 covers these; a wrong V_c (e.g. 1 instead of 1/4 for the GOE) is off
     # by a factor of 2 or more.
     n = 500
     for i, e in enumerate(ENS):
-        w = np.asarray(ensembles.sample(e, jax.random.PRNGKey(40 + i), n, math.sqrt(th.critical_V(e)), np.float64))
+        w = np.asarray(ensembles.sample(e, jax.random.PRNGKey(40 + i), n, math.sqrt(th.critical_variance(e)), np.float64))
         radius = np.max(np.abs(np.linalg.eigvals(w)))
         assert abs(radius - 1.0) <= 0.1, (e, radius)
 
@@ -108,7 +106,7 @@ def test_other_validation():
         th.length_variance("goe", 1.0, tied=False)
     with pytest.raises(ValueError, match="n"):
         ex.draw("goe", jax.random.PRNGKey(0), 0)
-    with pytest.raises(ValueError, match="V must satisfy"):
+    with pytest.raises(ValueError, match=r"untied_traces: `V` must be a finite real number >= 0 and < 1"):
         ex.untied_traces("gaussian", jax.random.PRNGKey(0), 4, 1.0, 2)
 
 
@@ -145,7 +143,7 @@ SAMPLES = 48
 def tied_sims():
     out = {}
     for i, e in enumerate(ENS):
-        V = 0.5 * th.critical_V(e)
+        V = 0.5 * th.critical_variance(e)
         per = {}
         for j, n in enumerate(WIDTHS[e]):
             w0 = ex.draw(e, jax.random.PRNGKey(100 + 10 * i + j), n, SAMPLES)
@@ -217,7 +215,7 @@ def test_untied_eq76_as_printed_is_rejected():
     more than the error bars; single width N = 64 (bias O(1/N) is a few percent)."""
     V = 0.8
     t = ex.untied_traces("gaussian", jax.random.PRNGKey(11), 64, V, 12, depth=130)
-    est, se = ex.mean_se(t["fourth"])
+    est, se = stats.mean_se(t["fourth"])
     printed = 1 / (1 - V**2) ** 2 + 2 / (1 - V) ** 2 - 2 / (1 - V**2)
     ours = th.gram_trace("gaussian", V, 2, tied=False)
     assert abs(est - printed) > Z * se
@@ -228,7 +226,7 @@ def test_untied_iteration_length_is_exact_in_expectation():
     """E[z_t . z_t / N] = (1 - V^{t+1}) / (1 - V) exactly for Ginibre (001 Eq. 56), any N."""
     V, steps = 0.6, 30
     out = ex.iterate("gaussian", jax.random.PRNGKey(3), 30, V, steps, samples=200, tied=False)
-    est, se = ex.mean_se(out["length"][-1])
+    est, se = stats.mean_se(out["length"][-1])
     ok, msg = within(est, se, (1 - V ** (steps + 1)) / (1 - V))
     assert ok, msg
     assert (1 - V ** (steps + 1)) / (1 - V) == pytest.approx(th.second_moment("gaussian", V, False), rel=1e-6)
@@ -279,7 +277,7 @@ def test_goe_integral_equals_closed_form():
 @pytest.mark.parametrize("e", ENS)
 @pytest.mark.parametrize("quantity,power", [("second", 1), ("fourth", 2)])
 def test_power_series_converge_to_closed_forms(e, quantity, power):
-    V = 0.6 * th.critical_V(e)
+    V = 0.6 * th.critical_variance(e)
     s = th.power_series(e, V, quantity, terms=400)
     assert s[-1] == pytest.approx(th.gram_trace(e, V, power), rel=1e-10)
     assert np.all(np.diff(s) >= 0) and s[1] > s[0]
@@ -307,7 +305,7 @@ def test_power_series_terms_against_simulation(e):
     # matrix series of degree <= 2i in W = sqrt(V) W0 (odd degrees vanish as N -> inf). The first
     # four partial sums, every coefficient up to V^3, are checked on sampled matrices: Richardson in
     # N from N = 48, 96 with 48 matrices each, 5 standard errors.
-    V, terms = 0.5 * th.critical_V(e), 4
+    V, terms = 0.5 * th.critical_variance(e), 4
     per = {}
     for j, n in enumerate(WIDTHS[e]):
         w = math.sqrt(V) * ex.draw(e, jax.random.PRNGKey(500 + j), n, SAMPLES)
@@ -331,11 +329,11 @@ def test_power_series_first_terms():
 @pytest.mark.parametrize("quantity", ["second", "length"])
 def test_divergence_and_asymptote(e, tied, quantity):
     A, p = th.divergence(e, quantity, tied)
-    vc = th.critical_V(e, tied)
+    vc = th.critical_variance(e, tied)
     f = th.second_moment if quantity == "second" else th.length_variance
     ds = np.array([1e-4, 1e-6, 1e-8])
     vals = np.array([f(e, vc * (1 - d), tied=tied) for d in ds])
-    slope, amp = ex.fit_power_law(ds, vals)
+    slope, amp = stats.fit_power_law(ds, vals)
     assert slope == pytest.approx(p, abs=1e-2)
     ratio = vals / th.asymptote(e, vc * (1 - ds), quantity, tied)
     assert abs(ratio[-1] - 1) < 1e-3 and abs(ratio[-1] - 1) < abs(ratio[0] - 1) + 1e-15
@@ -358,7 +356,7 @@ def test_goe_eq86_constant_is_one_over_32():
 def test_trace_sweep_matches_direct_inverse(e):
     n = 30
     w0 = ex.draw(e, jax.random.PRNGKey(7), n, 1)[0]
-    vs = np.array([0.1, 0.5, 0.9]) * th.critical_V(e)
+    vs = np.array([0.1, 0.5, 0.9]) * th.critical_variance(e)
     sweep = ex.trace_sweep(e, w0, vs)
     direct = np.array([ex.tied_traces(w0, v)["fourth"] for v in vs])
     np.testing.assert_allclose(sweep, direct, rtol=1e-8)
@@ -395,7 +393,7 @@ def test_spectral_radii_and_divergence_probability():
 
 @pytest.mark.parametrize("e", ENS)
 def test_ntk_against_finite_width(e):
-    V = 0.5 * th.critical_V(e)
+    V = 0.5 * th.critical_variance(e)
     per = {n: ex.ntk_samples(e, jax.random.PRNGKey(300 + n), n, V, 40) for n in (48, 96)}
     for key in ("diag", "off"):
         est, se = richardson({n: t[key] for n, t in per.items()})
@@ -409,7 +407,7 @@ def test_ntk_fluctuation_against_finite_width(e):
     # extrapolated value comes from the spread across groups (about 0.35 here, so Z * SE is
     # below 2, the size of the -2 term: a formula without it fails). Ginibre is left out: its finite-N
     # estimates are dominated by rare near-singular I - W (heavy tails, see chapter 1 page 4).
-    V = 0.4 * th.critical_V(e)
+    V = 0.4 * th.critical_variance(e)
     groups, per_group = 100, 80
     per = {}
     for n in (32, 64):
@@ -420,9 +418,3 @@ def test_ntk_fluctuation_against_finite_width(e):
     ok, msg = within(est, se, th.ntk_fluctuation(e, V))
     assert ok, f"ntk fluctuation {e}: {msg}"
     assert th.ntk_fluctuation(e, 0.0) == pytest.approx(2.0, abs=1e-12)  # N Var[v . v] = 2
-
-
-def test_fit_power_law_recovers_exponent():
-    d = np.logspace(-3, -1, 7)
-    p, a = ex.fit_power_law(d, 3.0 * d**-2.5)
-    assert p == pytest.approx(2.5) and a == pytest.approx(3.0)

@@ -9,9 +9,10 @@
 - :func:`length_traces`: ``tr A / N``, ``tr A^2 / N`` for ``A = (I - W)^-T (I - W)^-1`` and the
   spectral radius of ``W`` (001 App. C.2).
 
-Random matrices come from :mod:`deqlab.ensembles` (``scale = sqrt(sigma_w2)`` or ``sqrt(V)``);
-the arithmetic runs in float64 when ``jax_enable_x64`` is set and in float32 otherwise, and
-eigenvalues are computed in float64 with NumPy.
+Random matrices come from :mod:`deqlab.ensembles` (``scale = sqrt(sigma_w2)`` or ``sqrt(V)``:
+``V`` and 002's ``sigma_w2`` are variances, the scale their square root); nonlinearities from
+:mod:`deqlab.nonlinearities`, by name. The arithmetic runs in float64 when ``jax_enable_x64`` is
+set and in float32 otherwise, and eigenvalues are computed in float64 with NumPy.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab import ensembles
+from deqlab import checks, ensembles, nonlinearities
 from deqlab.theory import freeprob
 
 __all__ = ["jacobian_eigs", "slope_samples", "masked_wishart_eigs", "dw_eigs", "length_traces"]
@@ -33,29 +34,15 @@ def _dtype():
     return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
 
 
-_CODES = {name: i for i, name in enumerate(freeprob.NONLINEARITIES)}
+def _depths(depths, where: str) -> list[int]:
+    values = np.atleast_1d(depths).tolist()
+    if not values:
+        raise checks.fail("depths", "a non-empty sequence of integers >= 1", depths, where)
+    return sorted({checks.positive_int(d, "depths", where) for d in values})
 
 
-def _phi_all(h):
-    s = math.sqrt(math.pi) / 2
-    return [h, jnp.maximum(h, 0), jnp.clip(h, -1, 1), jax.scipy.special.erf(s * h),
-            jnp.maximum(h + 0.5, 0) - 0.5, h * jax.nn.sigmoid(h)]
-
-
-def _dphi_all(h):
-    sig = jax.nn.sigmoid(h)
-    one = jnp.ones_like(h)
-    return [one, (h > 0).astype(h.dtype), (jnp.abs(h) < 1).astype(h.dtype),
-            jnp.exp(-math.pi * h**2 / 4), (h > -0.5).astype(h.dtype), sig * (1 + h * (1 - sig))]
-
-
-def _phi(code, h):
-    """``phi`` selected by an integer code (traced), in the order of ``NONLINEARITIES``."""
-    return jnp.select([code == i for i in range(6)], _phi_all(h))
-
-
-def _dphi(code, h):
-    return jnp.select([code == i for i in range(6)], _dphi_all(h))
+# The nonlinearity enters the jitted layers as a traced index into the registry
+# (nonlinearities.index): one compilation serves all of them.
 
 
 @partial(jax.jit, static_argnames=("weights", "n", "dtype"))
@@ -63,7 +50,7 @@ def _first_layer(key, nonlinearity, weights, n, q_star, sw2, dtype):
     k_h, k_w = jax.random.split(key)
     h = jnp.sqrt(q_star) * jax.random.normal(k_h, (n,), dtype)  # pre-activations of layer 1
     w = ensembles.sample(weights, k_w, n, jnp.sqrt(sw2), dtype)
-    return h, _dphi(nonlinearity, h)[:, None] * w
+    return h, nonlinearities.derivative_apply_jax(nonlinearity, h)[:, None] * w
 
 
 @partial(jax.jit, static_argnames=("weights", "n", "dtype", "gaussian_h"))
@@ -73,8 +60,8 @@ def _next_layer(key, h, jac, nonlinearity, weights, n, q_star, sw2, sb2, dtype, 
     if gaussian_h:  # mean-field: fresh N(0, q*) pre-activations, independent of W (q^l = q*)
         h = jnp.sqrt(q_star) * jax.random.normal(kb, (n,), dtype)
     else:  # the network of 002 Eq. 1
-        h = w @ _phi(nonlinearity, h) + jnp.sqrt(sb2) * jax.random.normal(kb, (n,), dtype)
-    return h, _dphi(nonlinearity, h)[:, None] * (w @ jac)
+        h = w @ nonlinearities.apply_jax(nonlinearity, h) + jnp.sqrt(sb2) * jax.random.normal(kb, (n,), dtype)
+    return h, nonlinearities.derivative_apply_jax(nonlinearity, h)[:, None] * (w @ jac)
 
 
 def jacobian_eigs(key, nonlinearity: str, weights: str, depths, q_star: float, n: int,
@@ -96,19 +83,22 @@ def jacobian_eigs(key, nonlinearity: str, weights: str, depths, q_star: float, n
       ``(eigs, q_mean)``: a dict ``depth -> eigenvalues`` (all networks, float64) and the mean
       squared pre-activation over all layers and networks (``q*`` when at the fixed point).
     """
-    freeprob._check_nonlinearity(nonlinearity)
-    freeprob._check_weights(weights)
-    depths = sorted({freeprob._check_depth(d) for d in np.atleast_1d(depths).tolist()})
-    if preactivations not in ("network", "gaussian"):
-        raise ValueError(f"preactivations must be 'network' or 'gaussian', got {preactivations!r}")
+    where = "experiments.freeprob.jacobian_eigs"
+    key = checks.prng_key(key, "key", where)
+    code = nonlinearities.index(nonlinearity, where)
+    weights = checks.choice(weights, "weights", freeprob.WEIGHTS, where)
+    depths = _depths(depths, where)
+    q_star = checks.positive_number(q_star, "q_star", where)
+    n = checks.positive_int(n, "n", where)
+    n_networks = checks.positive_int(n_networks, "n_networks", where)
+    checks.choice(preactivations, "preactivations", ("network", "gaussian"), where)
     sw2_c, sb2 = freeprob.critical_point(nonlinearity, q_star)
-    sw2 = sw2_c if sigma_w2 is None else freeprob._check_positive(sigma_w2, "sigma_w2")
+    sw2 = sw2_c if sigma_w2 is None else checks.positive_number(sigma_w2, "sigma_w2", where)
     dtype = _dtype()
     eigs = {d: [] for d in depths}
     qs = []
     for k in jax.random.split(key, n_networks):
         keys = jax.random.split(k, depths[-1])
-        code = _CODES[nonlinearity]  # traced: one compilation per weight ensemble and width
         h, jac = _first_layer(keys[0], code, weights, n, q_star, sw2, dtype)
         for layer in range(1, depths[-1] + 1):
             if layer > 1:
@@ -123,14 +113,24 @@ def jacobian_eigs(key, nonlinearity: str, weights: str, depths, q_star: float, n
 
 def slope_samples(key, nonlinearity: str, q_star: float, n: int):
     """``phi'(h)`` for ``n`` draws ``h ~ N(0, q*)`` (002 Figure 3)."""
-    freeprob._check_nonlinearity(nonlinearity)
+    where = "experiments.freeprob.slope_samples"
+    key = checks.prng_key(key, "key", where)
+    nl = nonlinearities.get(nonlinearity, where)
+    q_star = checks.positive_number(q_star, "q_star", where)
+    n = checks.positive_int(n, "n", where)
     h = math.sqrt(q_star) * jax.random.normal(key, (n,), _dtype())
-    return np.asarray(_dphi(_CODES[nonlinearity], h), dtype=np.float64)
+    return np.asarray(nl.derivative_jax(h), dtype=np.float64)
 
 
 def masked_wishart_eigs(key, p: float, sigma_w2: float, n: int, n_samples: int = 1):
     """Eigenvalues of ``D W^T W D`` with ``D = diag(Bernoulli(p))`` and Gaussian ``W``
     (entries ``N(0, sigma_w2 / n)``): the free product ``Bernoulli(p) ⊠ MP(sigma_w2)``."""
+    where = "experiments.freeprob.masked_wishart_eigs"
+    key = checks.prng_key(key, "key", where)
+    p = checks.number(p, "p", where, lower=0.0, upper=1.0)
+    sigma_w2 = checks.number(sigma_w2, "sigma_w2", where, lower=0.0)
+    n = checks.positive_int(n, "n", where)
+    n_samples = checks.positive_int(n_samples, "n_samples", where)
     out = []
     for k in jax.random.split(key, n_samples):
         kw, kd = jax.random.split(k)
@@ -140,33 +140,44 @@ def masked_wishart_eigs(key, p: float, sigma_w2: float, n: int, n_samples: int =
     return np.concatenate(out)
 
 
-def dw_eigs(key, nonlinearity: str, q_star: float, variance: float, n: int, n_samples: int = 1):
-    """Eigenvalues of ``D W``, ``W = sample("goe", key, n, sqrt(V))``, ``D = diag(phi'(h))``,
-    ``h ~ N(0, q*)`` independent of ``W`` (001 App. C.1). For ``phi' >= 0`` these are the
-    (real) eigenvalues of ``D^(1/2) W D^(1/2)``."""
+def dw_eigs(key, nonlinearity: str, q_star: float, V: float, n: int, n_samples: int = 1):
+    """Eigenvalues of ``D W``, ``W = sample("goe", key, n, sqrt(V))`` (variance ``V``),
+    ``D = diag(phi'(h))``, ``h ~ N(0, q*)`` independent of ``W`` (001 App. C.1). For
+    ``phi' >= 0`` these are the (real) eigenvalues of ``D^(1/2) W D^(1/2)``."""
+    where = "experiments.freeprob.dw_eigs"
+    key = checks.prng_key(key, "key", where)
+    V = checks.number(V, "V", where, lower=0.0)
+    n_samples = checks.positive_int(n_samples, "n_samples", where)
     out = []
     for k in jax.random.split(key, n_samples):
         kw, kh = jax.random.split(k)
-        w = np.asarray(ensembles.sample("goe", kw, n, math.sqrt(variance), _dtype()), np.float64)
+        w = np.asarray(ensembles.sample("goe", kw, n, math.sqrt(V), _dtype()), np.float64)
         d = slope_samples(kh, nonlinearity, q_star, n)
         if np.any(d < 0):
-            raise ValueError("dw_eigs: phi' must be non-negative (monotone phi)")
+            raise checks.fail("nonlinearity", "monotone (phi' >= 0, so that D^(1/2) exists)",
+                              nonlinearity, where)
         r = np.sqrt(d)
         out.append(np.linalg.eigvalsh(r[:, None] * w * r[None, :]))
     return np.concatenate(out)
 
 
-def length_traces(key, ensemble: str, variance: float, n: int, n_samples: int):
+def length_traces(key, ensemble: str, V: float, n: int, n_samples: int):
     """Per sample: ``tr A / n``, ``tr A^2 / n`` with ``A = (I - W)^-T (I - W)^-1`` and the
     spectral radius ``rho(W)`` (the Neumann series ``sum_k W^k`` diverges when ``rho >= 1``),
-    for ``W = sample(ensemble, key, n, sqrt(V))`` (001 App. C.2).
+    for ``W = sample(ensemble, key, n, sqrt(V))``, ``V`` the variance (001 App. C.2).
 
     Returns a dict of float64 arrays ``tr1``, ``tr2``, ``radius``.
     """
+    where = "experiments.freeprob.length_traces"
+    key = checks.prng_key(key, "key", where)
+    ensemble = checks.choice(ensemble, "ensemble", ensembles.ENSEMBLES, where)
+    V = checks.number(V, "V", where, lower=0.0)
+    n = checks.positive_int(n, "n", where)
+    n_samples = checks.positive_int(n_samples, "n_samples", where)
     tr1, tr2, rad = [], [], []
     eye = np.eye(n)
     for k in jax.random.split(key, n_samples):
-        w = np.asarray(ensembles.sample(ensemble, k, n, math.sqrt(variance), _dtype()), np.float64)
+        w = np.asarray(ensembles.sample(ensemble, k, n, math.sqrt(V), _dtype()), np.float64)
         s = np.linalg.svd(eye - w, compute_uv=False)
         a = 1.0 / s**2  # eigenvalues of (I - W)^-T (I - W)^-1
         tr1.append(a.mean())
@@ -191,8 +202,10 @@ def double_scaling_eigs(key, nonlinearity: str, weights: str, depths, sigma0_2: 
       ``(eigs, q_ratio)``: dicts ``depth -> eigenvalues`` and ``depth -> (measured mean squared
       pre-activation) / q*(L)`` (1 when the pre-activations stay at their fixed point).
     """
+    where = "experiments.freeprob.double_scaling_eigs"
+    key = checks.prng_key(key, "key", where)
     eigs, q_ratio = {}, {}
-    depths = sorted({freeprob._check_depth(d) for d in np.atleast_1d(depths).tolist()})
+    depths = _depths(depths, where)
     for k, depth in zip(jax.random.split(key, len(depths)), depths):
         q = freeprob.double_scaling_q_star(nonlinearity, depth, sigma0_2)
         by_depth, q_mean = jacobian_eigs(k, nonlinearity, weights, [depth], q, n, n_networks)

@@ -13,8 +13,12 @@ Every function draws its weights with :mod:`deqlab.ensembles` (``W = sqrt(V) W0`
 - :func:`trace_sweep`: ``tr[((I - sqrt(V) W0)^T (I - sqrt(V) W0))^{-2}]`` over a sweep of ``V``
   from one decomposition per matrix (001 Fig. 1);
 - :func:`spectral_radii`, :func:`divergence_probability`: finite-``N`` failure of the iteration;
-- :func:`ntk_samples`: the finite-width NTK of ``f = v^T z*`` (001 App. B.1);
-- :func:`mean_se`, :func:`fit_power_law`: summaries with standard errors.
+- :func:`ntk_samples`: the finite-width NTK of ``f = v^T z*`` (001 App. B.1).
+
+``V`` is always the variance (``scale = sqrt(V)`` in :mod:`deqlab.ensembles`); ensemble names are
+those of :data:`deqlab.theory.linear.ENSEMBLES` (the registry :data:`deqlab.ensembles.ENSEMBLES`
+less ``"antisymmetric"``). Summaries of the samples (means with standard errors, Richardson
+extrapolation, power-law fits) are in :mod:`deqlab.stats`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
-from deqlab import ensembles
+from deqlab import checks, ensembles
 from deqlab.theory import linear as theory
 
 __all__ = [
@@ -42,22 +46,16 @@ __all__ = [
     "spectral_radii",
     "divergence_probability",
     "ntk_samples",
-    "mean_se",
-    "fit_power_law",
 ]
 
 
-def _check_positive_int(value, name: str, where: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{where}: {name} must be a positive int, got {value!r}")
-    return int(value)
+def _ensemble(ensemble, where: str) -> str:
+    checks.choice(ensemble, "ensemble", ensembles.ENSEMBLES, where)
+    return checks.choice(ensemble, "ensemble", theory.ENSEMBLES, where)
 
 
-def _check_scale(V, where: str) -> float:
-    v = float(V)
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{where}: V must be a finite number >= 0, got {V!r}")
-    return v
+def _variance(V, where: str) -> float:
+    return checks.number(V, "V", where, lower=0.0)
 
 
 def _block(n: int) -> int:
@@ -83,10 +81,10 @@ def draw(ensemble: str, key: jax.Array, n: int, samples: int = 1) -> np.ndarray:
     precision and the orthogonal ensemble's guaranteed spectral radius 1 holds exactly.
     """
     where = "experiments.linear.draw"
-    if ensemble not in theory.ENSEMBLES:
-        raise ValueError(f"{where}: ensemble must be one of {theory.ENSEMBLES}, got {ensemble!r}")
-    n = _check_positive_int(n, "n", where)
-    samples = _check_positive_int(samples, "samples", where)
+    ensemble = _ensemble(ensemble, where)
+    key = checks.prng_key(key, "key", where)
+    n = checks.positive_int(n, "n", where)
+    samples = checks.positive_int(samples, "samples", where)
     dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
     blocks = [_draw_block(ensemble, k, n, dtype)
               for k in jax.random.split(key, math.ceil(samples / _block(n)))]
@@ -114,7 +112,7 @@ def tied_traces(w0: np.ndarray, V: float) -> dict[str, np.ndarray]:
     batch shape), whose ``N -> inf`` means are :func:`deqlab.theory.linear.first_moment`,
     ``second_moment`` and ``gram_trace(power=2)``.
     """
-    v = _check_scale(V, "experiments.linear.tied_traces")
+    v = _variance(V, "experiments.linear.tied_traces")
     w0 = np.asarray(w0, dtype=np.float64)
     eye = np.eye(w0.shape[-1])
     m = np.linalg.solve(eye - math.sqrt(v) * w0, np.broadcast_to(eye, w0.shape))
@@ -130,12 +128,14 @@ def untied_traces(ensemble: str, key: jax.Array, n: int, V: float, samples: int,
     order ``V^t / (1 - V)``). Same keys as :func:`tied_traces`.
     """
     where = "experiments.linear.untied_traces"
-    v = _check_scale(V, where)
-    if not v < 1:
-        raise ValueError(f"{where}: V must satisfy 0 <= V < 1 for untied weights, got {V!r}")
+    ensemble = _ensemble(ensemble, where)
+    key = checks.prng_key(key, "key", where)
+    n = checks.positive_int(n, "n", where)
+    samples = checks.positive_int(samples, "samples", where)
+    v = checks.number(V, "V", where, lower=0.0, upper=1.0, upper_open=True)  # untied V_c = 1
     if depth is None:
         depth = 1 if v == 0 else max(1, math.ceil(math.log(1e-12) / math.log(v)))
-    depth = _check_positive_int(depth, "depth", where)
+    depth = checks.positive_int(depth, "depth", where)
     eye = np.eye(n)
     m = np.broadcast_to(eye, (samples, n, n)).copy()
     for w in _weight_stream(ensemble, key, n, samples, depth):
@@ -166,7 +166,9 @@ def length_variance_sample(m: np.ndarray, key: jax.Array, draws: int) -> tuple[f
     2.2. The standard error of the sample variance ``s^2`` of ``draws`` values is
     ``sqrt((m4 - s^4) / draws)`` with ``m4`` the sample fourth central moment.
     """
-    draws = _check_positive_int(draws, "draws", "experiments.linear.length_variance_sample")
+    where = "experiments.linear.length_variance_sample"
+    key = checks.prng_key(key, "key", where)
+    draws = checks.integer(draws, "draws", where, minimum=2)  # a sample variance needs 2
     m = np.asarray(m, dtype=np.float64)
     n = m.shape[-1]
     x = np.asarray(jax.random.normal(key, (draws, n)), dtype=np.float64)
@@ -183,7 +185,7 @@ def length_variance_sample(m: np.ndarray, key: jax.Array, draws: int) -> tuple[f
 
 def fixed_points(w0: np.ndarray, V: float, x: np.ndarray) -> np.ndarray:
     """``z* = (I - sqrt(V) W0)^{-1} x`` for one input ``x`` and each matrix of the batch ``w0``."""
-    v = _check_scale(V, "experiments.linear.fixed_points")
+    v = _variance(V, "experiments.linear.fixed_points")
     w0 = np.asarray(w0, dtype=np.float64)
     eye = np.eye(w0.shape[-1])
     rhs = np.broadcast_to(np.asarray(x, dtype=np.float64)[:, None], w0.shape[:-1] + (1,))
@@ -200,8 +202,12 @@ def iterate(ensemble: str, key: jax.Array, n: int, V: float, steps: int, samples
     distribution of ``z_t``.
     """
     where = "experiments.linear.iterate"
-    v = _check_scale(V, where)
-    steps = _check_positive_int(steps, "steps", where)
+    ensemble = _ensemble(ensemble, where)
+    key = checks.prng_key(key, "key", where)
+    n = checks.positive_int(n, "n", where)
+    v = _variance(V, where)
+    steps = checks.positive_int(steps, "steps", where)
+    samples = checks.positive_int(samples, "samples", where)
     kx, kw = jax.random.split(key)
     x = np.asarray(jax.random.normal(kx, (samples, n)), dtype=np.float64)
     z = np.zeros_like(x)
@@ -239,10 +245,11 @@ def trace_sweep(ensemble: str, w0: np.ndarray, Vs: Sequence[float]) -> np.ndarra
     Values where ``I - sqrt(V) W0`` is singular are ``inf``. Returns an array of ``len(Vs)``.
     """
     where = "experiments.linear.trace_sweep"
+    ensemble = _ensemble(ensemble, where)
     w0 = np.asarray(w0, dtype=np.float64)
     if w0.ndim != 2 or w0.shape[0] != w0.shape[1]:
-        raise ValueError(f"{where}: w0 must be one square matrix, got shape {w0.shape}")
-    vs = np.asarray([_check_scale(v, where) for v in Vs])
+        raise checks.fail("w0", "one square matrix", f"shape {w0.shape}", where)
+    vs = np.asarray([checks.number(v, "Vs", where, lower=0.0) for v in Vs])
     sv = np.sqrt(vs)
     n = w0.shape[0]
     if ensemble == "goe":
@@ -253,8 +260,6 @@ def trace_sweep(ensemble: str, w0: np.ndarray, Vs: Sequence[float]) -> np.ndarra
         lam = np.linalg.eigvals(w0)
         with np.errstate(divide="ignore"):
             return np.mean(np.abs(1.0 - sv[:, None] * lam[None, :]) ** -4.0, axis=1)
-    if ensemble != "gaussian":
-        raise ValueError(f"{where}: ensemble must be one of {theory.ENSEMBLES}, got {ensemble!r}")
     t, _ = scipy.linalg.schur(w0, output="complex")
     eye = np.eye(n, dtype=complex)
     out = np.empty(len(vs))
@@ -277,8 +282,11 @@ def spectral_radii(ensemble: str, key: jax.Array, n: int, samples: int,
     one eigenvalue computation per matrix answers the question for every ``V``.
     """
     where = "experiments.linear.spectral_radii"
-    samples = _check_positive_int(samples, "samples", where)
-    batch = _check_positive_int(batch, "batch", where)
+    ensemble = _ensemble(ensemble, where)
+    key = checks.prng_key(key, "key", where)
+    n = checks.positive_int(n, "n", where)
+    samples = checks.positive_int(samples, "samples", where)
+    batch = checks.positive_int(batch, "batch", where)
     out = []
     for i, k in enumerate(jax.random.split(key, math.ceil(samples / batch))):
         size = min(batch, samples - i * batch)
@@ -298,11 +306,13 @@ def divergence_probability(radii: np.ndarray, ensemble: str,
     Diverges iff ``sqrt(V) rho(W0) >= 1``; ``radii`` from :func:`spectral_radii`. The standard
     error is the binomial ``sqrt(p (1 - p) / S)``.
     """
+    where = "experiments.linear.divergence_probability"
+    ensemble = _ensemble(ensemble, where)
     radii = np.asarray(radii, dtype=np.float64)
-    vc = theory.critical_V(ensemble)
+    vc = theory.critical_variance(ensemble)
     d = np.asarray(deltas, dtype=np.float64)
-    if np.any(d <= 0) or np.any(d > 1):
-        raise ValueError(f"experiments.linear.divergence_probability: deltas must be in (0, 1]")
+    if d.size == 0 or np.any(~(d > 0)) or np.any(d > 1):
+        raise checks.fail("deltas", "numbers in (0, 1] (V = V_c (1 - delta))", deltas, where)
     v = vc * (1.0 - d)
     p = np.mean(np.sqrt(v)[:, None] * radii[None, :] >= 1.0, axis=1)
     return p, np.sqrt(p * (1 - p) / radii.size)
@@ -320,7 +330,12 @@ def ntk_samples(ensemble: str, key: jax.Array, n: int, V: float, samples: int,
     :func:`deqlab.theory.linear.ntk` as ``n -> inf``.
     """
     where = "experiments.linear.ntk_samples"
-    v = _check_scale(V, where)
+    ensemble = _ensemble(ensemble, where)
+    key = checks.prng_key(key, "key", where)
+    n = checks.positive_int(n, "n", where)
+    samples = checks.positive_int(samples, "samples", where)
+    v = _variance(V, where)
+    cosine = checks.number(cosine, "cosine", where, lower=-1.0, upper=1.0)
     kw, kv, kx, ky = jax.random.split(key, 4)
     w0 = draw(ensemble, kw, n, samples)
     eye = np.eye(n)
@@ -337,23 +352,3 @@ def ntk_samples(ensemble: str, key: jax.Array, n: int, V: float, samples: int,
         "diag": a * np.sum(zx * zx, -1) / np.sum(x * x, -1),
         "off": a * np.sum(zx * zy, -1) / np.sum(x * xp, -1),
     }
-
-
-def mean_se(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Sample mean and its standard error ``std(ddof=1) / sqrt(count)`` along ``axis``."""
-    values = np.asarray(values, dtype=np.float64)
-    count = values.shape[axis]
-    if count < 2:
-        raise ValueError("experiments.linear.mean_se: need at least 2 values")
-    return values.mean(axis), values.std(axis=axis, ddof=1) / math.sqrt(count)
-
-
-def fit_power_law(delta: np.ndarray, values: np.ndarray) -> tuple[float, float]:
-    """Least-squares fit of ``log values = log A - p log delta``; returns ``(p, A)``."""
-    d = np.asarray(delta, dtype=np.float64)
-    y = np.asarray(values, dtype=np.float64)
-    ok = np.isfinite(y) & (y > 0) & (d > 0)
-    if ok.sum() < 2:
-        raise ValueError("experiments.linear.fit_power_law: need two finite positive points")
-    slope, intercept = np.polyfit(np.log(d[ok]), np.log(y[ok]), 1)
-    return float(-slope), float(math.exp(intercept))

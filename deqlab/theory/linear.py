@@ -14,9 +14,11 @@ App. A.1:
 - ``"goe"``: symmetric, off-diagonal variance ``V/N``, diagonal ``2V/N``; semicircle of radius
   ``2 sqrt(V)``; ``V_c = 1/4``.
 
+``V`` is always the variance (the ``scale`` of :mod:`deqlab.ensembles` is ``sqrt(V)``).
 ``V_c`` is the variance at which the large-``N`` spectral radius of ``W`` reaches 1
-(:func:`critical_V`, equal to :func:`deqlab.ensembles.critical_variance`). All closed forms are
-``N -> inf`` limits; they exist for ``0 <= V < V_c`` and raise ``ValueError`` outside that range.
+(:func:`critical_variance`; for tied weights :func:`deqlab.ensembles.critical_variance`). All
+closed forms are ``N -> inf`` limits; they exist for ``0 <= V < V_c`` and raise ``ValueError``
+outside that range, naming ``V`` and the range.
 
 **Normalised traces.** ``tr`` is the normalised trace ``(1/N) Tr`` (001 §2.1.1). With the input
 ``x`` of i.i.d. unit-variance entries, the quantities here are (expectations over ``W`` and ``x``)
@@ -66,11 +68,11 @@ import scipy.integrate
 import scipy.optimize
 import scipy.special
 
-from deqlab import ensembles as _ensembles
+from deqlab import checks, ensembles
 
 __all__ = [
     "ENSEMBLES",
-    "critical_V",
+    "critical_variance",
     "delta",
     "first_moment",
     "second_moment",
@@ -90,45 +92,44 @@ __all__ = [
     "reliable_delta",
 ]
 
-ENSEMBLES: tuple[str, ...] = ("gaussian", "orthogonal", "goe")
-"""The weight ensembles of 001 §2 (names as in :mod:`deqlab.ensembles`)."""
+ENSEMBLES: tuple[str, ...] = tuple(e for e in ensembles.ENSEMBLES if e != "antisymmetric")
+"""The weight ensembles of 001 §2, the ones with closed forms here: the names of
+:data:`deqlab.ensembles.ENSEMBLES` except ``"antisymmetric"`` (not in 001)."""
 
 
 # --------------------------------------------------------------------------------------------
-# Validation
+# Validation (deqlab.checks; V against the critical variance of the ensemble registry)
 # --------------------------------------------------------------------------------------------
 
 
-def _check_ensemble(ensemble: Any, where: str) -> str:
-    if not isinstance(ensemble, str) or ensemble not in ENSEMBLES:
-        raise ValueError(f"{where}: ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
-    return ensemble
+def _check_ensemble(ensemble: Any, where: str, options: tuple[str, ...] = ENSEMBLES) -> str:
+    checks.choice(ensemble, "ensemble", ensembles.ENSEMBLES, where)
+    return checks.choice(ensemble, "ensemble", options, where)
 
 
 def _check_tied(tied: Any, where: str) -> bool:
     if not isinstance(tied, (bool, np.bool_)):
-        raise ValueError(f"{where}: tied must be True or False, got {tied!r}")
+        raise checks.fail("tied", "True or False", tied, where)
     return bool(tied)
 
 
 def _check_V(V: Any, ensemble: str, where: str, tied: bool = True) -> tuple[np.ndarray, bool]:
     """``V`` as a float64 array, checked to lie in ``[0, V_c)``; also whether it was a scalar."""
-    vc = critical_V(ensemble, tied)
-    valid = f"0 <= V < V_c = {vc:g} for {ensemble!r} ({'tied' if tied else 'untied'} weights)"
+    vc = critical_variance(ensemble, tied)
+    requirement = (f"real numbers with 0 <= V < V_c = {vc:g} for {ensemble!r} "
+                   f"({'tied' if tied else 'untied'} weights; the N -> inf limit does not exist "
+                   "at or above V_c)")
     if isinstance(V, (bool, np.bool_)):
-        raise ValueError(f"{where}: V must be a real number with {valid}, got {V!r}")
+        raise checks.fail("V", requirement, V, where)
     try:
         arr = np.asarray(V, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: V must be a real number with {valid}, got {V!r}") from None
+        raise checks.fail("V", requirement, V, where) from None
     if arr.size == 0:
-        raise ValueError(f"{where}: V must not be empty")
+        raise checks.fail("V", requirement, V, where)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr >= vc):
         bad = arr[~(np.isfinite(arr) & (arr >= 0) & (arr < vc))].ravel()[0]
-        raise ValueError(
-            f"{where}: V must satisfy {valid} (the N -> inf limit does not exist at or above "
-            f"V_c), got V = {bad:g}"
-        )
+        raise checks.fail("V", requirement, float(bad), where)
     return arr, arr.ndim == 0
 
 
@@ -141,20 +142,21 @@ def _out(values: np.ndarray, scalar: bool):
 # --------------------------------------------------------------------------------------------
 
 
-def critical_V(ensemble: str, tied: bool = True) -> float:
+def critical_variance(ensemble: str, tied: bool = True) -> float:
     """Critical variance ``V_c``: 1 for ``"gaussian"`` and ``"orthogonal"``, 1/4 for ``"goe"``.
 
     Above ``V_c`` the large-``N`` spectral radius of ``W = sqrt(V) W0`` exceeds 1 and the tied
     iteration (001 Eq. 3) diverges (001 §2.1.2: ``V_c = 1`` for i.i.d. and orthogonal weights,
     ``1/4`` for the GOE, "the spectral radius of ``2 sqrt(V)`` of the semi-circular law").
-    Equal to :func:`deqlab.ensembles.critical_variance`.
+    For tied weights this is :func:`deqlab.ensembles.critical_variance` (the registry's value).
 
     With ``tied=False`` (independent ``W_t`` at every step, 001 Eq. 6) the statistics only see
     ``tr[W_t^T W_t] = V`` (001 Eq. 56), so ``V_c = 1`` for every ensemble, the GOE included.
     """
-    ensemble = _check_ensemble(ensemble, "theory.linear.critical_V")
-    tied = _check_tied(tied, "theory.linear.critical_V")
-    return float(_ensembles.critical_variance(ensemble)) if tied else 1.0
+    where = "theory.linear.critical_variance"
+    ensemble = _check_ensemble(ensemble, where)
+    tied = _check_tied(tied, where)
+    return float(ensembles.critical_variance(ensemble)) if tied else 1.0
 
 
 def delta(ensemble: str, V, tied: bool = True):
@@ -163,7 +165,7 @@ def delta(ensemble: str, V, tied: bool = True):
     ensemble = _check_ensemble(ensemble, where)
     tied = _check_tied(tied, where)
     arr, scalar = _check_V(V, ensemble, where, tied)
-    return _out(1.0 - arr / critical_V(ensemble, tied), scalar)
+    return _out(1.0 - arr / critical_variance(ensemble, tied), scalar)
 
 
 def _catalan_gf(V: np.ndarray) -> np.ndarray:
@@ -208,7 +210,7 @@ def second_moment(ensemble: str, V, tied: bool = True):
 
     Diverges as ``delta^-1`` (``delta^-1/2`` for the tied GOE), see :func:`divergence`.
     """
-    return gram_trace(ensemble, V, power=1, tied=tied, _where="theory.linear.second_moment")
+    return _gram_trace(ensemble, V, 1, tied, "theory.linear.second_moment")
 
 
 def variance(ensemble: str, V, tied: bool = True):
@@ -223,7 +225,7 @@ def variance(ensemble: str, V, tied: bool = True):
     around its mean.
     """
     where = "theory.linear.variance"
-    m2 = np.asarray(gram_trace(ensemble, V, power=1, tied=tied, _where=where))
+    m2 = np.asarray(_gram_trace(ensemble, V, 1, tied, where))
     m1 = np.asarray(first_moment(ensemble, V, tied=tied))
     return _out(m2 - m1**2, np.ndim(V) == 0)
 
@@ -233,7 +235,7 @@ def variance(ensemble: str, V, tied: bool = True):
 # --------------------------------------------------------------------------------------------
 
 
-def gram_trace(ensemble: str, V, power: int = 2, tied: bool = True, *, _where: str | None = None):
+def gram_trace(ensemble: str, V, power: int = 2, tied: bool = True):
     """``lim_{N->inf} E tr[(M^T M)^power]`` for ``power`` 1 or 2 (normalised trace).
 
     ``M = (I - W)^{-1}`` (tied) or ``M = sum_k W_1 ... W_k`` (untied, infinite depth).
@@ -261,11 +263,14 @@ def gram_trace(ensemble: str, V, power: int = 2, tied: bool = True, *, _where: s
     from ``tr[s M s M]`` for a semicircular ``s`` (GOE), and ``r' = 1 + 4Vq + V^2 r`` for a Haar
     ``s`` (``s^T s = V I``); the fixed point with ``q = 1/(1-V)`` is the formula above.
     """
-    where = _where or "theory.linear.gram_trace"
+    return _gram_trace(ensemble, V, power, tied, "theory.linear.gram_trace")
+
+
+def _gram_trace(ensemble, V, power, tied, where: str):
+    """:func:`gram_trace`, with error messages naming the public function ``where``."""
     ensemble = _check_ensemble(ensemble, where)
     tied = _check_tied(tied, where)
-    if isinstance(power, (bool, np.bool_)) or power not in (1, 2):
-        raise ValueError(f"{where}: power must be 1 or 2, got {power!r}")
+    power = checks.integer(power, "power", where, minimum=1, maximum=2)
     arr, scalar = _check_V(V, ensemble, where, tied)
     v = arr
     if power == 1:
@@ -307,7 +312,7 @@ def length_variance(ensemble: str, V, tied: bool = True):
     (orthogonal), ``delta^-5/2`` (GOE); untied ``delta^-2`` (orthogonal), ``delta^-3``
     (Gaussian, GOE).
     """
-    out = gram_trace(ensemble, V, power=2, tied=tied, _where="theory.linear.length_variance")
+    out = _gram_trace(ensemble, V, 2, tied, "theory.linear.length_variance")
     return 2.0 * out if np.ndim(out) else 2.0 * float(out)
 
 
@@ -331,8 +336,8 @@ def goe_length_variance_integral(V, nodes: int | None = None):
         a = 1.0 / (2.0 * np.sqrt(np.maximum(arr.max(), 1e-300)))
         rho = a + math.sqrt(max(a * a - 1.0, 0.0))
         nodes = int(min(max(64, math.ceil(40.0 / math.log(rho)) + 64), 2_000_000))
-    elif isinstance(nodes, (bool, np.bool_)) or not isinstance(nodes, (int, np.integer)) or nodes < 1:
-        raise ValueError(f"{where}: nodes must be a positive int, got {nodes!r}")
+    else:
+        nodes = checks.positive_int(nodes, "nodes", where)
     k = np.arange(1, nodes + 1)
     theta = k * np.pi / (nodes + 1)
     x = np.cos(theta)
@@ -374,14 +379,13 @@ def divergence(ensemble: str, quantity: str = "length", tied: bool = True) -> tu
     :func:`gram_trace`). The amplitudes follow from the closed forms, e.g. the tied GOE
     length variance is exactly ``2 delta^{-5/2}``.
 
-    ``delta`` is relative to :func:`critical_V` ``(ensemble, tied)``: for untied weights
+    ``delta`` is relative to :func:`critical_variance` ``(ensemble, tied)``: for untied weights
     ``V_c = 1`` for every ensemble, the GOE included.
     """
     where = "theory.linear.divergence"
     ensemble = _check_ensemble(ensemble, where)
     tied = _check_tied(tied, where)
-    if quantity not in ("second", "length"):
-        raise ValueError(f"{where}: quantity must be 'second' or 'length', got {quantity!r}")
+    checks.choice(quantity, "quantity", ("second", "length"), where)
     return _DIVERGENCE[(quantity, tied, ensemble)]
 
 
@@ -397,7 +401,7 @@ def asymptote(ensemble: str, V, quantity: str = "length", tied: bool = True):
     ensemble = _check_ensemble(ensemble, where)
     tied = _check_tied(tied, where)
     amp, p = divergence(ensemble, quantity, tied)
-    vc = critical_V(ensemble, tied)
+    vc = critical_variance(ensemble, tied)
     arr, scalar = _check_V(V, ensemble, where, tied)
     return _out(amp * (1.0 - arr / vc) ** (-p), scalar)
 
@@ -435,11 +439,9 @@ def power_series(ensemble: str, V: float, quantity: str = "second", terms: int =
     ensemble = _check_ensemble(ensemble, where)
     arr, scalar = _check_V(V, ensemble, where)
     if not scalar:
-        raise ValueError(f"{where}: V must be a scalar, got shape {arr.shape}")
-    if quantity not in ("second", "fourth"):
-        raise ValueError(f"{where}: quantity must be 'second' or 'fourth', got {quantity!r}")
-    if isinstance(terms, (bool, np.bool_)) or not isinstance(terms, (int, np.integer)) or terms < 1:
-        raise ValueError(f"{where}: terms must be a positive int, got {terms!r}")
+        raise checks.fail("V", "a scalar", V, where)
+    checks.choice(quantity, "quantity", ("second", "fourth"), where)
+    terms = checks.positive_int(terms, "terms", where)
     v = float(arr)
     i = np.arange(terms)
     powers = v ** i.astype(np.float64)
@@ -467,7 +469,7 @@ def ntk(ensemble: str, V, tied: bool = True):
     ``Theta(x, x') -> second_moment(ensemble, V)^2 x . x'`` (001: ``(1/N^2) E[z* . z*]^2 x . x'``
     for unit-variance inputs). Returns ``second_moment(ensemble, V, tied) ** 2``.
     """
-    m2 = gram_trace(ensemble, V, power=1, tied=tied, _where="theory.linear.ntk")
+    m2 = _gram_trace(ensemble, V, 1, tied, "theory.linear.ntk")
     return m2**2 if np.ndim(m2) else float(m2) ** 2
 
 
@@ -488,8 +490,8 @@ def ntk_fluctuation(ensemble: str, V, tied: bool = True):
     :func:`second_moment`.
     """
     where = "theory.linear.ntk_fluctuation"
-    quartic = gram_trace(ensemble, V, power=2, tied=tied, _where=where)
-    m2 = gram_trace(ensemble, V, power=1, tied=tied, _where=where)
+    quartic = _gram_trace(ensemble, V, 2, tied, where)
+    m2 = _gram_trace(ensemble, V, 1, tied, where)
     out = 4.0 * np.asarray(quartic) / np.asarray(m2) ** 2 - 2.0
     return out if np.ndim(out) else float(out)
 
@@ -561,14 +563,13 @@ def tracy_widom_cdf(s, beta: int = 1):
     largest eigenvalues.
     """
     where = "theory.linear.tracy_widom_cdf"
-    if isinstance(beta, (bool, np.bool_)) or beta not in (1, 2):
-        raise ValueError(f"{where}: beta must be 1 or 2, got {beta!r}")
+    beta = checks.integer(beta, "beta", where, minimum=1, maximum=2)
     try:
         arr = np.asarray(s, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: s must be real numbers, got {s!r}") from None
+        raise checks.fail("s", "real numbers (not NaN; +-inf allowed)", s, where) from None
     if np.any(np.isnan(arr)):
-        raise ValueError(f"{where}: s must not be NaN")
+        raise checks.fail("s", "real numbers (not NaN; +-inf allowed)", float("nan"), where)
     scalar = arr.ndim == 0
     flat = np.atleast_1d(arr).ravel()
     out = np.zeros_like(flat)
@@ -586,9 +587,7 @@ def tracy_widom_cdf(s, beta: int = 1):
 
 
 def _check_width(N, where: str) -> int:
-    if isinstance(N, (bool, np.bool_)) or not isinstance(N, (int, np.integer)) or N < 2:
-        raise ValueError(f"{where}: N must be an int >= 2, got {N!r}")
-    return int(N)
+    return checks.integer(N, "N", where, minimum=2)
 
 
 def _ginibre_gamma(N: int) -> float:
@@ -623,27 +622,27 @@ def edge_scaling(ensemble: str, N: int) -> tuple[float, float]:
     """
     where = "theory.linear.edge_scaling"
     ensemble = _check_ensemble(ensemble, where)
+    if ensemble == "orthogonal":
+        raise checks.fail("ensemble", "'gaussian' or 'goe' (the orthogonal spectral radius is "
+                          "exactly 1: no edge law)", ensemble, where)
     N = _check_width(N, where)
     if ensemble == "goe":
         return 2.0, float(N) ** (-2.0 / 3.0)
-    if ensemble == "orthogonal":
-        raise ValueError(f"{where}: ensemble must be 'gaussian' or 'goe' (the orthogonal "
-                         f"spectral radius is exactly 1), got 'orthogonal'")
     if N < GINIBRE_MIN_N:
-        raise ValueError(f"{where}: N must be >= {GINIBRE_MIN_N} for the Gumbel centring of the "
-                         f"real Ginibre radius (gamma_(N/2) > 0), got {N}")
+        raise checks.fail("N", f"an integer >= {GINIBRE_MIN_N} for the Gumbel centring of the "
+                          "real Ginibre radius (gamma_(N/2) > 0)", N, where)
     g = _ginibre_gamma(N)
     return 1.0 + math.sqrt(g / (4.0 * N)), 1.0 / math.sqrt(4.0 * N * g)
 
 
 def _check_delta(delta, where: str) -> tuple[np.ndarray, bool]:
+    requirement = "real numbers in (0, 1] (V = V_c (1 - delta) below V_c)"
     try:
         arr = np.asarray(delta, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: delta must be real numbers in (0, 1], got {delta!r}") from None
+        raise checks.fail("delta", requirement, delta, where) from None
     if arr.size == 0 or not np.all((arr > 0) & (arr <= 1)):
-        raise ValueError(f"{where}: delta must lie in (0, 1] (V = V_c (1 - delta) below V_c), "
-                         f"got {delta!r}")
+        raise checks.fail("delta", requirement, delta, where)
     return arr, arr.ndim == 0
 
 
@@ -665,7 +664,7 @@ def edge_failure_probability(ensemble: str, N: int, delta):
         return _out(np.zeros_like(d), scalar)
     centre, width = edge_scaling(ensemble, N)
     with np.errstate(divide="ignore"):  # delta = 1 is V = 0: r = inf, never diverges
-        r = 1.0 / np.sqrt(critical_V(ensemble) * (1.0 - d))
+        r = 1.0 / np.sqrt(critical_variance(ensemble) * (1.0 - d))
     scaled = (r - centre) / width
     if ensemble == "goe":
         p = 1.0 - tracy_widom_cdf(scaled, beta=1) ** 2
@@ -686,9 +685,7 @@ def reliable_delta(ensemble: str, N: int, risk: float = 0.05) -> float:
     where = "theory.linear.reliable_delta"
     ensemble = _check_ensemble(ensemble, where)
     N = _check_width(N, where)
-    r = float(risk)
-    if not 0.0 < r < 1.0:
-        raise ValueError(f"{where}: risk must lie in (0, 1), got {risk!r}")
+    r = checks.number(risk, "risk", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
     if ensemble == "orthogonal":
         return 0.0
     centre, width = edge_scaling(ensemble, N)
@@ -698,4 +695,4 @@ def reliable_delta(ensemble: str, N: int, risk: float = 0.05) -> float:
     else:
         x = -math.log(-math.log1p(-r))
     radius = centre + x * width
-    return float(max(0.0, 1.0 - 1.0 / (critical_V(ensemble) * radius**2)))
+    return float(max(0.0, 1.0 - 1.0 / (critical_variance(ensemble) * radius**2)))

@@ -1,0 +1,316 @@
+"""Statistics shared by the book's checks of theory against measurement.
+
+One home for what the notebooks and tests of chapters 1 and 2 would otherwise retype:
+
+- summaries of Monte Carlo samples: :func:`mean_se`, :func:`fit_power_law`;
+- extrapolation to ``N -> inf``: :func:`richardson`, :func:`richardson_se` and
+  :func:`richardson_mean` (estimates at widths ``N/2`` and ``N`` with errors ``O(1/N)``);
+- sampling bands of empirical distribution functions: :func:`dkw_bound` (Dvoretzky-Kiefer-
+  Wolfowitz) and :func:`spectral_ks_bound` (the same for sampled eigenvalues, with an allowance
+  for the ``O(1/N)`` finite-size bias);
+- statistics of spectra sampled on a grid (002 §5: edges and atoms read off the densities):
+  :func:`mass_and_moments`, :func:`mass_above`, :func:`kolmogorov_distance`,
+  :func:`wasserstein_distance`, :func:`support_edges`, :func:`locate_atom`.
+
+Everything is NumPy float64. A density on a grid is two 1-d arrays ``lam`` (increasing) and
+``density``; point masses are a sequence ``atoms`` of ``(location, mass)`` pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import optimize
+
+from deqlab import checks
+
+__all__ = [
+    "mean_se",
+    "fit_power_law",
+    "richardson",
+    "richardson_se",
+    "richardson_mean",
+    "dkw_bound",
+    "spectral_ks_bound",
+    "mass_and_moments",
+    "mass_above",
+    "kolmogorov_distance",
+    "wasserstein_distance",
+    "support_edges",
+    "locate_atom",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte Carlo summaries
+# ---------------------------------------------------------------------------------------------
+
+
+def mean_se(values: Any, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Sample mean and its standard error ``std(ddof=1) / sqrt(count)`` along ``axis``."""
+    values = np.asarray(values, dtype=np.float64)
+    count = values.shape[axis]
+    if count < 2:
+        raise checks.fail("values", f"at least 2 values along axis {axis}", f"{count} value(s)",
+                          "stats.mean_se")
+    return values.mean(axis), values.std(axis=axis, ddof=1) / math.sqrt(count)
+
+
+def fit_power_law(x: Any, values: Any) -> tuple[float, float]:
+    """Least-squares fit of ``log values = log A - p log x``; returns ``(p, A)``.
+
+    Points where ``values`` is not finite and positive, or ``x <= 0``, are left out; at least two
+    must remain. Used for divergences ``A delta^-p`` (001 §2.2) and finite-size decays ``A N^-p``.
+    """
+    d = np.asarray(x, dtype=np.float64)
+    y = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(y) & (y > 0) & (d > 0)
+    if ok.sum() < 2:
+        raise checks.fail("values", "finite and > 0 at two or more points with x > 0",
+                          f"{int(ok.sum())} such point(s)", "stats.fit_power_law")
+    slope, intercept = np.polyfit(np.log(d[ok]), np.log(y[ok]), 1)
+    return float(-slope), float(math.exp(intercept))
+
+
+# ---------------------------------------------------------------------------------------------
+# Richardson extrapolation
+# ---------------------------------------------------------------------------------------------
+
+
+def _richardson_factor(ratio: Any, order: Any, where: str) -> float:
+    ratio = checks.number(ratio, "ratio", where, lower=1.0, lower_open=True)
+    order = checks.positive_number(order, "order", where)
+    return ratio**order
+
+
+def richardson(coarse: Any, fine: Any, ratio: float = 2.0, order: float = 1.0):
+    """Richardson extrapolation of a quantity ``f(h) = f(0) + c h^order + o(h^order)``.
+
+    ``coarse = f(h)`` and ``fine = f(h / ratio)``; with ``r = ratio^order`` the estimate of
+    ``f(0)`` is ``(r fine - coarse) / (r - 1)``, which cancels the ``c h^order`` term. For the
+    finite-width averages of the book (``h = 1/N``, errors ``O(1/N)``, widths ``N/2`` and ``N``)
+    this is ``2 f(N) - f(N/2)``. Arrays broadcast.
+    """
+    r = _richardson_factor(ratio, order, "stats.richardson")
+    return (r * np.asarray(fine, dtype=np.float64) - np.asarray(coarse, dtype=np.float64)) / (r - 1.0)
+
+
+def richardson_se(coarse_se: Any, fine_se: Any, ratio: float = 2.0, order: float = 1.0):
+    """Standard error of :func:`richardson` for independent estimates with these standard errors:
+    ``sqrt((r fine_se)^2 + coarse_se^2) / (r - 1)``, ``r = ratio^order``."""
+    r = _richardson_factor(ratio, order, "stats.richardson_se")
+    fine_se = np.asarray(fine_se, dtype=np.float64)
+    coarse_se = np.asarray(coarse_se, dtype=np.float64)
+    return np.sqrt((r * fine_se) ** 2 + coarse_se**2) / (r - 1.0)
+
+
+def richardson_mean(coarse_samples: Any, fine_samples: Any, axis: int = 0, ratio: float = 2.0,
+                    order: float = 1.0):
+    """``(estimate, se)``: :func:`richardson` of the sample means (:func:`mean_se`) of two
+    independent Monte Carlo runs, at ``h`` (``coarse_samples``) and ``h / ratio``.
+
+    For the chapter 1 checks: samples of a normalised trace at widths ``N/2`` and ``N`` give the
+    ``N -> inf`` limit with its standard error, to compare with the closed form.
+    """
+    (m_coarse, s_coarse), (m_fine, s_fine) = mean_se(coarse_samples, axis), mean_se(fine_samples, axis)
+    estimate = richardson(m_coarse, m_fine, ratio, order)
+    se = richardson_se(s_coarse, s_fine, ratio, order)
+    if np.ndim(estimate) == 0:
+        return float(estimate), float(se)
+    return estimate, se
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling bands of empirical distribution functions
+# ---------------------------------------------------------------------------------------------
+
+
+def dkw_bound(n_samples: int, alpha: float = 0.05) -> float:
+    """Dvoretzky-Kiefer-Wolfowitz band: ``sqrt(log(2 / alpha) / (2 n_samples))``.
+
+    For ``n_samples`` independent draws from any distribution ``F``, the empirical distribution
+    function ``F_n`` satisfies ``P(sup |F_n - F| > epsilon) <= 2 exp(-2 n epsilon^2)`` (with
+    Massart's constant 2, valid for every ``n``), so the Kolmogorov distance exceeds this bound
+    with probability at most ``alpha``.
+    """
+    where = "stats.dkw_bound"
+    n_samples = checks.positive_int(n_samples, "n_samples", where)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True,
+                          upper_open=True)
+    return math.sqrt(math.log(2 / alpha) / (2 * n_samples))
+
+
+def spectral_ks_bound(n_eigenvalues: int, n: int, alpha: float = 1e-6) -> float:
+    """Kolmogorov-distance allowance for eigenvalues of ``n x n`` random matrices against a
+    large-``n`` spectral density: ``dkw_bound(n_eigenvalues, alpha) + 1 / n``.
+
+    The eigenvalues of one matrix are not independent draws; they repel, so their empirical
+    distribution fluctuates less than the DKW band allows. What the band misses is the bias of
+    the mean spectral distribution at finite ``n``, of order ``1/n`` in the bulk (larger at
+    hard edges and atoms); ``1/n`` is added for it. A conservative check used throughout
+    chapter 2 with ``alpha = 1e-6``.
+    """
+    n = checks.positive_int(n, "n", "stats.spectral_ks_bound")
+    return dkw_bound(n_eigenvalues, alpha) + 1 / n
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectra on a grid
+# ---------------------------------------------------------------------------------------------
+
+
+def _grid(lam: Any, where: str, **densities: Any) -> tuple[np.ndarray, ...]:
+    """``lam`` and each density as float64 1-d arrays of one length."""
+    lam = np.asarray(lam, dtype=np.float64)
+    if lam.ndim != 1 or lam.size < 2:
+        raise checks.fail("lam", "a 1-d grid of at least 2 points", f"shape {lam.shape}", where)
+    out = [lam]
+    for name, density in densities.items():
+        density = np.asarray(density, dtype=np.float64)
+        if density.shape != lam.shape:
+            raise checks.fail(name, f"a 1-d array of the same length as `lam` {lam.shape}",
+                              f"shape {density.shape}", where)
+        out.append(density)
+    return tuple(out)
+
+
+def _mass_above_grid(lam: np.ndarray, density: np.ndarray) -> np.ndarray:
+    """Mass of the density above each grid point (trapezoid, summed from the top of the grid
+    down, so that a density singular at the bottom loses nothing above it)."""
+    seg = 0.5 * (density[1:] + density[:-1]) * np.diff(lam)
+    return np.concatenate([np.cumsum(seg[::-1])[::-1], [0.0]])
+
+
+def mass_and_moments(lam: Any, density: Any, atoms: Sequence = ()) -> tuple[float, float, float]:
+    """``(mass, m1, m2)`` of a density on a grid (trapezoid rule) plus its atoms.
+
+    A spectral density is validated by mass 1 and its first two moments (002 Eq. 21).
+    """
+    lam, density = _grid(lam, "stats.mass_and_moments", density=density)
+    out = [float(np.trapezoid(density * lam**k, lam)) if hasattr(np, "trapezoid")
+           else float(np.trapz(density * lam**k, lam)) for k in range(3)]
+    for loc, mass in atoms:
+        out = [out[k] + mass * loc**k for k in range(3)]
+    return tuple(out)
+
+
+def mass_above(lam: Any, density: Any, t: Any, atoms: Sequence = ()):
+    """``1 - F(t)``: mass of the density above ``t`` plus the atoms strictly above ``t``.
+
+    The continuous part is the trapezoid rule summed from the top of the grid down (no loss above
+    the grid's first point; all of the grid's mass for ``t`` below it, none above its last
+    point), so ``F`` is right-continuous at the atoms.
+    """
+    lam, density = _grid(lam, "stats.mass_above", density=density)
+    above = _mass_above_grid(lam, density)
+    out = np.interp(t, lam, above, left=above[0], right=0.0)
+    for loc, mass in atoms:
+        out = out + mass * (np.asarray(t) < loc)
+    return out
+
+
+def kolmogorov_distance(samples: Any, lam: Any, density: Any, atoms: Sequence = (),
+                        lower: float | None = None, atom_tol: float = 1e-8) -> float:
+    """Kolmogorov-Smirnov distance ``sup |F_emp - F|`` between samples and a density on a grid.
+
+    ``F(t) = 1 - (mass of the density above t) - (atoms above t)`` is built from the top of the
+    grid down (so that a density singular at 0 loses nothing above ``lower``); the supremum is
+    taken over ``t >= lower`` (default: the grid's first point), on both sides of every sample.
+    Samples within ``atom_tol`` (relative) of an atom are put on it: sampled copies of an atom
+    differ from it by rounding only.
+    """
+    lam, rho = _grid(lam, "stats.kolmogorov_distance", density=density)
+    above = _mass_above_grid(lam, rho)
+    lower = lam[0] if lower is None else lower
+    s = np.asarray(samples, dtype=np.float64).ravel().copy()
+    if s.size == 0 or not np.all(np.isfinite(s)):
+        raise checks.fail("samples", "a non-empty array of finite numbers",
+                          f"{s.size} value(s), {int(np.sum(~np.isfinite(s)))} not finite",
+                          "stats.kolmogorov_distance")
+    for loc, _ in atoms:
+        s[np.abs(s - loc) <= atom_tol * (1 + abs(loc))] = loc
+    s = np.sort(s)
+    t = s[s >= lower]
+    if t.size == 0:
+        return 0.0
+    f_cont = np.interp(t, lam, above, left=above[0], right=0.0)
+    f_atom_above = np.array([sum(m for loc, m in atoms if loc > ti) for ti in t])
+    f_atom_above_eq = np.array([sum(m for loc, m in atoms if loc >= ti) for ti in t])
+    n = s.size
+    idx_hi = np.searchsorted(s, t, side="right") / n  # F_emp(t)
+    idx_lo = np.searchsorted(s, t, side="left") / n  # F_emp(t-)
+    f_hi = 1.0 - f_cont - f_atom_above
+    f_lo = 1.0 - f_cont - f_atom_above_eq
+    return float(max(np.max(np.abs(idx_hi - f_hi)), np.max(np.abs(idx_lo - f_lo))))
+
+
+def wasserstein_distance(lam: Any, density_a: Any, density_b: Any, atoms_a: Sequence = (),
+                         atoms_b: Sequence = ()) -> float:
+    """Wasserstein-1 distance ``int |F_a(t) - F_b(t)| dt`` between two spectra on one grid.
+
+    Unlike the Kolmogorov distance it is small when an atom moves a little (the finite-depth
+    atom at ``sigma_w^(2L)`` approaches the limit's ``exp(sigma0_2)`` from below, 002 Eq. 34),
+    so it measures how fast finite-depth spectra approach their double-scaling limit (002 §5).
+    Each ``F`` is built from the top of the grid down (:func:`mass_above`); the integral is a
+    left Riemann sum over the grid merged with the atoms (error of order the grid spacing times
+    the density). Mass below ``lam[0]`` counts as sitting at ``lam[0]``.
+    """
+    lam, rho_a, rho_b = _grid(lam, "stats.wasserstein_distance", density_a=density_a,
+                              density_b=density_b)
+    t = np.unique(np.concatenate([lam, [loc for loc, _ in (*atoms_a, *atoms_b)]]))
+    gap = np.abs(mass_above(lam, rho_a, t, atoms_a) - mass_above(lam, rho_b, t, atoms_b))
+    return float(np.sum(gap[:-1] * np.diff(t)))
+
+
+def support_edges(lam: Any, density: Any, floor: float = 1e-6) -> tuple[float, float]:
+    """Outermost edges of the support of a density sampled on a grid.
+
+    Returns the first and last points of ``lam`` where ``density > floor``: the measured edges,
+    accurate to one grid spacing plus the distance over which a square-root edge
+    ``c sqrt(|lam - edge|)`` stays below ``floor`` (``(floor / c)^2``, negligible for a small
+    ``floor``). Used to check 002 Eq. 35 and 37 on the computed densities.
+
+    Raises:
+      ValueError: ``floor < 0``, mismatched shapes, or no point above ``floor``.
+    """
+    where = "stats.support_edges"
+    lam, density = _grid(lam, where, density=density)
+    floor = checks.number(floor, "floor", where, lower=0.0)
+    inside = np.flatnonzero(density > floor)
+    if inside.size == 0:
+        raise ValueError(f"{where}: `density` never exceeds floor={floor!r} on the grid; lower "
+                         f"`floor` or widen the grid.")
+    return float(lam[inside[0]]), float(lam[inside[-1]])
+
+
+def locate_atom(spectrum: Any, lo: float, hi: float, eps: float = 1e-6,
+                n_grid: int = 4001) -> tuple[float, float]:
+    """Location and mass of a point mass of ``spectrum`` in ``[lo, hi]``, read off its
+    Stieltjes transform ``spectrum.stieltjes`` (any :class:`deqlab.theory.freeprob.Spectrum`).
+
+    Near an atom ``m delta(t - a)`` outside the bulk, ``G(x + i eps) ~ m / (x - a + i eps)``, so
+    the smeared density ``-Im G / pi`` is a Lorentzian of height ``m / (pi eps)`` centred at
+    ``a``. The location is the maximum of ``-Im G`` (grid search, then bounded refinement);
+    the mass is ``eps * (-Im G)`` there, up to ``O(eps)`` from the rest of the spectrum. Used
+    for the atom of the Bernoulli limit (002 Eq. 34).
+
+    Raises:
+      ValueError: ``lo >= hi``, ``eps <= 0`` or ``n_grid < 3``.
+    """
+    where = "stats.locate_atom"
+    eps = checks.positive_number(eps, "eps", where)
+    lo = checks.number(lo, "lo", where)
+    hi = checks.number(hi, "hi", where)
+    if not lo < hi:
+        raise checks.fail("hi", f"> lo = {lo!r}", hi, where)
+    n_grid = checks.integer(n_grid, "n_grid", where, minimum=3)
+    height = lambda x: -np.imag(spectrum.stieltjes(np.asarray(x, dtype=np.float64) + 1j * eps))
+    x = np.linspace(lo, hi, n_grid)
+    k = int(np.argmax(height(x)))
+    a, b = x[max(k - 1, 0)], x[min(k + 1, n_grid - 1)]
+    best = optimize.minimize_scalar(lambda t: -float(height(np.array([t]))[0]), bounds=(a, b),
+                                    method="bounded", options={"xatol": 1e-3 * eps})
+    loc = float(best.x)
+    return loc, float(eps * height(np.array([loc]))[0])

@@ -1,0 +1,192 @@
+"""Elementary spectra with closed-form transforms (002 Tables 1-2, 001 App. C).
+
+Normalisations against :mod:`deqlab.ensembles` (``W = scale * W0``, ``scale = sqrt(V)``):
+
+- :class:`Semicircle` ``(V)``: a GOE ``W`` with off-diagonal variance ``V / N``, i.e.
+  ``sample("goe", key, n, sqrt(V))`` (001 App. C; radius ``2 sqrt(V)``).
+- :class:`MarchenkoPastur` ``(V)``: ``W^T W`` for ``W = sample("gaussian", key, n, sqrt(V))``,
+  entries ``N(0, V / N)`` (002 Table 2 with ``sigma_w^2 = V``).
+- :class:`ScaledIdentity` ``(V)``: ``W^T W = V I`` for ``W = sample("orthogonal", key, n,
+  sqrt(V))`` (002 Table 2).
+- :class:`Bernoulli` ``(p)``: ``D^2`` for the piecewise-linear nonlinearities (002 Table 1).
+- :class:`PointMasses`, :func:`samples`: a finite (e.g. empirical) spectrum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+from deqlab import checks
+from deqlab.theory.freeprob.transforms import Spectrum, complex_argument, real_points, sqrt_with_cut
+
+__all__ = [
+    "PointMasses",
+    "samples",
+    "Bernoulli",
+    "ScaledIdentity",
+    "Semicircle",
+    "MarchenkoPastur",
+]
+
+
+class PointMasses(Spectrum):
+    """A finite sum of point masses ``sum_i w_i delta(t - a_i)`` (e.g. an empirical spectrum)."""
+
+    def __init__(self, locations, weights=None):
+        where = self._where("__init__")
+        a = real_points(locations, where, "locations").ravel()
+        if a.size == 0:
+            raise checks.fail("locations", "a non-empty array of finite numbers", locations, where)
+        w = np.full(a.size, 1.0 / a.size) if weights is None else np.asarray(weights, np.float64).ravel()
+        if w.shape != a.shape or np.any(w < 0) or not math.isclose(w.sum(), 1.0, rel_tol=1e-9):
+            raise checks.fail("weights", f"{a.size} non-negative numbers (one per location) "
+                              "summing to 1", weights, where)
+        self.locations, self.weights = a, w
+        self.atoms = tuple(zip(a.tolist(), w.tolist()))
+
+    def stieltjes(self, z):
+        # real z is fine except at the locations themselves: an empty "support" admits it
+        z = complex_argument(z, self._where("stieltjes"), support=(math.inf, -math.inf))
+        if np.any((z.imag == 0) & np.isin(z.real, self.locations)):
+            raise checks.fail("z", "different from every point mass location (for a density use "
+                              "density(x, eps))", z[(z.imag == 0) & np.isin(z.real, self.locations)][0],
+                              self._where("stieltjes"))
+        return np.sum(self.weights / (z[..., None] - self.locations), axis=-1)
+
+    def mgf(self, z):
+        """``M(z) = sum_i w_i a_i / (z - a_i)`` (no cancellation in ``z G - 1`` at large ``z``)."""
+        z = np.asarray(z, dtype=np.complex128)
+        return np.sum((self.weights * self.locations) / (z[..., None] - self.locations), axis=-1)
+
+    def moment(self, k: int) -> float:
+        return float(np.sum(self.weights * self.locations**k))
+
+    def continuous_density(self, x, eps: float):
+        return np.zeros(np.shape(x))
+
+
+def samples(eigenvalues) -> PointMasses:
+    """The empirical spectral measure of sampled eigenvalues (002 Eq. 6)."""
+    return PointMasses(eigenvalues)
+
+
+class Bernoulli(PointMasses):
+    """``p delta(t - 1) + (1 - p) delta(t)``: ``D^2`` for piecewise-linear nonlinearities.
+
+    Closed forms (002 Table 1, 001 Eq. 111-114): ``M(z) = p / (z - 1)``,
+    ``M^{-1}(w) = 1 + p / w``, ``S(w) = (1 + w) / (w + p)``.
+    """
+
+    def __init__(self, p: float):
+        p = checks.number(p, "p", self._where("__init__"), lower=0.0, upper=1.0, lower_open=True)
+        self.p = p
+        super().__init__([0.0, 1.0], [1.0 - p, p])
+
+    def mgf(self, z):
+        return self.p / (np.asarray(z, dtype=np.complex128) - 1.0)
+
+    def mgf_inverse(self, w, z0=None, **kw):
+        return 1.0 + self.p / np.asarray(w, dtype=np.complex128)
+
+    def s_transform(self, w):
+        w = np.asarray(w, dtype=np.complex128)
+        return (1 + w) / (w + self.p)
+
+
+class ScaledIdentity(PointMasses):
+    """``delta(t - V)``: ``W^T W = V I`` for ``W = sqrt(V)`` times a Haar orthogonal matrix
+    (``sigma_w^2 = V`` in 002 Table 2). ``S(w) = 1 / V``.
+    """
+
+    def __init__(self, V: float):
+        V = checks.positive_number(V, "V", self._where("__init__"))
+        self.V = V
+        super().__init__([V], [1.0])
+
+    def mgf_inverse(self, w, z0=None, **kw):
+        w = np.asarray(w, dtype=np.complex128)
+        return self.V * (1 + w) / w
+
+    def s_transform(self, w):
+        return np.full(np.shape(w), 1.0 / self.V, dtype=np.complex128)
+
+
+class Semicircle(Spectrum):
+    """Wigner semicircle of variance ``V`` (GOE, off-diagonal variance ``V/N``), radius ``2 sqrt(V)``.
+
+    ``G(z) = (z - sqrt(z^2 - 4V)) / (2V)`` with the square root cut on ``[-2 sqrt V, 2 sqrt V]``
+    (001 Eq. 101, scaled). Its ``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)`` and
+    ``S(w) = 1 / sqrt(V w)`` are two-valued (``m_1 = 0``, so the generic Newton start
+    ``m1 / w + m2 / m1`` does not exist): :meth:`mgf_inverse` and :meth:`s_transform` return the
+    branch with the principal ``sqrt(w)``, the one with ``M^{-1}(w) -> +inf`` as ``w -> 0+``;
+    the other branch is its negative. See also :class:`~deqlab.theory.freeprob.DWSpectrum`.
+    """
+
+    def __init__(self, V: float = 1.0):
+        self.V = checks.positive_number(V, "V", self._where("__init__"))
+        self.radius = 2 * math.sqrt(self.V)
+
+    def stieltjes(self, z):
+        z = complex_argument(z, self._where("stieltjes"), support=(-self.radius, self.radius))
+        return 2.0 / (z + sqrt_with_cut(z, -self.radius, self.radius))  # = (z - sqrt) / (2V), stable
+
+    def density(self, x, eps: float = 0.0):
+        """Exact density ``sqrt(4V - x^2) / (2 pi V)`` (``eps`` ignored)."""
+        x = real_points(x, self._where("density"))
+        return np.sqrt(np.clip(self.radius**2 - x**2, 0, None)) / (2 * np.pi * self.V)
+
+    continuous_density = density
+
+    def mgf_inverse(self, w, z0=None, **kw):
+        """``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)``, principal ``sqrt`` (``V G^2 - z G + 1 = 0``
+        with ``G = (1 + w) / z``); ``z0`` and Newton options are not needed and ignored."""
+        w = np.asarray(w, dtype=np.complex128)
+        return math.sqrt(self.V) * (1 + w) / np.sqrt(w)
+
+    def s_transform(self, w):
+        """``S(w) = 1 / sqrt(V w)`` on the branch of :meth:`mgf_inverse`."""
+        return 1.0 / np.sqrt(self.V * np.asarray(w, dtype=np.complex128))
+
+    def moment(self, k: int) -> float:
+        if k % 2:
+            return 0.0
+        j = k // 2
+        return float(special.comb(2 * j, j) / (j + 1) * self.V**j)
+
+
+class MarchenkoPastur(Spectrum):
+    """Spectrum of ``W^T W`` for square Gaussian ``W`` with entries ``N(0, V/N)`` (002 Table 2,
+    ``sigma_w^2 = V``).
+
+    Density ``sqrt(t (4 V - t)) / (2 pi V t)`` on ``[0, 4 V]``;
+    ``G(z) = (z - sqrt(z (z - 4 V))) / (2 V z)``; ``S(w) = 1 / (V (1 + w))``.
+    """
+
+    def __init__(self, V: float = 1.0):
+        self.V = checks.positive_number(V, "V", self._where("__init__"))
+
+    def stieltjes(self, z):
+        z = complex_argument(z, self._where("stieltjes"), support=(0.0, 4 * self.V))
+        return 2.0 / (z + sqrt_with_cut(z, 0.0, 4 * self.V))  # = (z - sqrt) / (2 V z), stable
+
+    def mgf_inverse(self, w, z0=None, **kw):
+        w = np.asarray(w, dtype=np.complex128)
+        return self.V * (1 + w) ** 2 / w
+
+    def s_transform(self, w):
+        return 1.0 / (self.V * (1 + np.asarray(w, dtype=np.complex128)))
+
+    def density(self, x, eps: float = 0.0):
+        """Exact density (``eps`` ignored)."""
+        x = real_points(x, self._where("density"))
+        inside = (x > 0) & (x < 4 * self.V)
+        xs = np.where(inside, x, 1.0)
+        return np.where(inside, np.sqrt(xs * (4 * self.V - xs)) / (2 * np.pi * self.V * xs), 0.0)
+
+    continuous_density = density
+
+    def moment(self, k: int) -> float:
+        return float(special.comb(2 * k, k) / (k + 1) * self.V**k)  # Catalan numbers

@@ -1,0 +1,247 @@
+"""Tests for deqlab.stats: Monte Carlo summaries, Richardson extrapolation, the DKW band and the
+statistics of spectra on grids, checked against exact values and against scipy.
+
+Tolerances. Grid statistics are deterministic: their tolerance is the discretisation error of the
+grid (trapezoid rule, ``O(h^2)`` for smooth densities; one grid step at a jump). Coverage of the
+DKW band is a binomial count over independent simulated samples: the tolerance is 5 binomial
+standard errors of the counted fraction.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from deqlab import stats
+from deqlab.theory import freeprob as fp
+
+RNG_SEED = 20261124
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte Carlo summaries
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mean_se_matches_definition():
+    x = np.random.default_rng(0).normal(3.0, 2.0, size=(400, 3))
+    mean, se = stats.mean_se(x)
+    np.testing.assert_allclose(mean, x.mean(0))
+    np.testing.assert_allclose(se, x.std(0, ddof=1) / math.sqrt(400))
+    assert stats.mean_se(x[:, 0])[1] == pytest.approx(scipy.stats.sem(x[:, 0]))
+    with pytest.raises(ValueError, match=r"mean_se: `values` must be at least 2 values"):
+        stats.mean_se([1.0])
+
+
+def test_fit_power_law_recovers_exponent():
+    d = np.logspace(-3, -1, 7)
+    p, a = stats.fit_power_law(d, 3.0 * d**-2.5)
+    assert p == pytest.approx(2.5) and a == pytest.approx(3.0)
+    # non-finite and non-positive points are dropped, not fitted
+    values = 3.0 * d**-2.5
+    values[[0, 3]] = [np.inf, -1.0]
+    assert stats.fit_power_law(d, values) == pytest.approx((2.5, 3.0))
+    with pytest.raises(ValueError, match=r"fit_power_law: `values` must be finite and > 0"):
+        stats.fit_power_law([1.0, 2.0], [1.0, np.nan])
+
+
+# ---------------------------------------------------------------------------------------------
+# Richardson extrapolation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("a, b", [(1.7, 4.0), (-0.3, -25.0), (2.0, 0.0)])
+def test_richardson_recovers_the_limit_of_a_plus_b_over_n(a, b):
+    # f(N) = a + b / N: two widths N/2 and N give a exactly (up to rounding), whatever b.
+    f = lambda n: a + b / n
+    for n in (8, 64, 1000):
+        assert stats.richardson(f(n // 2), f(n)) == pytest.approx(a, abs=1e-12 * (1 + abs(b)))
+    # a second-order error needs order=2 (and first order leaves a residue of order b / N^2)
+    g = lambda n: a + b / n**2
+    assert stats.richardson(g(50), g(100), order=2) == pytest.approx(a, abs=1e-12 * (1 + abs(b)))
+    # ratio 3: f(N/3), f(N)
+    assert stats.richardson(f(30), f(90), ratio=3) == pytest.approx(a, abs=1e-12 * (1 + abs(b)))
+
+
+def test_richardson_leaves_a_second_order_residue_when_the_model_is_first_order():
+    # f(N) = a + b/N + c/N^2: first-order Richardson leaves -2c / N^2 (widths N/2, N); the test
+    # fails if the combination were, e.g., the plain fine value (residue b / N).
+    a, b, c, n = 1.0, 5.0, 7.0, 100
+    f = lambda m: a + b / m + c / m**2
+    assert stats.richardson(f(n // 2), f(n)) - a == pytest.approx(-2 * c / n**2, rel=1e-9)
+
+
+def test_richardson_is_vectorised_and_its_se_propagates_independent_errors():
+    coarse, fine = np.array([1.0, 2.0]), np.array([1.5, 2.5])
+    np.testing.assert_allclose(stats.richardson(coarse, fine), [2.0, 3.0])
+    # se of 2 fine - coarse for independent estimates: sqrt(4 s_f^2 + s_c^2)
+    assert stats.richardson_se(0.3, 0.4) == pytest.approx(math.sqrt(4 * 0.16 + 0.09))
+    with pytest.raises(ValueError, match=r"richardson: `ratio` must be a finite real number > 1"):
+        stats.richardson(1.0, 1.0, ratio=1.0)
+    with pytest.raises(ValueError, match=r"`order` must be a finite real number > 0"):
+        stats.richardson_se(1.0, 1.0, order=0)
+
+
+def test_richardson_mean_standard_error_has_its_stated_coverage():
+    # Samples of a + b/N + noise at widths N/2 and N: over many repetitions, |estimate - a| <=
+    # 1.96 se about 95% of the time (Student-t with 99 degrees of freedom: 94.7%). 2000
+    # repetitions: binomial SE 0.5%, tolerance 5 SE.
+    rng = np.random.default_rng(RNG_SEED)
+    a, b, n, count, reps = 2.0, 3.0, 40, 100, 2000
+    hits = 0
+    for _ in range(reps):
+        coarse = a + b / (n // 2) + rng.normal(0.0, 0.5, count)
+        fine = a + b / n + rng.normal(0.0, 0.3, count)
+        est, se = stats.richardson_mean(coarse, fine)
+        hits += abs(est - a) <= 1.96 * se
+    expected = 2 * scipy.stats.t.cdf(1.96, count - 1) - 1
+    assert abs(hits / reps - expected) <= 5 * math.sqrt(expected * (1 - expected) / reps)
+
+
+# ---------------------------------------------------------------------------------------------
+# DKW band
+# ---------------------------------------------------------------------------------------------
+
+
+def _ks_uniform(u: np.ndarray) -> np.ndarray:
+    """Exact Kolmogorov statistic of each row of ``u`` against Uniform(0, 1)."""
+    u = np.sort(u, axis=-1)
+    n = u.shape[-1]
+    i = np.arange(1, n + 1)
+    return np.maximum(np.max(i / n - u, axis=-1), np.max(u - (i - 1) / n, axis=-1))
+
+
+@pytest.mark.parametrize("n, alpha", [(20, 0.2), (200, 0.05)])
+def test_dkw_bound_has_its_stated_coverage(n, alpha):
+    # P(sup |F_n - F| > bound) <= alpha for every n (Massart); the exceedance frequency over
+    # simulated samples matches the exact Kolmogorov law (scipy's kstwo) and stays below alpha.
+    rng = np.random.default_rng(RNG_SEED + n)
+    reps = 20000
+    bound = stats.dkw_bound(n, alpha)
+    assert bound == pytest.approx(math.sqrt(math.log(2 / alpha) / (2 * n)))
+    exceed = np.mean(_ks_uniform(rng.uniform(size=(reps, n))) > bound)
+    exact = scipy.stats.kstwo.sf(bound, n)
+    tol = 5 * math.sqrt(exact * (1 - exact) / reps)
+    assert abs(exceed - exact) <= tol
+    assert exceed <= alpha + tol
+    # and it is not vacuous: the band is tight to a factor 2 for these alpha
+    assert exact > alpha / 2
+
+
+def test_spectral_ks_bound_adds_the_finite_size_allowance():
+    assert stats.spectral_ks_bound(600, 200, 1e-6) == pytest.approx(stats.dkw_bound(600, 1e-6) + 1 / 200)
+    for bad, pattern in (((0, 10), r"`n_samples` must be an integer >= 1"),
+                         ((10, 0), r"`n` must be an integer >= 1")):
+        with pytest.raises(ValueError, match=pattern):
+            stats.spectral_ks_bound(*bad)
+    with pytest.raises(ValueError, match=r"dkw_bound: `alpha` must be a finite real number > 0 and < 1"):
+        stats.dkw_bound(10, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectra on grids
+# ---------------------------------------------------------------------------------------------
+
+
+def test_kolmogorov_distance_matches_scipy_kstest():
+    # Standard normal density on a fine grid (h = 1e-3, trapezoid CDF error ~1e-8): the
+    # distance equals scipy's exact two-sided statistic against the normal CDF.
+    rng = np.random.default_rng(RNG_SEED)
+    lam = np.linspace(-9.0, 9.0, 18001)
+    density = scipy.stats.norm.pdf(lam)
+    for size in (10, 300, 5000):
+        x = rng.normal(size=size)
+        ks = stats.kolmogorov_distance(x, lam, density)
+        assert ks == pytest.approx(scipy.stats.kstest(x, "norm").statistic, abs=1e-7)
+    # a wrong law is far: samples of N(0.5, 1) against N(0, 1)
+    x = rng.normal(0.5, 1.0, 5000)
+    assert stats.kolmogorov_distance(x, lam, density) > 0.15
+
+
+def test_kolmogorov_distance_with_an_atom_matches_the_mixture_cdf():
+    # 0.3 delta(0) + 0.7 Exp(1): the CDF jumps at 0; compare with a brute-force sup over both
+    # sides of every sample of the exact mixture CDF.
+    rng = np.random.default_rng(RNG_SEED + 1)
+    size = 2000
+    x = np.where(rng.uniform(size=size) < 0.3, 0.0, rng.exponential(size=size))
+    lam = np.linspace(0.0, 40.0, 400001)
+    ks = stats.kolmogorov_distance(x, lam, 0.7 * np.exp(-lam), atoms=((0.0, 0.3),))
+    cdf = lambda t: np.where(t < 0, 0.0, 0.3 + 0.7 * (1 - np.exp(-t)))
+    s = np.sort(x)
+    # at a tie (the atom) the empirical CDF jumps once, to the last copy's index
+    right = np.searchsorted(s, s, side="right") / size
+    left = np.searchsorted(s, s, side="left") / size
+    exact = max(np.max(np.abs(right - cdf(s))), np.max(np.abs(left - (cdf(s) - 0.3 * (s == 0)))))
+    assert ks == pytest.approx(exact, abs=1e-6)
+
+
+def test_wasserstein_distance_matches_scipy_and_closed_forms():
+    lam = np.linspace(-12.0, 14.0, 26001)
+    h = lam[1] - lam[0]
+    a = scipy.stats.norm.pdf(lam)
+    # a shift by 0.7: W1 = 0.7 exactly
+    assert stats.wasserstein_distance(lam, a, scipy.stats.norm.pdf(lam, 0.7)) == pytest.approx(0.7, abs=10 * h)
+    # a scale change: scipy's W1 between the two grid distributions (weights density * h)
+    b = scipy.stats.norm.pdf(lam, 0.0, 2.0)
+    reference = scipy.stats.wasserstein_distance(lam, lam, a * h, b * h)
+    assert stats.wasserstein_distance(lam, a, b) == pytest.approx(reference, abs=10 * h)
+    # with atoms: scipy with the atoms as extra weighted values
+    grid = np.linspace(0.0, 3.0, 3001)
+    step = grid[1] - grid[0]
+    rho = np.where((grid >= 1.0) & (grid <= 2.0), 0.5, 0.0)
+    atoms_a, atoms_b = ((0.5, 0.5),), ((2.5, 0.5),)
+    ours = stats.wasserstein_distance(grid, rho, rho, atoms_a, atoms_b)
+    ref = scipy.stats.wasserstein_distance(np.r_[grid, 0.5], np.r_[grid, 2.5],
+                                           np.r_[rho * step, 0.5], np.r_[rho * step, 0.5])
+    assert ours == pytest.approx(ref, abs=2 * step) and ours == pytest.approx(1.0, abs=2 * step)
+
+
+def test_mass_above_and_mass_and_moments():
+    lam = np.linspace(0.0, 30.0, 30001)
+    rho = np.exp(-lam)  # Exp(1): mass 1, m1 = 1, m2 = 2
+    mass, m1, m2 = stats.mass_and_moments(lam, rho, atoms=((5.0, 0.25),))
+    assert (mass, m1, m2) == pytest.approx((1.25, 1 + 0.25 * 5, 2 + 0.25 * 25), abs=1e-6)
+    t = np.array([0.5, 4.999, 5.0, 7.0])
+    expected = np.exp(-t) + 0.25 * (t < 5.0)
+    np.testing.assert_allclose(stats.mass_above(lam, rho, t, ((5.0, 0.25),)), expected, atol=1e-7)
+
+
+def test_support_edges_and_locate_atom():
+    sc = fp.Semicircle(0.5)
+    x = np.linspace(-2, 2, 4001)
+    lo, hi = stats.support_edges(x, sc.density(x), floor=0.0)
+    assert (lo, hi) == pytest.approx((-sc.radius, sc.radius), abs=x[1] - x[0])
+    # point masses: W1 between delta(1) and delta(1.2) is 0.2; between a density and itself 0
+    grid = np.linspace(0.5, 2, 1501)
+    zero = np.zeros_like(grid)
+    assert stats.wasserstein_distance(grid, zero, zero, ((1.0, 1.0),), ((1.2, 1.0),)) == pytest.approx(0.2, abs=1e-12)
+    mp = fp.MarchenkoPastur(0.3)
+    assert stats.wasserstein_distance(grid, mp.density(grid), mp.density(grid)) == 0
+    # a shifted uniform density: W1 = shift (trapezoid error at the jumps: one grid step)
+    step = grid[1] - grid[0]
+    box = lambda a: ((grid >= a) & (grid <= a + 0.5)) / 0.5
+    assert stats.wasserstein_distance(grid, box(0.7), box(0.9)) == pytest.approx(0.2, abs=2 * step)
+    # the atom of a point mass is found where it is
+    loc, mass = stats.locate_atom(fp.PointMasses([0.3, 1.7], [0.4, 0.6]), 1.0, 2.0, eps=1e-5)
+    assert (loc, mass) == pytest.approx((1.7, 0.6), rel=1e-6)
+
+
+BAD_GRID_INPUTS = [
+    ("floor-negative", lambda x, d: stats.support_edges(x, d, floor=-1.0), r"support_edges: `floor` must be a finite real number >= 0"),
+    ("never-exceeds", lambda x, d: stats.support_edges(x, np.zeros_like(x)), r"never exceeds"),
+    ("atom-empty-interval", lambda x, d: stats.locate_atom(fp.Semicircle(0.5), 1.0, 1.0), r"locate_atom: `hi` must be > lo = 1.0"),
+    ("atom-eps", lambda x, d: stats.locate_atom(fp.Semicircle(0.5), 1.0, 2.0, eps=0.0), r"`eps` must be a finite real number > 0"),
+    ("atom-n-grid", lambda x, d: stats.locate_atom(fp.Semicircle(0.5), 1.0, 2.0, n_grid=2), r"`n_grid` must be an integer >= 3"),
+    ("w1-length", lambda x, d: stats.wasserstein_distance(x, d[:-1], d), r"`density_a` must be a 1-d array of the same length as `lam`"),
+    ("ks-length", lambda x, d: stats.kolmogorov_distance([0.1], x, d[:-1]), r"`density` must be a 1-d array"),
+    ("ks-nan-sample", lambda x, d: stats.kolmogorov_distance([np.nan], x, d), r"`samples` must be a non-empty array of finite"),
+    ("moments-grid", lambda x, d: stats.mass_and_moments([1.0], [1.0]), r"`lam` must be a 1-d grid of at least 2 points"),
+]
+
+
+@pytest.mark.parametrize("call, pattern", [b[1:] for b in BAD_GRID_INPUTS], ids=[b[0] for b in BAD_GRID_INPUTS])
+def test_bad_grid_inputs_name_the_argument(call, pattern):
+    x = np.linspace(-2, 2, 401)
+    with pytest.raises(ValueError, match=pattern):
+        call(x, fp.Semicircle(0.5).density(x))
