@@ -296,7 +296,15 @@ def adjoint_solve(
         return jax.tree_util.tree_map(jnp.add, cotangent, vjp_z(u)[0])
 
     if solver != "gmres":
-        return solve(adjoint_map, cotangent, solver=config, tol=resolved_tol, batch_axis=batch_axis)
+        # A sample whose cotangent is NaN (a loss that is NaN there, e.g. on_failure="nan") keeps
+        # NaN and is reported NONFINITE; the others are solved as usual.
+        g_flat = flattener.flatten(cotangent)
+        finite_rows = jnp.all(jnp.isfinite(g_flat), axis=1)
+        clean = flattener.unflatten(jnp.where(finite_rows[:, None], g_flat, 0.0))
+        sol = solve(adjoint_map, clean, solver=config, tol=resolved_tol, batch_axis=batch_axis)
+        u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
+        result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)
+        return sol._replace(value=flattener.unflatten(u_flat), result=result)
 
     precision_module.check_tol(resolved_tol, flattener.dtype, "adjoint_solve")
 
