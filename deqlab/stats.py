@@ -288,7 +288,7 @@ def support_edges(lam: Any, density: Any, floor: float = 1e-6) -> tuple[float, f
 def locate_atom(spectrum: Any, lo: float, hi: float, eps: float = 1e-6,
                 n_grid: int = 4001) -> tuple[float, float]:
     """Location and mass of a point mass of ``spectrum`` in ``[lo, hi]``, read off its
-    Stieltjes transform ``spectrum.stieltjes`` (any :class:`deqlab.theory.freeprob.Spectrum`).
+    Stieltjes transform ``spectrum.stieltjes`` (any :class:`deqlab.theory.freeprob.transforms.Spectrum`).
 
     Near an atom ``m delta(t - a)`` outside the bulk, ``G(x + i eps) ~ m / (x - a + i eps)``, so
     the smeared density ``-Im G / pi`` is a Lorentzian of height ``m / (pi eps)`` centred at

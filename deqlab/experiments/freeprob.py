@@ -71,7 +71,7 @@ def jacobian_eigs(key, nonlinearity: str, weights: str, depths, q_star: float, n
 
     The network of 002 Eq. 1 with width ``n``, weights ``sample(weights, key, n,
     sqrt(sigma_w2))`` and biases ``N(0, sigma_b2)``, at the critical point of
-    :func:`deqlab.theory.freeprob.critical_point` for ``q_star`` (``sigma_w2`` overrides the
+    :func:`deqlab.theory.freeprob.jacobians.critical_point` for ``q_star`` (``sigma_w2`` overrides the
     weight variance, the bias stays). The first layer's pre-activations are drawn ``N(0, q*)``
     (input at the fixed point, 002 §2.2). One network of depth ``max(depths)`` gives the
     Jacobians of all shallower depths (its first ``L`` layers form a depth-``L`` network).
@@ -194,7 +194,7 @@ def double_scaling_eigs(key, nonlinearity: str, weights: str, depths, sigma0_2: 
     """Squared singular values of ``J`` in the double-scaling limit of 002 §5 (Figure 4).
 
     For each depth ``L`` the networks run at their own ``q*(L)``
-    (:func:`deqlab.theory.freeprob.double_scaling_q_star`, which makes ``sigma^2_{JJ^T} =
+    (:func:`deqlab.theory.freeprob.double_scaling.double_scaling_q_star`, which makes ``sigma^2_{JJ^T} =
     sigma0_2`` for orthogonal weights) on the critical line, so unlike :func:`jacobian_eigs` a
     deep network cannot supply the shallower depths: every depth gets fresh networks.
 

@@ -6,14 +6,14 @@ deep networks") and Appendix C of 001 (Agarwala & Schoenholz 2022).
 One module per idea; every public name is re-exported here, so
 ``from deqlab.theory import freeprob as fp; fp.Semicircle(0.5)`` works:
 
-- :mod:`~deqlab.theory.freeprob.transforms`: the sign convention, :class:`Spectrum` and its
-  transforms (Stieltjes, moment generating function, S-transform; 002 Eq. 7-11), root following
-  (002 Algorithm 1), :class:`ConvergenceError`;
-- :mod:`~deqlab.theory.freeprob.spectra`: elementary spectra with closed forms
-  (:class:`Semicircle`, :class:`MarchenkoPastur`, :class:`Bernoulli`, :class:`ScaledIdentity`,
-  :class:`PointMasses`);
+- :mod:`~deqlab.theory.freeprob.transforms`: the sign convention,
+  :class:`~deqlab.theory.freeprob.transforms.Spectrum` and its transforms (Stieltjes, moment
+  generating function, S-transform; 002 Eq. 7-11), root following (002 Algorithm 1),
+  :class:`~deqlab.theory.freeprob.transforms.ConvergenceError`;
+- :mod:`~deqlab.theory.freeprob.spectra`: elementary spectra with closed forms (``Semicircle``,
+  ``MarchenkoPastur``, ``Bernoulli``, ``ScaledIdentity``, ``PointMasses``);
 - :mod:`~deqlab.theory.freeprob.products`: free multiplicative convolutions
-  (:class:`FreeProduct`, 002 Eq. 12; :class:`DWSpectrum`, 001 App. C.1);
+  (``FreeProduct``, 002 Eq. 12; ``DWSpectrum``, 001 App. C.1);
 - :mod:`~deqlab.theory.freeprob.jacobians`: Jacobian spectra of deep networks at criticality
   (slope spectra, critical point, moments, atoms, density; 002 §2-4);
 - :mod:`~deqlab.theory.freeprob.double_scaling`: the double-scaling limits and their

@@ -122,7 +122,7 @@ class Semicircle(Spectrum):
     ``S(w) = 1 / sqrt(V w)`` are two-valued (``m_1 = 0``, so the generic Newton start
     ``m1 / w + m2 / m1`` does not exist): :meth:`mgf_inverse` and :meth:`s_transform` return the
     branch with the principal ``sqrt(w)``, the one with ``M^{-1}(w) -> +inf`` as ``w -> 0+``;
-    the other branch is its negative. See also :class:`~deqlab.theory.freeprob.DWSpectrum`.
+    the other branch is its negative. See also :class:`~deqlab.theory.freeprob.products.DWSpectrum`.
     """
 
     def __init__(self, V: float = 1.0):
