@@ -3,6 +3,8 @@
 #
 #   make book   # create .venv, install deqlab[book,test], build the book (executing notebooks)
 #   make test   # create .venv if needed, run unit tests + every notebook under book/
+#   make unit   # fast unit tests (not marked slow; under 2 minutes on 2 cores), no notebooks
+#   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
 #
 # Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
 # point it at an existing environment with `make test VENV=/path/to/venv`), JOBS (pytest-xdist
@@ -20,13 +22,16 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 STAMP := $(VENV)/.deqlab-installed
+BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit book clean distclean strip help
+.PHONY: install test unit unit-all lint book clean distclean strip help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
-	@echo "make test     unit tests + execute every notebook in book/ (outputs written back)"
-	@echo "make unit     unit tests only"
+	@echo "make test     every unit test (slow ones too) + every notebook in book/ (outputs written back)"
+	@echo "make unit     fast unit tests: tests/ without those marked slow (under 2 min)"
+	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
+	@echo "make lint     ruff check . (rules in pyproject.toml [tool.ruff])"
 	@echo "make book     build the book into _build/html (-W -n --keep-going)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
@@ -47,10 +52,18 @@ $(STAMP): pyproject.toml
 # oversubscribes the CPU and NumPy's QR / eigvals slow down by orders of magnitude (measured on the
 # 2-core CI machine). XLA keeps its own thread pool.
 test: install
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25
 
+# The fast inner loop: tests marked @pytest.mark.slow are deselected. `make test` (and so CI) and
+# `make unit-all` run every test.
 unit: install
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m "not slow" --durations=10
+
+unit-all: install
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests --durations=25
+
+lint: install
+	$(BIN)/ruff check .
 
 # `execute_notebooks: auto` + book/_ext/executed_notebooks.py: notebooks already executed by
 # `make test` are not executed again; on a fresh clone every notebook is executed once.

@@ -1,12 +1,16 @@
 """Smoke test of the benchmark scripts at their tiny size: they run and their numbers are sane.
 
-No timing is asserted (timings belong to the benchmarks' own output, not to tests)."""
+No timing is asserted (timings belong to the benchmarks' own output, not to tests). Running a
+benchmark takes 10-40 s even at its tiny size: those tests are marked slow (`make unit` leaves them
+out; `make test` and CI run them)."""
 
 import jax
+import pytest
 
 from benchmarks import forward, gradient, memory, scaling
 
 
+@pytest.mark.slow
 def test_memory_benchmark_tiny():
     out = memory.main(["--size", "tiny", "--no-peers"])
     assert out["saving_at_50"] > 0.5
@@ -16,6 +20,7 @@ def test_memory_benchmark_tiny():
     assert all(size < out["jacobian_size"] for size, _ in out["largest"].values())
 
 
+@pytest.mark.slow
 def test_forward_benchmark_tiny_reaches_target_accuracy():
     x64 = jax.config.jax_enable_x64
     try:
@@ -32,6 +37,7 @@ def test_forward_benchmark_tiny_reaches_target_accuracy():
         assert row["NFE"] >= 1 and row["ms"] > 0
 
 
+@pytest.mark.slow
 def test_gradient_benchmark_tiny_matches_float64_gradient():
     x64 = jax.config.jax_enable_x64
     try:
@@ -50,6 +56,7 @@ def test_gradient_benchmark_tiny_matches_float64_gradient():
         assert row["NFE"] > row["fwd reported"] >= 1 and row["ms"] > 0
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_tiny():
     x64 = jax.config.jax_enable_x64
     try:

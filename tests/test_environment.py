@@ -1,6 +1,10 @@
-"""pyproject.toml, environment.yml and the CI floor pins must describe the same environment."""
+"""pyproject.toml, environment.yml and the CI floor pins must describe the same environment; the
+Makefile, .ci/run and README.md the same commands."""
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -158,3 +162,107 @@ def test_unmirrored_extras_are_absent_from_environment():
         names = {_norm(Requirement(r).name) for r in project["optional-dependencies"][extra]}
         assert not names & set(env), f"extra {extra!r} is partly mirrored: {sorted(names & set(env))}"
     assert set(project["optional-dependencies"]) == set(MIRRORED_EXTRAS) | set(UNMIRRORED_EXTRAS)
+
+
+# --- Makefile, .ci/run and README.md describe the same commands ---------------------------------
+
+
+def _makefile() -> str:
+    return (ROOT / "Makefile").read_text()
+
+
+def _make_recipes() -> dict[str, str]:
+    """Rule name -> its recipe (the tab-indented lines after `name: prerequisites`)."""
+    recipes: dict[str, list[str]] = {}
+    current = None
+    for line in _makefile().splitlines():
+        if line.startswith("\t") and current is not None:
+            recipes[current].append(line.strip())
+            continue
+        m = re.match(r"^([A-Za-z][\w-]*)\s*:(?!=)", line)
+        current = m.group(1) if m else None
+        if current is not None:
+            recipes.setdefault(current, [])
+    return {name: "\n".join(lines) for name, lines in recipes.items()}
+
+
+def _make_variable(name: str) -> str:
+    m = re.search(rf"^{name}\s*[?:]?=\s*(.*)$", _makefile(), re.MULTILINE)
+    assert m, f"Makefile does not set {name}"
+    return m.group(1).strip()
+
+
+def _ci() -> str:
+    return (ROOT / ".ci" / "run").read_text()
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_make_targets_in_readme_and_help_exist():
+    recipes = _make_recipes()
+    phony = set(re.search(r"^\.PHONY:(.*)$", _makefile(), re.MULTILINE).group(1).split())
+    in_help = set(re.findall(r"\bmake ([a-z][\w-]*)", recipes["help"]))
+    in_readme = set(re.findall(r"`make ([a-z][\w-]*)", _readme()))
+    assert phony <= set(recipes), f".PHONY names missing rules: {sorted(phony - set(recipes))}"
+    assert in_help | {"help"} == phony, f"`make help` and .PHONY differ: {sorted(in_help ^ (phony - {'help'}))}"
+    assert in_readme <= phony, f"README.md names unknown make targets: {sorted(in_readme - phony)}"
+    for target in ("test", "unit", "lint", "book"):
+        assert target in in_readme, f"README.md does not document `make {target}`"
+
+
+def test_ci_runs_the_readme_test_command_after_install_and_lint():
+    ci = _ci()
+    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "book"]
+    phases = re.findall(r"^begin (\S+)", ci, re.MULTILINE)
+    assert phases == ["install", "lint", "test", "book", "floor-install", "floor-test"]
+    # the numbered list in the header comment of .ci/run names the same phases in the same order
+    assert re.findall(r"^#\s+\d+\.\s+(\S+)", ci, re.MULTILINE) == phases
+    # README.md's set-up says `make test` is `pytest -n 2 tests book --nbmake --overwrite`
+    readme = _readme()
+    assert "`pytest -n 2 tests book --nbmake --overwrite`" in readme
+    assert _make_variable("JOBS") == "2"
+    test = _make_recipes()["test"]
+    assert re.search(r"-m pytest -n \$\(JOBS\) tests book --nbmake\b", test), test
+    assert "--overwrite" in test
+    assert "make lint" in readme and "`.ci/run`" in readme
+
+
+def test_slow_tests_are_left_out_of_make_unit_only():
+    pytest_cfg = _pyproject()["tool"]["pytest"]["ini_options"]
+    assert any(m.startswith("slow:") for m in pytest_cfg["markers"])
+    recipes = _make_recipes()
+    assert '-m "not slow"' in recipes["unit"]
+    assert re.search(r"-m pytest -n \$\(JOBS\) tests\b", recipes["unit-all"])
+    for name in ("test", "unit-all"):
+        assert " -m " not in recipes[name].replace("python -m pytest", ""), f"make {name} deselects tests"
+    # CI: `make test` runs everything; the floor environment runs every unit test too.
+    floor = [line for line in _ci().splitlines() if ".venv-floor/bin/python -m pytest" in line]
+    assert len(floor) == 1 and " tests " in floor[0]
+    assert " -m " not in floor[0].replace("python -m pytest", ""), floor[0]
+    assert 'pytest -n 2 tests -m "not slow"' in _readme()
+
+
+def test_lint_is_ruff_with_the_pyproject_configuration():
+    project = _pyproject()
+    assert "ruff" in {_norm(Requirement(r).name) for r in project["project"]["optional-dependencies"]["test"]}
+    ruff = project["tool"]["ruff"]
+    assert ruff["target-version"] == "py311"
+    assert {"E4", "E7", "E9", "F"} <= set(ruff["lint"]["select"])
+    assert _make_recipes()["lint"] == "$(BIN)/ruff check ."
+
+
+@pytest.mark.slow  # a second pytest process, which imports jax (about 5 s)
+def test_pytest_finds_benchmarks_from_any_directory(tmp_path):
+    # pyproject.toml puts the root on sys.path (rootdir-relative), so tests/test_benchmarks_smoke.py
+    # imports the `benchmarks` package whatever the working directory.
+    assert "." in _pyproject()["tool"]["pytest"]["ini_options"]["pythonpath"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    target = ROOT / "tests" / "test_benchmarks_smoke.py"
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(target)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "test_memory_benchmark_tiny" in res.stdout
