@@ -61,7 +61,7 @@ __all__ = [
 
 ENSEMBLES: tuple[str, ...] = ("gaussian", "orthogonal", "goe", "antisymmetric")
 """The registry of ensemble names: every module of deqlab validates an ensemble name against it
-(:mod:`deqlab.theory` and :mod:`deqlab.experiments` accept the subsets they have results for)."""
+(the theory and experiment modules accept the subsets they have results for)."""
 
 # Large-n spectral radius of W0 (001 App. A.1): circular law / unit circle -> 1, semicircle -> 2.
 _RADIUS_FACTOR = {"gaussian": 1.0, "orthogonal": 1.0, "goe": 2.0, "antisymmetric": 2.0}

@@ -217,7 +217,7 @@ def _spectral_radius(name, w):
     [
         # Non-symmetric eigvals cost ~5-10x eigvalsh, so Ginibre stops at n = 400.
         # (Sizes/counts are shared where possible so that compiled samplers are reused.)
-        ("gaussian", 1 / 2, (25, 100, 400), (256, 64, 4)),
+        pytest.param("gaussian", 1 / 2, (25, 100, 400), (256, 64, 4), marks=pytest.mark.slow),
         ("goe", 2 / 3, (100, 400, 1600), (64, 4, 1)),
         ("antisymmetric", 2 / 3, (100, 400, 1600), (64, 4, 1)),
     ],

@@ -511,3 +511,92 @@ def test_length_spectrum_edges():
     for args in (("goe", 0.25), ("gaussian", 1.0), ("gaussian", 0.0), ("orthogonal", 0.5)):
         with pytest.raises(ValueError):
             fp.length_spectrum_edges(*args)
+
+
+# ------------------------------------------------- domain errors: the argument and its valid range
+
+DOMAIN_ERRORS = [
+    # (id, call, regex: where, the argument in backticks, the valid range)
+    ("lam-negative", lambda: fp.jacobian_density("erf", "orthogonal", 4, 0.25, [0.5, -1.0]),
+     r"jacobian_density: `lam` must be finite real numbers > 0, got -1.0"),
+    ("lam-zero", lambda: fp.jacobian_density("relu", "gaussian", 4, 1.0, [0.0]),
+     r"`lam` must be finite real numbers > 0, got 0.0"),
+    ("lam-nan", lambda: fp.jacobian_density("erf", "orthogonal", 4, 0.25, [np.nan]),
+     r"`lam` must be finite real numbers > 0, got nan"),
+    ("pencil-goe-above-vc", lambda: fp.length_pencil("goe", 0.3),
+     r"length_pencil: `V` must be a finite real number in \(0, V_c\) = \(0, 0.25\) for the 'goe'"),
+    ("pencil-ginibre-at-vc", lambda: fp.length_pencil("gaussian", 1.0),
+     r"`V` must be .* = \(0, 1\) for the 'gaussian' ensemble"),
+    ("pencil-antisymmetric-at-vc", lambda: fp.length_pencil("antisymmetric", 0.25),
+     r"`V` must be .* = \(0, 0.25\) for the 'antisymmetric'"),
+    ("pencil-zero-variance", lambda: fp.length_pencil("goe", 0.0), r"`V` must be .*\(0, V_c\)"),
+    ("edges-above-vc", lambda: fp.length_spectrum_edges("goe", 0.25), r"length_spectrum_edges: `V` must be"),
+    ("resolvent-above-vc", lambda: fp.goe_resolvent_mgf(np.array([1 + 1j]), 0.3),
+     r"goe_resolvent_mgf: `V` must be .*\(0, 0.25\)"),
+    ("m2-above-vc", lambda: fp.goe_length_m2(0.25), r"goe_length_m2: `V` must be"),
+    ("kmax-zero", lambda: fp.pencil_moments(fp.length_pencil("goe", 0.1), 0, radius=10.0),
+     r"pencil_moments: `kmax` must be an integer >= 1, got 0"),
+    ("kmax-negative", lambda: fp.pencil_moments(fp.length_pencil("goe", 0.1), -2, radius=10.0), r"`kmax` must be an integer >= 1"),
+    ("kmax-slopes", lambda: fp.slope_moments("silu", 0.5, kmax=0), r"slope_moments: `kmax` must be an integer >= 1"),
+    ("n-points-too-few", lambda: fp.pencil_moments(fp.length_pencil("goe", 0.1), 4, radius=10.0, n_points=4),
+     r"`n_points` must be an integer >= 5"),
+    ("n-nodes-zero", lambda: fp.squared_slope_spectrum("erf", 0.5, n_nodes=0),
+     r"squared_slope_spectrum: `n_nodes` must be an integer >= 1, got 0"),
+    ("n-nodes-slopes", lambda: fp.slope_spectrum("silu", 0.5, n_nodes=0), r"slope_spectrum: `n_nodes` must be"),
+    ("n-nodes-density", lambda: fp.jacobian_density("erf", "orthogonal", 4, 0.25, [1.0], n_nodes=0),
+     r"jacobian_density: `n_nodes` must be an integer >= 1"),
+    ("z-nan-semicircle", lambda: fp.Semicircle(0.5).stieltjes(np.nan),
+     r"Semicircle.stieltjes: `z` must be finite complex numbers"),
+    ("z-nan-mp", lambda: fp.MarchenkoPastur(0.5).stieltjes(complex(np.nan, 1.0)), r"`z` must be finite complex"),
+    ("z-nan-smooth", lambda: fp.SmoothLimit(0.25).stieltjes(np.array([np.nan + 1j])), r"`z` must be finite"),
+    ("z-inf-product", lambda: fp.FreeProduct(fp.Bernoulli(0.5), fp.MarchenkoPastur(1.0)).stieltjes(np.array([np.inf + 1j])),
+     r"FreeProduct.stieltjes: `z` must be finite"),
+    ("z-nan-pencil", lambda: fp.pencil_cauchy(fp.length_pencil("goe", 0.1), np.array([np.nan])), r"pencil_cauchy: `z` must be finite"),
+    ("z-nan-resolvent", lambda: fp.goe_resolvent_mgf(np.array([np.nan + 1j]), 0.1), r"`z` must be finite"),
+    ("x-nan-density", lambda: fp.Semicircle(0.5).density(np.array([0.1, np.nan])), r"Semicircle.density: `x` must be finite"),
+    ("x-nan-generic-density", lambda: fp.DWSpectrum(fp.Bernoulli(0.5), 0.2).density(np.nan, 1e-3),
+     r"DWSpectrum.density: `x` must be finite"),
+    ("x-nan-limit", lambda: fp.BernoulliLimit(0.25).density(np.array([np.nan])), r"`x` must be finite real"),
+    ("w-nan-s-transform", lambda: fp.samples([1.0, 2.0]).s_transform(np.nan), r"s_transform: `w` must be finite"),
+    ("re-z-nan-roots", lambda: fp.follow_roots(lambda x, z: x, lambda z: 1 / z, [np.nan], 1e-3),
+     r"follow_roots: `re_z` must be finite real numbers"),
+    ("eps-zero-roots", lambda: fp.follow_roots(lambda x, z: x, lambda z: 1 / z, [1.0], 0.0),
+     r"follow_roots: `eps` must be finite real numbers > 0"),
+    ("locations-nan", lambda: fp.samples([1.0, np.nan]), r"`locations` must be finite real numbers"),
+    ("bernoulli-p", lambda: fp.Bernoulli(0.0), r"Bernoulli.__init__: `p` must be a finite real number > 0 and <= 1"),
+    ("weights-unknown", lambda: fp.weight_spectrum("goe", 1.0), r"weight_spectrum: `weights` must be one of"),
+    ("not-piecewise", lambda: fp.bernoulli_p("erf", 1.0), r"bernoulli_p: `nonlinearity` must be piecewise linear"),
+]
+
+
+@pytest.mark.parametrize("call, pattern", [d[1:] for d in DOMAIN_ERRORS], ids=[d[0] for d in DOMAIN_ERRORS])
+def test_domain_errors_name_the_argument_and_range(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+def test_valid_neighbours_of_the_domain_errors_work():
+    # The checks are not stricter than stated: just inside each range the call succeeds.
+    assert np.isfinite(fp.length_pencil("goe", 0.2499).cov).all()
+    assert np.isfinite(fp.goe_length_m2(0.2499))
+    m = fp.pencil_moments(fp.length_pencil("goe", 0.1), 1, radius=10.0, n_points=2)
+    assert m.shape == (1,)
+    assert len(fp.slope_spectrum("erf", 0.5, n_nodes=1).atoms) == 1
+    res = fp.jacobian_density("relu", "orthogonal", 2, 1.0, [1e-12, 1.0])
+    assert np.all(np.isfinite(res.density))
+    # a real z off the support is allowed, on it refused
+    assert np.isfinite(fp.Semicircle(0.5).stieltjes(3.0))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: ex.slope_samples(0, "erf", 1.0, 10),
+    lambda: ex.jacobian_eigs(3, "erf", "orthogonal", [2], 1.0, 8),
+    lambda: ex.masked_wishart_eigs(1, 0.5, 1.0, 8),
+    lambda: ex.dw_eigs(2, "erf", 1.0, 0.2, 8),
+    lambda: ex.length_traces(4, "goe", 0.1, 8, 2),
+    lambda: ex.double_scaling_eigs(5, "erf", "orthogonal", [2], 0.25, 8),
+], ids=["slope_samples", "jacobian_eigs", "masked_wishart_eigs", "dw_eigs", "length_traces",
+        "double_scaling_eigs"])
+def test_experiments_refuse_an_int_seed(call):
+    with pytest.raises(ValueError, match=r"experiments\.freeprob\.\w+: `key` must be a JAX PRNG key .*not an int seed"):
+        call()

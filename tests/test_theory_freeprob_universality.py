@@ -121,6 +121,7 @@ def test_double_scaling_density_against_simulation(nl, weights):
     assert stats.kolmogorov_distance(eigs[L], lam, res.density, res.atoms, lower=1e-8) < dkw(n * k, n)
 
 
+@pytest.mark.slow
 def test_gaussian_weights_spread_with_depth():
     # 002 §5: at the double-scaling q*(L), Gaussian weights give sigma^2 = s0 + L and no limit:
     # the computed density puts a growing fraction of the spectrum below 1e-6 (nearly singular

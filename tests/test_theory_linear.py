@@ -152,6 +152,7 @@ def tied_sims():
     return out
 
 
+@pytest.mark.slow  # the module fixture tied_sims takes ~9 s
 @pytest.mark.parametrize("e", ENS)
 @pytest.mark.parametrize("key,fn", [
     ("first", lambda e, V: th.first_moment(e, V)),
@@ -176,6 +177,7 @@ def test_tied_closed_forms_against_simulation(tied_sims, e, key, fn):
     assert ok, f"{e} {key}: {msg}"
 
 
+@pytest.mark.slow  # tied_sims
 def test_goe_erratum_eq66_is_rejected(tied_sims):
     """001 Eq. 66 as printed (1/sqrt(1-4V) - f_c) is far outside the error bars."""
     V, per = tied_sims["goe"]
@@ -299,6 +301,7 @@ def _truncated_series_traces(w, degree):
     return second, fourth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("e", ENS)
 def test_power_series_terms_against_simulation(e):
     # The partial sum S_i of 001 Eq. 60, 63, 79, 80 (powers V^0 ... V^i) is E tr of the part of the
@@ -401,6 +404,7 @@ def test_ntk_against_finite_width(e):
         assert ok, f"ntk {e} {key}: {msg}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("e", ["orthogonal", "goe"])
 def test_ntk_fluctuation_against_finite_width(e):
     # N Var/E^2 of the NTK diagonal from 100 groups of 80 matrices at N and 2N; the SE of the
@@ -418,3 +422,31 @@ def test_ntk_fluctuation_against_finite_width(e):
     ok, msg = within(est, se, th.ntk_fluctuation(e, V))
     assert ok, f"ntk fluctuation {e}: {msg}"
     assert th.ntk_fluctuation(e, 0.0) == pytest.approx(2.0, abs=1e-12)  # N Var[v . v] = 2
+
+
+def test_ensemble_names_come_from_the_registry():
+    # theory.linear covers the registry's ensembles except the antisymmetric one (not in 001);
+    # unknown and uncovered names are refused with the list of valid ones.
+    assert set(th.ENSEMBLES) == set(ensembles.ENSEMBLES) - {"antisymmetric"}
+    with pytest.raises(ValueError, match=r"second_moment: `ensemble` must be one of 'gaussian', 'orthogonal', 'goe', 'antisymmetric', got 'cauchy'"):
+        th.second_moment("cauchy", 0.1)
+    with pytest.raises(ValueError, match=r"`ensemble` must be one of 'gaussian', 'orthogonal', 'goe', got 'antisymmetric'"):
+        th.critical_variance("antisymmetric")
+    for call in (lambda: ex.draw("antisymmetric", jax.random.key(0), 4),
+                 lambda: ex.spectral_radii("ginibre", jax.random.key(0), 4, 2),
+                 lambda: ex.trace_sweep("unitary", np.eye(3), [0.1])):
+        with pytest.raises(ValueError, match=r"experiments\.linear\.\w+: `ensemble` must be one of"):
+            call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: ex.draw("goe", 0, 4),
+    lambda: ex.untied_traces("goe", 1, 4, 0.1, 2),
+    lambda: ex.length_variance_sample(np.eye(3), 2, 10),
+    lambda: ex.iterate("goe", 3, 4, 0.1, 2),
+    lambda: ex.spectral_radii("goe", 4, 4, 2),
+    lambda: ex.ntk_samples("goe", 5, 4, 0.1, 2),
+], ids=["draw", "untied_traces", "length_variance_sample", "iterate", "spectral_radii", "ntk_samples"])
+def test_experiments_refuse_an_int_seed(call):
+    with pytest.raises(ValueError, match=r"experiments\.linear\.\w+: `key` must be a JAX PRNG key .*not an int seed"):
+        call()

@@ -77,6 +77,7 @@ def goe_extremes():
     return n, np.concatenate(top), np.concatenate(radius)
 
 
+@pytest.mark.slow  # the module fixture goe_extremes takes ~6 s
 def test_goe_largest_eigenvalue_is_tracy_widom_1(goe_extremes):
     n, top, _ = goe_extremes
     centre, width = th.edge_scaling("goe", n)
@@ -87,6 +88,7 @@ def test_goe_largest_eigenvalue_is_tracy_widom_1(goe_extremes):
     assert ks_distance((top - centre) / width, lambda x: th.tracy_widom_cdf(x, 2)) > bound
 
 
+@pytest.mark.slow  # goe_extremes
 def test_goe_radius_and_failure_probability(goe_extremes):
     n, _, radius = goe_extremes
     centre, width = th.edge_scaling("goe", n)
