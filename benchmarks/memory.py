@@ -27,7 +27,7 @@ import jax.numpy as jnp
 if not __package__:  # run as `python benchmarks/memory.py`: the repository root is not on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import jax_session, largest_array, load_peers, parse_args, table, temp_bytes
-from deqlab import fixed_point
+from deqlab.implicit import Implicit, fixed_point
 from deqlab.experiments import practice
 
 
@@ -81,8 +81,8 @@ def measure(args) -> dict:
         forward_solver = "anderson" if solver == "gmres" else solver
 
         def loss(p, forward_solver=forward_solver, solver=solver):
-            z = fixed_point(f, z0, *p, solver=forward_solver, backward_solver=solver, batch_axis=0,
-                            max_steps=50, backward_failure="ignore").value
+            z = fixed_point(f, z0, *p, solver=forward_solver, batch_axis=0, max_steps=50,
+                            backward=Implicit(solver=solver, on_failure="ignore")).value
             return jnp.sum(z**2)
 
         largest[solver] = largest_array(jax.grad(loss), params)

@@ -3,20 +3,37 @@
 Companion package of the book *Equilibrium*. Paper references in docstrings use the numbering of
 the book's sources: 001 (Agarwala & Schoenholz 2022), 002 (Pennington, Schoenholz & Ganguli 2018),
 003 (Bai, Kolter & Koltun 2019), 004 (Tsuchida et al. 2022).
+
+The core in five lines::
+
+    sol = deqlab.solve(f, z0, *args, solver=Anderson(m=5), batch_axis=0)   # value, result, stats, state
+    sol = deqlab.fixed_point(f, z0, *args, backward=Implicit(solver="gmres", on_failure="nan"))
+    backward = "implicit" | Implicit(...) | Unrolled() | Phantom(steps=5, damping=0.5)
+    tol=None follows z0's dtype (float32 1e-5, float64 1e-10); precision=None follows tol (TPUs)
+    layer = deqlab.nn.DEQ(TanhCell(64, 16, rngs=rngs), solver="broyden", backward=Implicit())
 """
 
-from deqlab import ensembles, solvers
-from deqlab.solvers import Result, Solution, solve
-from deqlab.implicit import fixed_point, check_gradients
+from deqlab import checks, ensembles, precision, solvers
+from deqlab.implicit import Implicit, Phantom, Unrolled, check_gradients, fixed_point
+from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "checks",
     "ensembles",
+    "precision",
     "solvers",
     "solve",
     "fixed_point",
     "check_gradients",
+    "Picard",
+    "Anderson",
+    "Broyden",
+    "Implicit",
+    "Unrolled",
+    "Phantom",
     "Result",
     "Solution",
+    "SolverError",
 ]

@@ -225,13 +225,14 @@ def _signal(what, policy, result, residual):
 def _nan_where_failed(tree, result, batch_axis, name):
     """NaN in every entry of the failing samples of ``tree``.
 
-    Added, not selected: a ``where`` would cut the gradient of the failing samples (the NaN branch
-    is a constant), and a NaN loss would come with finite gradients.
+    Multiplied, not selected: a ``where`` would cut the gradient of the failing samples (the NaN
+    branch is a constant), and even an added NaN leaves the derivative at 1; times NaN, both the
+    value and every gradient through it are NaN, whatever the loss.
     """
     flattener = Flattener(tree, batch_axis, name)
     flat = flattener.flatten(tree)
     failed = jnp.reshape(result != Result.SUCCESS, (-1,))
-    return flattener.unflatten(flat + jnp.where(failed[:, None], jnp.nan, 0.0).astype(flat.dtype))
+    return flattener.unflatten(flat * jnp.where(failed[:, None], jnp.nan, 1.0).astype(flat.dtype))
 
 
 # --------------------------------------------------------------------------------------------

@@ -106,8 +106,9 @@ def check_tol(tol: float, dtype: Any, where: str = "solve") -> None:
         return
     _warned_tols.add((name, tol))
     warnings.warn(
-        f"{where}: tol={tol:g} is below what {name} can reach (relative residuals settle near "
-        f"{floor:.1e}); the solve will likely run to max_steps without converging. Use "
+        f"{where}: tol={tol:g} is below what {name} can reach in general (relative residuals of "
+        f"maps with matmuls settle near {floor:.1e}); the solve may run to max_steps without "
+        "converging. Use "
         f"tol >= {floor:.1e}, or a wider dtype (float64 needs jax.config.update('jax_enable_x64', "
         "True)).",
         PrecisionWarning,

@@ -208,3 +208,122 @@ def test_bad_fixed_point_arguments(argument, kwargs):
 def test_bad_check_gradients_arguments(argument, kwargs):
     with pytest.raises(ValueError, match=argument):
         check_gradients(lambda z, a: 0.5 * z + a, jnp.zeros(3), jnp.ones(3), **kwargs)
+
+
+def _contractive_tanh(dtype, n=16, batch=4, seed=30):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    w = ensembles.sample("orthogonal", keys[0], n, 0.8, jnp.float64)
+    u = jax.random.normal(keys[1], (n, n)) / np.sqrt(n)
+    x = jax.random.normal(keys[2], (batch, n))
+    f = lambda z, w, u, x: jnp.tanh(z @ w.T + x @ u.T)  # noqa: E731
+    return f, jnp.zeros((batch, n), dtype), tuple(a.astype(dtype) for a in (w, u, x))
+
+
+@pytest.mark.parametrize("dtype,bound", [(jnp.float64, 1e-8), (jnp.float32, 1e-3)])
+def test_gradient_at_default_settings_in_each_dtype(dtype, bound):
+    # No tol anywhere: float64 solves to 1e-10 (implicit gradient within ~1e-8 of the exact one),
+    # float32 to 1e-5. Reference: the implicit-function-theorem gradient by dense linear algebra
+    # in float64, (I - J^T) u = dL/dz*. A float32 gradient is bounded by its solves: 1e-5 relative
+    # residuals amplified by 1 / (1 - 0.8) and float32 rounding of a 16 x 16 problem, ~1e-4.
+    f, z0, args = _contractive_tanh(dtype)
+    grad = jax.grad(lambda w: jnp.sum(fixed_point(f, z0, w, *args[1:], batch_axis=0).value ** 2))(args[0])
+    f64, z64, a64 = _contractive_tanh(jnp.float64)
+    z_star = solve_exact = fixed_point(f64, z64, *a64, tol=1e-14, batch_axis=0, max_steps=1000).value
+    del solve_exact
+    w, u, x = a64
+    pre = z_star @ w.T + x @ u.T
+    slope = 1 - jnp.tanh(pre) ** 2
+    reference = jnp.zeros_like(w)
+    for b in range(z_star.shape[0]):
+        jac = slope[b][:, None] * w
+        adjoint = jnp.linalg.solve(jnp.eye(w.shape[0]) - jac.T, 2 * z_star[b])
+        reference = reference + jnp.outer(adjoint * slope[b], z_star[b])
+    error = float(jnp.linalg.norm(grad.astype(jnp.float64) - reference) / jnp.linalg.norm(reference))
+    assert error <= bound, error
+
+
+def test_unrolled_anderson_in_float32_has_finite_gradients_and_nan_is_never_small():
+    # 0.5 tanh(z) + x reaches f(z) = z exactly in float32; differentiating Anderson's mixing at a
+    # zero residual used to give NaN, and check_gradients reported max(0.0, nan) = 0.0 for it.
+    f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
+    x = jnp.float32(0.3)
+    for backward in ("unrolled", "implicit"):
+        g = jax.grad(lambda x: fixed_point(f, jnp.zeros((), jnp.float32), x, backward=backward, tol=1e-6,
+                                           max_steps=200).value)(x)
+        z = fixed_point(f, jnp.zeros(()), jnp.float64(0.3), tol=1e-14).value
+        exact = 1 / (1 - 0.5 * (1 - jnp.tanh(z) ** 2))  # dz*/dx = (1 - f_z)^-1
+        assert bool(jnp.isfinite(g)) and abs(float(g) - float(exact)) <= 1e-5
+    errors = check_gradients(f, jnp.zeros((), jnp.float32), x)
+    assert all(np.isfinite(v) for v in errors.values()), errors
+    # A gradient that is NaN gives a NaN error: sqrt at 0 has an infinite derivative.
+    errors = check_gradients(lambda z, a: 0.5 * z + jnp.sqrt(a), jnp.zeros(()), jnp.float64(0.0))
+    assert np.isnan(errors["implicit_vs_fd"]) and np.isnan(errors["unrolled_vs_fd"])
+
+
+@pytest.mark.parametrize("mode", [Implicit, Unrolled, lambda **k: Phantom(steps=3, **k)])
+def test_forward_failure_is_signalled_by_every_backward(mode):
+    # max_steps = 3 on an orthogonal 0.99 map cannot reach 1e-10: the forward solve fails, so the
+    # value and its gradient are not the equilibrium's. Each policy says so its own way.
+    n, w, x, f, _ = _near_critical_linear_deq()
+
+    def loss(w, policy):
+        return jnp.sum(fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3,
+                                   backward=mode(on_failure=policy)).value)
+
+    for run in (jax.grad, lambda g: jax.jit(jax.grad(g))):
+        with pytest.warns(BackwardWarning, match="forward solve did not converge"):
+            jax.block_until_ready(run(lambda w: loss(w, "warn"))(w))
+        assert bool(jnp.all(jnp.isnan(run(lambda w: loss(w, "nan"))(w))))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert bool(jnp.all(jnp.isfinite(run(lambda w: loss(w, "ignore"))(w))))
+    with pytest.raises(SolverError, match="forward solve failed for 1/1 samples"):
+        fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3, backward=mode(on_failure="raise"))
+    # Inside jit the error comes back from the host callback, wrapped by JAX, with the same text
+    # (the implicit mode's adjoint, starved by the same 3 steps, may be the one that reports).
+    with pytest.raises(Exception, match=r"(forward|adjoint) solve failed for 1/1 samples"):
+        jax.block_until_ready(jax.jit(jax.grad(lambda w: loss(w, "raise")))(w))
+
+
+def test_singular_adjoint_with_gmres_warns_instead_of_crashing():
+    # f(z) = z + tanh(x) has J = I: the adjoint system (I - J^T) u = g is singular. GMRES returns
+    # NaN or garbage; the warning path used to crash on int(nan) in a host callback.
+    f = lambda z, x: z * 1.0 + 0.0 * jnp.tanh(x)  # noqa: E731
+    with pytest.warns(BackwardWarning, match="adjoint solve did not converge"):
+        g = jax.grad(lambda x: jnp.sum(fixed_point(f, jnp.ones(3), x, backward=Implicit(solver="gmres")).value ** 2))(
+            jnp.ones(3))
+    assert g.shape == (3,)
+
+
+def test_closed_over_parameters_get_implicit_gradients():
+    # f closes over w, which is being differentiated: jax.custom_vjp alone raises an
+    # UnexpectedTracerError; fixed_point hoists w into an argument (jax.closure_convert).
+    n, w, x, _, _ = _near_critical_linear_deq(8)
+    w = 0.5 * w
+
+    def closed(w):
+        return jnp.sum(fixed_point(lambda z, x: w @ z + x, jnp.zeros(n), x, tol=1e-13).value ** 2)
+
+    def explicit(w):
+        return jnp.sum(fixed_point(lambda z, w, x: w @ z + x, jnp.zeros(n), w, x, tol=1e-13).value ** 2)
+
+    np.testing.assert_allclose(jax.grad(closed)(w), jax.grad(explicit)(w), rtol=1e-10)
+    np.testing.assert_allclose(jax.jit(jax.grad(closed))(w), jax.grad(explicit)(w), rtol=1e-10)
+
+
+def test_aux_output_is_differentiable():
+    # aux = sum(z_next) at z*: its gradient equals that of sum(z*), through z* implicitly.
+    f = lambda z, a: (jnp.tanh(a * z) + 1.0, jnp.sum(jnp.tanh(a * z) + 1.0))  # noqa: E731
+    g_aux = jax.grad(lambda a: fixed_point(f, jnp.zeros(4), a, has_aux=True, tol=1e-13).aux)(0.5)
+    g_val = jax.grad(lambda a: jnp.sum(fixed_point(lambda z, a: f(z, a)[0], jnp.zeros(4), a, tol=1e-13).value))(0.5)
+    np.testing.assert_allclose(g_aux, g_val, rtol=1e-9)
+
+
+def test_backward_names_are_shortcuts_for_the_objects():
+    f = lambda z, a: jnp.tanh(a * z) + 1.0  # noqa: E731
+    for name, obj in (("implicit", Implicit()), ("unrolled", Unrolled()), ("phantom", Phantom())):
+        by_name = jax.grad(lambda a: jnp.sum(fixed_point(f, jnp.zeros(4), a, backward=name).value))(0.5)
+        by_object = jax.grad(lambda a: jnp.sum(fixed_point(f, jnp.zeros(4), a, backward=obj).value))(0.5)
+        assert float(by_name) == float(by_object)
+    with pytest.raises(ValueError, match="`cotangent` must have the structure and shapes"):
+        adjoint_solve(f, jnp.ones(4), (0.5,), jnp.ones(3))
