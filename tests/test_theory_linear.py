@@ -297,7 +297,8 @@ def _truncated_series_traces(w, degree):
     pairs = {(j, k): np.swapaxes(powers[j], -1, -2) @ powers[k]
              for j in range(degree + 1) for k in range(degree + 1 - j)}
     second = sum(tr(p) for p in pairs.values())
-    fourth = sum(tr(pairs[j, k] @ pairs[l, m]) for (j, k) in pairs for (l, m) in pairs if j + k + l + m <= degree)
+    fourth = sum(tr(pairs[j, k] @ pairs[jj, kk]) for (j, k) in pairs for (jj, kk) in pairs
+                 if j + k + jj + kk <= degree)
     return second, fourth
 
 
