@@ -71,6 +71,7 @@ __all__ = [
     "BackwardWarning",
 ]
 
+#: What a failed solve does to a gradient (see the module docstring).
 FAILURE_POLICIES = ("warn", "nan", "raise", "ignore")
 
 _GMRES_RESTART = 20
@@ -149,6 +150,7 @@ class Phantom:
         _check_policy(self.on_failure, "implicit.Phantom")
 
 
+#: The backward modes by name (each name is a shortcut for the object with its defaults).
 BACKWARDS = {cls.name: cls for cls in (Implicit, Unrolled, Phantom)}
 
 
@@ -344,20 +346,19 @@ def adjoint_solve(
 # fixed_point
 
 
-def _close_over_nothing(f, z0, args, has_aux):
+def _close_over_nothing(f, z0, args, level):
     """``f`` with closed-over traced values hoisted into explicit arguments (``jax.closure_convert``).
 
     ``jax.custom_vjp`` cannot differentiate a value f closes over, so ``lambda z, x: w @ z + x``
     with ``w`` being differentiated would fail with an UnexpectedTracerError; after conversion
-    ``w`` is one more argument, and its gradient is the implicit one.
+    ``w`` is one more argument, and its gradient is the implicit one. The converted f is traced
+    once, here, at the matmul precision ``level`` of the solve; an f that closes over nothing
+    traced is returned unchanged (and traced where it is used).
     """
-    try:
+    with precision_module.matmul_precision(level):
         closed, hoisted = jax.closure_convert(lambda z, *a: f(z, *a), z0, *args)
-    except jax.errors.UnexpectedTracerError as err:  # pragma: no cover - closure_convert hoists them
-        raise ValueError(
-            "`f` closes over a value that is being differentiated; pass it through *args: "
-            "fixed_point(f, z0, w, x) with f(z, w, x)."
-        ) from err
+    if not hoisted:
+        return f, args
     n_args = len(args)
 
     def converted(z, *all_args):
@@ -408,7 +409,7 @@ def fixed_point(
     config = dataclasses.replace(config, tol=resolved_tol)
     forward = dict(solver=config, batch_axis=batch_axis, precision=precision)
     check_problem(f, z0, args, has_aux)
-    f, args = _close_over_nothing(f, z0, args, has_aux)
+    f, args = _close_over_nothing(f, z0, args, _level(precision, resolved_tol, probe.dtype))
 
     def step_map(z, *a):
         out = f(z, *a)

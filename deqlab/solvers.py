@@ -409,6 +409,7 @@ def _write_gram(gram, slot, dots):
     return jax.lax.dynamic_update_slice(gram, dots[:, :, None], (index, index, slot))
 
 
+#: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"``.
 SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
 
 
