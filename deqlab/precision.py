@@ -11,7 +11,7 @@ A tolerance below the floor makes a solver run to ``max_steps``; :func:`check_to
 **The precision of the matmuls inside f.** On TPUs, and on NVIDIA GPUs with TF32, a float32
 matmul runs by default with bfloat16 operands (8 significant bits; JAX's ``Precision.DEFAULT``).
 f is then only known to about 4e-3 relative, and a float32 solve stalls near a relative residual
-of 3e-4: a solve to ``tol = 1e-5`` never converges. ``"high"`` (three bfloat16 passes, about 16
+of 1e-4 to 3e-4: a solve to ``tol = 1e-5`` never converges. ``"high"`` (three bfloat16 passes, about 16
 bits; stalls near 4e-7) and ``"highest"`` (full float32, six passes on TPU) fix this at a cost.
 :func:`required_precision` gives the cheapest precision that reaches a tolerance; the solvers
 evaluate f, and the implicit backward its vector-Jacobian products, under it unless told

@@ -64,7 +64,7 @@ def test_emulated_products_have_the_error_of_their_precision():
 
 def test_emulated_tpu_stalls_a_float32_solve_and_the_tolerance_driven_precision_fixes_it():
     # On a TPU a float32 matmul defaults to bfloat16 operands; a DEQ solve to 1e-5 then stalls near
-    # a relative residual of 3e-4 (most samples run to max_steps). The default precision=None picks
+    # a relative residual of 1e-4 to 3e-4 (most samples run to max_steps). precision=None picks
     # "high" for tol = 1e-5, and the solve converges in as many steps as in exact arithmetic.
     cell = TanhCell(128, 16, scale=0.9, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 16), jnp.float32)
@@ -81,5 +81,5 @@ def test_emulated_tpu_stalls_a_float32_solve_and_the_tolerance_driven_precision_
     fixed = run(None, emulate=True)
     assert bool(jnp.all(exact.converged)) and bool(jnp.all(fixed.converged))
     assert float(jnp.mean(stalled.converged)) < 0.5
-    assert float(jnp.median(stalled.stats.best_residual)) > 1e-4
+    assert float(jnp.median(stalled.stats.best_residual)) > 5e-5  # 5 tol: stalled, not slow
     assert abs(float(jnp.mean(fixed.stats.steps)) - float(jnp.mean(exact.stats.steps))) <= 2
