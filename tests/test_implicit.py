@@ -34,6 +34,7 @@ def tanh_map(z, w, u, b, x):
     return jnp.tanh(z @ w.T + x @ u.T + b)
 
 
+@pytest.mark.slow
 @settings(deadline=None, max_examples=5, derandomize=True)
 @given(
     n=st.integers(min_value=2, max_value=10),
@@ -55,6 +56,7 @@ def test_random_contractive_maps(n, contraction, seed):
     assert errors["unrolled_vs_fd"] <= GRADIENT_RTOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ensemble", list(ensembles.ENSEMBLES))
 def test_tanh_deq_with_each_ensemble(ensemble):
     n, batch = 24, 3
@@ -68,6 +70,7 @@ def test_tanh_deq_with_each_ensemble(ensemble):
     assert errors["implicit_vs_fd"] <= GRADIENT_RTOL, errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backward_solver", ["picard", "broyden", "gmres"])
 def test_backward_solvers_agree(backward_solver):
     n = 12
@@ -80,6 +83,7 @@ def test_backward_solvers_agree(backward_solver):
     assert errors["implicit_vs_fd"] <= GRADIENT_RTOL, errors
 
 
+@pytest.mark.slow
 def test_linear_deq_gradient_matches_closed_form():
     # z* = (I - W)^-1 x, L = |z*|^2: dL/dx = 2 (I - W)^-T z*, dL/dW = 2 (I - W)^-T z* z*^T.
     n = 10
@@ -97,6 +101,7 @@ def test_linear_deq_gradient_matches_closed_form():
     np.testing.assert_allclose(gw, jnp.outer(adjoint, z), rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_phantom_gradient_approaches_implicit_with_more_steps():
     # Phantom gradients (k damped steps) converge to the implicit one as k grows.
     n = 16
@@ -121,6 +126,7 @@ def _near_critical_linear_deq(n=16):
     return n, w, x, (lambda z, w, x: w @ z + x), jnp.linalg.solve(jnp.eye(n) - w, x)
 
 
+@pytest.mark.slow
 def test_adjoint_solve_reports_failure_and_backward_warns():
     # Near-critical linear map with a starved backward solve: the adjoint cannot converge in 3 steps.
     n, w, x, f, z_star = _near_critical_linear_deq()
@@ -151,6 +157,7 @@ def test_gmres_adjoint_max_steps_bounds_operator_applications():
     np.testing.assert_allclose(enough.value, jnp.linalg.solve((jnp.eye(n) - w).T, jnp.ones(n)), rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_fixed_point_under_vmap_and_jit():
     n = 8
     keys = jax.random.split(jax.random.PRNGKey(7), 4)
@@ -165,6 +172,7 @@ def test_fixed_point_under_vmap_and_jit():
         np.testing.assert_allclose(batched[i], jax.grad(loss)(ws[i]), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_implicit_memory_is_flat_in_iterations_and_unrolled_grows():
     # Compiled temporary memory of a gradient: unrolled stores every iterate, implicit does not.
     n, batch = 64, 32
@@ -219,6 +227,7 @@ def _contractive_tanh(dtype, n=16, batch=4, seed=30):
     return f, jnp.zeros((batch, n), dtype), tuple(a.astype(dtype) for a in (w, u, x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,bound", [(jnp.float64, 1e-8), (jnp.float32, 1e-3)])
 def test_gradient_at_default_settings_in_each_dtype(dtype, bound):
     # No tol anywhere: float64 solves to 1e-10 (implicit gradient within ~1e-8 of the exact one),
@@ -228,8 +237,7 @@ def test_gradient_at_default_settings_in_each_dtype(dtype, bound):
     f, z0, args = _contractive_tanh(dtype)
     grad = jax.grad(lambda w: jnp.sum(fixed_point(f, z0, w, *args[1:], batch_axis=0).value ** 2))(args[0])
     f64, z64, a64 = _contractive_tanh(jnp.float64)
-    z_star = solve_exact = fixed_point(f64, z64, *a64, tol=1e-14, batch_axis=0, max_steps=1000).value
-    del solve_exact
+    z_star = fixed_point(f64, z64, *a64, tol=1e-14, batch_axis=0, max_steps=1000).value
     w, u, x = a64
     pre = z_star @ w.T + x @ u.T
     slope = 1 - jnp.tanh(pre) ** 2
@@ -242,6 +250,7 @@ def test_gradient_at_default_settings_in_each_dtype(dtype, bound):
     assert error <= bound, error
 
 
+@pytest.mark.slow
 def test_unrolled_anderson_in_float32_has_finite_gradients_and_nan_is_never_small():
     # 0.5 tanh(z) + x reaches f(z) = z exactly in float32; differentiating Anderson's mixing at a
     # zero residual used to give NaN, and check_gradients reported max(0.0, nan) = 0.0 for it.
@@ -319,6 +328,7 @@ def test_aux_output_is_differentiable():
     np.testing.assert_allclose(g_aux, g_val, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_backward_names_are_shortcuts_for_the_objects():
     f = lambda z, a: jnp.tanh(a * z) + 1.0  # noqa: E731
     for name, obj in (("implicit", Implicit()), ("unrolled", Unrolled()), ("phantom", Phantom())):

@@ -33,6 +33,7 @@ def test_layer_returns_the_cells_fixed_point(cell_type):
     assert float(stats["residual_max"]) <= 1e-10
 
 
+@pytest.mark.slow
 def test_layer_gradient_matches_unrolled():
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
 
@@ -49,6 +50,7 @@ def test_layer_gradient_matches_unrolled():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_training_step_reduces_loss_in_float32():
     # Training runs in float32 even though the test session enables x64: parameters, inputs and the
     # solver state all stay float32.
@@ -130,6 +132,7 @@ SHARDED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_batch_on_eight_simulated_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
@@ -137,6 +140,7 @@ def test_sharded_batch_on_eight_simulated_devices():
     assert "OK 8" in out.stdout
 
 
+@pytest.mark.slow
 def test_configured_solver_keeps_its_settings():
     # A layer given a configured solver runs it as configured (the layer has no defaults of its own
     # that would override it); tol / max_steps given to the layer override only what they name.

@@ -45,6 +45,7 @@ def test_linear_deq_reaches_exact_fixed_point(name, ensemble):
     assert sol.stats.best_residual <= 1e-12
 
 
+@pytest.mark.slow
 def test_anderson_beats_picard_on_goe_near_criticality():
     # A symmetric W has a real spectrum, where Anderson (Krylov-like on linear maps) needs far fewer
     # steps than Picard, whose rate is the spectral radius 2 * 0.49 = 0.98 (~1400 steps to 1e-12).
@@ -85,6 +86,7 @@ def test_batched_tanh_deq_and_jit(name, dtype):
     np.testing.assert_allclose(alone.value, sol.value[3], atol=20 * tol)
 
 
+@pytest.mark.slow
 def test_per_sample_convergence_mask_and_frozen_samples():
     # Per-sample scales a_b: samples with a < 1 converge at different speeds, a = 1.5 diverges.
     n = 16
@@ -185,6 +187,7 @@ def linear_map_rows(z, w, x):
     return z @ w.T + x
 
 
+@pytest.mark.slow
 def test_configured_object_and_name_agree():
     n = 12
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(11), n, 0.8, jnp.float64)
@@ -195,6 +198,7 @@ def test_configured_object_and_name_agree():
     assert solvers.get_solver(Picard(tol=1e-3), max_steps=7) == Picard(tol=1e-3, max_steps=7)
 
 
+@pytest.mark.slow
 def test_vmap_over_problems():
     n = 16
     keys = jax.random.split(jax.random.PRNGKey(12), 5)
@@ -267,6 +271,7 @@ def test_bad_solver_configurations_raise_value_error(argument, make):
         make()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damping", [1.0, 0.6])
 def test_picard_returns_the_step_past_its_converged_iterate(damping):
     # z <- (1 - d) z + d (a z + x) per sample, a = 0.5 and 0.95: the first sample converges, the
@@ -332,6 +337,7 @@ def test_half_precision_iterates(name, dtype):
     assert float(error) <= 2 * 8 * float(jnp.finfo(dtype).eps)
 
 
+@pytest.mark.slow
 def test_default_tolerance_follows_the_dtype_and_unreachable_ones_warn_once():
     f = lambda z: 0.5 * jnp.tanh(z) + 0.3  # noqa: E731
     assert float(solve(f, jnp.zeros(2)).stats.tol) == pytest.approx(1e-10)
