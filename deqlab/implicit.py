@@ -534,6 +534,7 @@ def check_gradients(
         loss = lambda z: sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(z))  # noqa: E731
     directions = checks.positive_int(directions, "directions", "check_gradients")
     eps = checks.positive_number(eps, "eps", "check_gradients")
+    key = jax.random.key(0) if key is None else checks.prng_key(key, "key", "check_gradients")
     mode = get_backward(backward)
     dtype = Flattener(z0, batch_axis).dtype
     if tol is None:
@@ -554,7 +555,6 @@ def check_gradients(
         "implicit_vs_fd": 0.0,
         "unrolled_vs_fd": 0.0,
     }
-    key = jax.random.key(0) if key is None else checks.prng_key(key, "key", "check_gradients")
     leaves, treedef = jax.tree_util.tree_flatten(args)
     for k in jax.random.split(key, directions):
         keys = jax.random.split(k, len(leaves))

@@ -102,6 +102,7 @@ def attainable_tol(dtype: Any) -> float:
 
 def check_tol(tol: float, dtype: Any, where: str = "solve") -> None:
     """Warn once per (dtype, tol) when ``tol`` is below :func:`attainable_tol`."""
+    tol = checks.positive_number(tol, "tol", where)
     floor = attainable_tol(dtype)
     name = _dtype_name(dtype)
     if tol >= floor or (name, tol) in _warned_tols:
@@ -144,6 +145,8 @@ def required_precision(tol: float, dtype: Any) -> str:
     Only float32 has a choice: 16-bit iterates are rounded more coarsely than any matmul, and
     float64 matmuls are never demoted.
     """
+    checks.positive_number(tol, "tol", "precision.required_precision")
+    dtype = checks.floating_dtype(dtype, "dtype", "precision.required_precision")
     if _dtype_name(dtype) != "float32":
         return "highest" if _dtype_name(dtype) == "float64" else "default"
     for level in PRECISIONS:

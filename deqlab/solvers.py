@@ -15,6 +15,12 @@ Tolerance rule (one rule for every solver)
     epsilon of the iterate's dtype, so a fixed point at exactly zero is still reachable. With
     ``batch_axis=None`` the whole pytree is one sample.
 
+    The rule is relative, as every practical one must be: an iteration that runs off to infinity
+    by constant steps, as for f(z) = z + 1 (no fixed point), meets ``tol = 1e-2`` once |z| > 99,
+    while its absolute residual, which the divergence test watches, stays 1. At tolerances near
+    the dtype's default such a solve runs to ``max_steps`` instead; where f may have no fixed
+    point, look at ``stats.residual_trace`` and the size of the value.
+
     The default ``tol`` follows the dtype of ``z0`` (:func:`deqlab.precision.default_tol`:
     float64 1e-10, float32 1e-5, float16 1e-2, bfloat16 5e-2), and a tolerance below what the
     dtype can reach warns once. f is evaluated at the matmul precision the tolerance needs, which
@@ -479,6 +485,11 @@ class Flattener:
         moved = [self._moved_shape(s) for s in self.shapes]
         self.sizes = [int(np.prod(s[1:], dtype=np.int64)) for s in moved]
         self.dim = int(sum(self.sizes))
+        if self.dim == 0 or self.batch == 0:
+            raise ValueError(
+                f"`{name}` must hold at least one number per sample, got leaves of shapes {self.shapes}"
+                + ("" if batch_axis is None else f" with batch_axis={batch_axis}") + "."
+            )
 
     def _moved_shape(self, shape):
         if self.batch_axis is None:
@@ -550,6 +561,11 @@ def check_problem(f, z0, args, has_aux=False):
             raise ValueError(
                 f"`f` must map `z0` to an array of the same shape: z0 has shape "
                 f"{jnp.shape(leaf_in)}, f(z0) has shape {leaf_out.shape}."
+            )
+        if not jnp.issubdtype(leaf_out.dtype, jnp.floating):
+            raise ValueError(
+                f"`f` must return real floating-point arrays like `z0` ({jnp.result_type(leaf_in)}), "
+                f"got dtype {leaf_out.dtype}; a complex f(z) would lose its imaginary part."
             )
     # NaN inputs are rejected where they can be seen (outside jit); inside jit they surface as
     # Result.NONFINITE for the samples they touch.

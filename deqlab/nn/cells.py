@@ -35,9 +35,12 @@ def _linear(in_features, out_features, *, use_bias=True, kernel_init=None, dtype
     )
 
 
-def _check_cell(where, width, in_features, dtype, param_dtype, precision):
+def _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemble, rngs):
     checks.positive_int(width, "width", where)
     checks.positive_int(in_features, "in_features", where)
+    checks.choice(ensemble, "ensemble", ensembles.ENSEMBLES, where)
+    if not isinstance(rngs, nnx.Rngs):
+        raise checks.fail("rngs", "an nnx.Rngs such as nnx.Rngs(0)", rngs, where)
     if dtype is not None:
         checks.floating_dtype(dtype, "dtype", where)
     checks.floating_dtype(param_dtype, "param_dtype", where)
@@ -61,7 +64,7 @@ class TanhCell(nnx.Module):
     def __init__(self, width: int, in_features: int, *, ensemble: str = "orthogonal",
                  scale: float | None = None, dtype: Any = None, param_dtype: Any = jnp.float32,
                  precision: Any = None, rngs: nnx.Rngs):
-        precision = _check_cell("nn.TanhCell", width, in_features, dtype, param_dtype, precision)
+        precision = _check_cell("nn.TanhCell", width, in_features, dtype, param_dtype, precision, ensemble, rngs)
         if scale is None:
             scale = 0.9 * ensembles.critical_scale(ensemble)
         self.width = width
@@ -85,7 +88,8 @@ class ResNetCell(nnx.Module):
     Args:
         width: size of z.
         in_features: size of x.
-        hidden: width of the inner layer (default 2 * width).
+        hidden: width of the inner layer (default 2 * width; width for the square ``"goe"`` and
+            ``"antisymmetric"`` ensembles, as in 001 App. D).
         ensemble, scale: law and scale of W1 and W2 (scale defaults to 0.5 of critical).
         dtype, param_dtype, precision: as for :class:`TanhCell`.
         rngs: ``nnx.Rngs``.
@@ -94,9 +98,13 @@ class ResNetCell(nnx.Module):
     def __init__(self, width: int, in_features: int, *, hidden: int | None = None,
                  ensemble: str = "gaussian", scale: float | None = None, dtype: Any = None,
                  param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
-        precision = _check_cell("nn.ResNetCell", width, in_features, dtype, param_dtype, precision)
-        hidden = 2 * width if hidden is None else hidden
-        checks.positive_int(hidden, "hidden", "nn.ResNetCell")
+        where = "nn.ResNetCell"
+        precision = _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        square = ensemble in ("goe", "antisymmetric")  # symmetric laws exist only for square W
+        hidden = (width if square else 2 * width) if hidden is None else hidden
+        checks.positive_int(hidden, "hidden", where)
+        if square and hidden != width:
+            raise checks.fail("hidden", f"equal to width ({width}) for the square {ensemble!r} ensemble", hidden, where)
         if scale is None:
             scale = 0.5 * ensembles.critical_scale(ensemble)
         init = ensembles.initializer(ensemble, scale)
