@@ -6,5 +6,6 @@ runs) or ``full`` (the sizes used for the figures quoted in the book).
 """
 
 from deqlab.experiments.config import SCALE_ENV, SCALES, get_scale, glue, pick, plain_number
+from deqlab.experiments.tables import Table, table
 
-__all__ = ["SCALE_ENV", "SCALES", "get_scale", "glue", "pick", "plain_number"]
+__all__ = ["SCALE_ENV", "SCALES", "Table", "get_scale", "glue", "pick", "plain_number", "table"]
