@@ -314,3 +314,83 @@ def locate_atom(spectrum: Any, lo: float, hi: float, eps: float = 1e-6,
                                     method="bounded", options={"xatol": 1e-3 * eps})
     loc = float(best.x)
     return loc, float(eps * height(np.array([loc]))[0])
+
+# ---------------------------------------------------------------------------------------------
+# Intervals for skewed samples and counts (chapter 1)
+# ---------------------------------------------------------------------------------------------
+
+
+def _generator(key_or_seed: Any, where: str) -> np.random.Generator:
+    if isinstance(key_or_seed, np.random.Generator):
+        return key_or_seed
+    if isinstance(key_or_seed, (int, np.integer)) and not isinstance(key_or_seed, bool):
+        return np.random.default_rng(int(key_or_seed))
+    try:  # a JAX PRNG key (typed or raw uint32): seed from its bits
+        import jax
+
+        data = key_or_seed
+        if jax.dtypes.issubdtype(getattr(key_or_seed, "dtype", None), jax.dtypes.prng_key):
+            data = jax.random.key_data(key_or_seed)
+        bits = np.asarray(data)
+        if bits.dtype == np.uint32 and bits.size >= 2:
+            return np.random.default_rng([int(b) for b in bits.ravel()])
+    except (TypeError, ValueError):
+        pass
+    raise checks.fail("key_or_seed", "an int seed, a numpy Generator or a JAX PRNG key",
+                      key_or_seed, where)
+
+
+def bootstrap_interval(values: Any, statistic=np.mean, confidence: float = 0.95,
+                       key_or_seed: Any = 0, resamples: int = 2000) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic(values)`` at level ``confidence``.
+
+    ``values`` is a 1-d sample; ``statistic`` maps a 1-d array to a number (``np.mean``,
+    ``np.median``, ...; it is called once per resample). For skewed or heavy-tailed samples the
+    interval is asymmetric where ``mean +- SE`` is not (and a ``mean - SE`` that is negative or
+    near 0 on a log axis says nothing). ``key_or_seed``: an int seed, a numpy ``Generator`` or a
+    JAX PRNG key; the result is a deterministic function of it.
+    """
+    where = "stats.bootstrap_interval"
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or x.size < 2 or not np.all(np.isfinite(x)):
+        raise checks.fail("values", "a 1-d array of at least 2 finite numbers", values, where)
+    if not callable(statistic):
+        raise checks.fail("statistic", "a function of a 1-d array", statistic, where)
+    confidence = checks.number(confidence, "confidence", where, lower=0.0, upper=1.0,
+                               lower_open=True, upper_open=True)
+    resamples = checks.integer(resamples, "resamples", where, minimum=10)
+    rng = _generator(key_or_seed, where)
+    idx = rng.integers(0, x.size, size=(resamples, x.size))
+    stat = np.array([float(statistic(x[i])) for i in idx])
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(stat, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def wilson_interval(successes: Any, trials: int, confidence: float = 0.95):
+    """Wilson score interval of a binomial proportion ``successes / trials``.
+
+    Unlike ``p +- z sqrt(p (1 - p) / n)`` it stays inside ``[0, 1]`` and does not collapse to a
+    point at ``p = 0`` or 1. ``successes`` may be an array (one interval per entry); returns
+    ``(lo, hi)`` arrays of its shape (floats for a scalar).
+    """
+    where = "stats.wilson_interval"
+    n = checks.positive_int(trials, "trials", where)
+    k = np.asarray(successes, dtype=np.float64)
+    if np.any(~np.isfinite(k)) or np.any(k < 0) or np.any(k > n):
+        raise checks.fail("successes", f"counts in [0, trials = {n}]", successes, where)
+    confidence = checks.number(confidence, "confidence", where, lower=0.0, upper=1.0,
+                               lower_open=True, upper_open=True)
+    from scipy.special import ndtri
+
+    z = float(ndtri(0.5 + confidence / 2.0))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    lo, hi = np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+    if lo.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
+
+
+__all__ += ["bootstrap_interval", "wilson_interval"]

@@ -245,3 +245,49 @@ def test_bad_grid_inputs_name_the_argument(call, pattern):
     x = np.linspace(-2, 2, 401)
     with pytest.raises(ValueError, match=pattern):
         call(x, fp.Semicircle(0.5).density(x))
+
+
+# --- bootstrap and Wilson intervals (chapter 1) ---------------------------------------------
+
+
+def test_bootstrap_interval_covers_the_mean_and_is_deterministic():
+    # 200 simulated exponential samples of size 60: the 95% percentile interval of the mean
+    # covers the true mean 1 in a fraction within 5 binomial SE of 0.95 (percentile intervals
+    # undercover a little for skewed data: allowance 0.05 below).
+    rng = np.random.default_rng(RNG_SEED)
+    hits = 0
+    reps = 200
+    for i in range(reps):
+        lo, hi = stats.bootstrap_interval(rng.exponential(size=60), key_or_seed=i, resamples=400)
+        hits += lo <= 1.0 <= hi
+    frac = hits / reps
+    assert abs(frac - 0.95) <= 0.05 + 5 * math.sqrt(0.95 * 0.05 / reps)
+    x = rng.lognormal(sigma=2.0, size=50)
+    a = stats.bootstrap_interval(x, np.median, 0.9, key_or_seed=3)
+    assert a == stats.bootstrap_interval(x, np.median, 0.9, key_or_seed=3)
+    assert a[0] < np.median(x) < a[1]
+    assert a[0] > 0   # heavy tail: the interval stays positive where mean - SE would not
+
+
+def test_wilson_interval_against_the_score_formula_and_bounds():
+    lo, hi = stats.wilson_interval(0, 50)
+    assert abs(lo) < 1e-15 and 0 < hi < 0.1
+    lo, hi = stats.wilson_interval([10, 40], 50)
+    z = scipy.stats.norm.ppf(0.975)
+    p = 0.2
+    centre = (p + z * z / 100) / (1 + z * z / 50)
+    np.testing.assert_allclose((lo[0] + hi[0]) / 2, centre, rtol=1e-12)
+    np.testing.assert_allclose(lo[1], 1 - hi[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: stats.bootstrap_interval([1.0]), r"`values` must be a 1-d array"),
+    (lambda: stats.bootstrap_interval([1.0, np.nan]), r"`values` must be"),
+    (lambda: stats.bootstrap_interval([1.0, 2.0], confidence=1.0), r"`confidence`"),
+    (lambda: stats.bootstrap_interval([1.0, 2.0], key_or_seed="a"), r"`key_or_seed`"),
+    (lambda: stats.wilson_interval(3, 2), r"`successes`"),
+    (lambda: stats.wilson_interval(1, 0), r"`trials`"),
+])
+def test_interval_inputs_name_the_argument(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
