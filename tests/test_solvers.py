@@ -28,6 +28,15 @@ def tanh_map(z, w, u, x):
     return jnp.tanh(z @ w.T + x @ u.T)
 
 
+def tanh_case(seed, n, batch, scale):
+    """Orthogonal W at ``scale``, U with unit row variance, a batch of standard normal inputs."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    w = ensembles.sample("orthogonal", keys[0], n, scale, jnp.float64)
+    u = jax.random.normal(keys[1], (n, n)) / np.sqrt(n)
+    x = jax.random.normal(keys[2], (batch, n))
+    return w, u, x
+
+
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 @pytest.mark.parametrize("ensemble", ["gaussian", "orthogonal", "goe"])
 def test_linear_deq_reaches_exact_fixed_point(name, ensemble):
@@ -65,10 +74,7 @@ def test_batched_tanh_deq_and_jit(name, dtype):
     # The distance to z* is bounded by tol * |f(z)| / (1 - L) with L <= 0.9 the Lipschitz constant
     # of the map (tanh' <= 1, ||W|| = 0.9); per entry that is tol * 10 times an O(1) factor.
     n, batch = 32, 8
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    w = ensembles.sample("orthogonal", keys[0], n, 0.9, jnp.float64)
-    u = jax.random.normal(keys[1], (n, n)) / np.sqrt(n)
-    x = jax.random.normal(keys[2], (batch, n))
+    w, u, x = tanh_case(0, n, batch, 0.9)
     reference = solve(tanh_map, jnp.zeros((batch, n)), w, u, x, solver=name, tol=1e-13, batch_axis=0,
                       max_steps=500).value
     args = [a.astype(dtype) for a in (w, u, x)]
@@ -325,10 +331,7 @@ def test_half_precision_iterates(name, dtype):
     # stays 16-bit. Reached: the dtype's default tolerance, and the float64 fixed point to the
     # accuracy of the dtype (a few of its epsilons, relative, times 1 / (1 - 0.5)).
     n, batch = 32, 4
-    keys = jax.random.split(jax.random.PRNGKey(20), 3)
-    w = ensembles.sample("orthogonal", keys[0], n, 0.5, jnp.float64)
-    u = jax.random.normal(keys[1], (n, n)) / np.sqrt(n)
-    x = jax.random.normal(keys[2], (batch, n))
+    w, u, x = tanh_case(20, n, batch, 0.5)
     reference = solve(tanh_map, jnp.zeros((batch, n)), w, u, x, tol=1e-13, batch_axis=0).value
     sol = solve(tanh_map, jnp.zeros((batch, n), dtype), w.astype(dtype), u.astype(dtype), x.astype(dtype),
                 solver=name, batch_axis=0)
