@@ -45,6 +45,7 @@ __all__ = [
     "trace_sweep",
     "spectral_radii",
     "divergence_probability",
+    "quantile_interval",
     "ntk_samples",
 ]
 
@@ -316,6 +317,32 @@ def divergence_probability(radii: np.ndarray, ensemble: str,
     v = vc * (1.0 - d)
     p = np.mean(np.sqrt(v)[:, None] * radii[None, :] >= 1.0, axis=1)
     return p, np.sqrt(p * (1 - p) / radii.size)
+
+
+def quantile_interval(values: np.ndarray, q: float,
+                      confidence: float = 0.95) -> tuple[float, float, float]:
+    """Sample ``q``-quantile of ``values`` with a distribution-free interval from order statistics.
+
+    The number of samples below the true quantile is binomial ``(S, q)``; the interval runs
+    between the order statistics at ``S q -+ z sqrt(S q (1 - q))`` (normal approximation of that
+    binomial, ``z`` the two-sided normal quantile of ``confidence``), clipped to the sample.
+    Returns ``(quantile, lo, hi)``. Used for ``delta_risk(N)`` on the finite-``N`` page.
+    """
+    where = "experiments.linear.quantile_interval"
+    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    if x.size < 2 or not np.all(np.isfinite(x)):
+        raise checks.fail("values", "at least 2 finite numbers", values, where)
+    q = checks.number(q, "q", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    confidence = checks.number(confidence, "confidence", where, lower=0.0, upper=1.0,
+                               lower_open=True, upper_open=True)
+    import scipy.special
+
+    z = float(scipy.special.ndtri(0.5 + confidence / 2))
+    s = x.size
+    half = z * math.sqrt(s * q * (1 - q))
+    lo_k = int(max(0, math.floor(s * q - half)))
+    hi_k = int(min(s - 1, math.ceil(s * q + half)))
+    return float(np.quantile(x, q)), float(x[lo_k]), float(x[hi_k])
 
 
 def ntk_samples(ensemble: str, key: jax.Array, n: int, V: float, samples: int,
