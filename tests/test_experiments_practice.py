@@ -1,0 +1,51 @@
+"""Tests of deqlab.experiments.practice: the experiments behind chapter 0."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from deqlab.experiments import practice
+
+
+@pytest.mark.slow
+def test_linear_baseline_learns_the_digits():
+    history = practice.train_linear_digits(epochs=150)
+    assert set(history) == {"loss", "train_accuracy", "test_accuracy"}
+    assert all(len(v) == 150 for v in history.values())
+    # convex problem, full-batch Adam at a modest rate: the loss falls and the model is good
+    assert history["loss"][-1] < 0.5 * history["loss"][0]
+    assert history["loss"][0] <= math.log(10) + 1e-6  # first step starts from zero weights
+    assert history["test_accuracy"][-1] > 0.9
+    assert history["train_accuracy"][-1] >= history["test_accuracy"][-1] - 0.02
+
+
+def test_linear_baseline_is_deterministic():
+    a = practice.train_linear_digits(epochs=20)
+    b = practice.train_linear_digits(epochs=20)
+    np.testing.assert_array_equal(a["loss"], b["loss"])
+
+
+@pytest.mark.slow
+def test_train_digits_history_counts_backward_warnings():
+    _, history = practice.train_digits(epochs=1, width=16, max_steps=3, tol=1e-6, progress=False)
+    assert set(history) == {"loss", "train_accuracy", "test_accuracy", "solver_steps", "converged",
+                            "backward_warnings"}
+    assert all(len(v) == 1 for v in history.values())
+    # three steps never reach 1e-6: every training step reports its failed solves, and the
+    # warnings are counted, not shown
+    assert history["converged"][0] < 0.5
+    assert history["backward_warnings"][0] >= 1
+    assert history["solver_steps"][0] == pytest.approx(3.0)
+
+
+@pytest.mark.slow
+def test_train_digits_converged_run_has_no_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing leaks out of a healthy run either
+        _, history = practice.train_digits(epochs=1, width=16, scale=0.3, max_steps=100, tol=1e-4,
+                                           progress=False)
+    assert history["converged"][0] == 1.0
+    assert history["backward_warnings"] == [0.0]
+    assert 0.0 <= history["test_accuracy"][0] <= 1.0
