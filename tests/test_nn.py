@@ -123,12 +123,12 @@ SHARDED_SCRIPT = textwrap.dedent(
     layer = DEQ(TanhCell(16, 4, rngs=nnx.Rngs(0)), tol=1e-5)
     x = jax.random.normal(jax.random.PRNGKey(0), (32, 4))
     expected = layer(x)
+    loss = lambda m, x: jnp.sum(m(x) ** 2)
+    grads = nnx.grad(loss)(layer, x)  # on one device, before the layer meets the mesh
     sharded_x = jax.device_put(x, NamedSharding(mesh, P("batch")))
     z = nnx.jit(lambda m, x: m(x))(layer, sharded_x)
     np.testing.assert_allclose(np.asarray(z), np.asarray(expected), atol=1e-5)
-    loss = lambda m, x: jnp.sum(m(x) ** 2)
     sharded_grads = nnx.jit(nnx.grad(loss))(layer, sharded_x)
-    grads = nnx.grad(loss)(layer, x)
     for a, b in zip(jax.tree_util.tree_leaves(sharded_grads), jax.tree_util.tree_leaves(grads)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     print("OK", len(z.sharding.device_set))
