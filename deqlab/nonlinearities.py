@@ -28,12 +28,14 @@ Use::
 
 Inside ``jit`` with the nonlinearity as a traced integer (one compilation for all of them), use
 :func:`index` and :func:`apply_jax` / :func:`derivative_apply_jax` (a ``lax.switch`` over the
-registry, in the order of :data:`NONLINEARITIES`).
+registry, in the order of :data:`NONLINEARITIES`; a concrete code out of range is an error, a
+traced one is clamped by ``lax.switch``).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -179,15 +181,40 @@ _PHI_BRANCHES = tuple(_REGISTRY[name].jax for name in NONLINEARITIES)
 _DPHI_BRANCHES = tuple(_REGISTRY[name].derivative_jax for name in NONLINEARITIES)
 
 
+def _check_code(code, where: str):
+    """A concrete ``code`` checked in ``[0, len(NONLINEARITIES))``; a traced one is returned as is
+    (its value cannot be read inside ``jit``: ``lax.switch`` clamps it into that range)."""
+    if checks.is_traced(code):
+        return code
+    n = len(NONLINEARITIES)
+    requirement = (f"an integer in the range 0 <= code < {n} (a position in NONLINEARITIES; get it from "
+                   "index(name))")
+    if isinstance(code, (bool, np.bool_)):
+        raise checks.fail("code", requirement, code, where)
+    try:
+        value = operator.index(code)
+    except TypeError:
+        raise checks.fail("code", requirement, code, where) from None
+    if not 0 <= value < n:
+        raise checks.fail("code", requirement, code, where)
+    return value
+
+
 def apply_jax(code, h: jax.Array) -> jax.Array:
     """``phi(h)`` for the nonlinearity ``NONLINEARITIES[code]``; ``code`` may be traced.
 
     A ``lax.switch`` over the registry, so that one compiled function serves every
-    nonlinearity. Get ``code`` from :func:`index`.
+    nonlinearity. Get ``code`` from :func:`index`. A concrete ``code`` outside
+    ``0 <= code < len(NONLINEARITIES)`` (or not an integer) raises ``ValueError``; a traced
+    ``code`` cannot be checked and is clamped into that range by ``lax.switch``.
     """
-    return jax.lax.switch(code, _PHI_BRANCHES, h)
+    return jax.lax.switch(_check_code(code, "nonlinearities.apply_jax"), _PHI_BRANCHES, h)
 
 
 def derivative_apply_jax(code, h: jax.Array) -> jax.Array:
-    """``phi'(h)`` for the nonlinearity ``NONLINEARITIES[code]``; ``code`` may be traced."""
-    return jax.lax.switch(code, _DPHI_BRANCHES, h)
+    """``phi'(h)`` for the nonlinearity ``NONLINEARITIES[code]``; ``code`` may be traced.
+
+    ``code`` is checked as in :func:`apply_jax` (concrete: ``ValueError`` outside
+    ``0 <= code < len(NONLINEARITIES)``; traced: clamped by ``lax.switch``).
+    """
+    return jax.lax.switch(_check_code(code, "nonlinearities.derivative_apply_jax"), _DPHI_BRANCHES, h)

@@ -12,8 +12,8 @@ One home for what the notebooks and tests of chapters 1 and 2 would otherwise re
   :func:`mass_and_moments`, :func:`mass_above`, :func:`kolmogorov_distance`,
   :func:`wasserstein_distance`, :func:`support_edges`, :func:`locate_atom`.
 
-Everything is NumPy float64. A density on a grid is two 1-d arrays ``lam`` (increasing) and
-``density``; point masses are a sequence ``atoms`` of ``(location, mass)`` pairs.
+Everything is NumPy float64. A density on a grid is two 1-d arrays ``lam`` (finite, strictly
+increasing: checked, ``ValueError`` otherwise) and ``density``; point masses are a sequence ``atoms`` of ``(location, mass)`` pairs.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ __all__ = [
     "wasserstein_distance",
     "support_edges",
     "locate_atom",
+    "MAX_COUNT",
 ]
 
 
@@ -49,23 +50,34 @@ __all__ = [
 
 
 def mean_se(values: Any, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Sample mean and its standard error ``std(ddof=1) / sqrt(count)`` along ``axis``."""
+    """Sample mean and its standard error ``std(ddof=1) / sqrt(count)`` along ``axis``
+    (an axis of ``values``, ``-values.ndim <= axis < values.ndim``)."""
+    return _mean_se(values, axis, "values", "stats.mean_se")
+
+
+def _mean_se(values: Any, axis: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`mean_se`, its errors naming the argument ``name`` of the public function ``where``."""
     values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 0:
+        raise checks.fail(name, "an array with at least 2 values along `axis`", "a scalar", where)
+    axis = checks.integer(axis, "axis", where, minimum=-values.ndim, maximum=values.ndim - 1)
     count = values.shape[axis]
     if count < 2:
-        raise checks.fail("values", f"at least 2 values along axis {axis}", f"{count} value(s)",
-                          "stats.mean_se")
+        raise checks.fail(name, f"at least 2 values along axis {axis}", f"{count} value(s)", where)
     return values.mean(axis), values.std(axis=axis, ddof=1) / math.sqrt(count)
 
 
 def fit_power_law(x: Any, values: Any) -> tuple[float, float]:
     """Least-squares fit of ``log values = log A - p log x``; returns ``(p, A)``.
 
-    Points where ``values`` is not finite and positive, or ``x <= 0``, are left out; at least two
-    must remain. Used for divergences ``A delta^-p`` (001 §2.2) and finite-size decays ``A N^-p``.
+    ``x`` and ``values`` have one shape. Points where ``values`` is not finite and positive, or
+    ``x <= 0``, are left out; at least two must remain. Used for divergences ``A delta^-p`` (001 §2.2) and finite-size decays ``A N^-p``.
     """
     d = np.asarray(x, dtype=np.float64)
     y = np.asarray(values, dtype=np.float64)
+    if d.shape != y.shape:
+        raise checks.fail("values", f"an array of the same shape as `x` {d.shape}", f"shape {y.shape}",
+                          "stats.fit_power_law")
     ok = np.isfinite(y) & (y > 0) & (d > 0)
     if ok.sum() < 2:
         raise checks.fail("values", "finite and > 0 at two or more points with x > 0",
@@ -114,9 +126,12 @@ def richardson_mean(coarse_samples: Any, fine_samples: Any, axis: int = 0, ratio
     For the chapter 1 checks: samples of a normalised trace at widths ``N/2`` and ``N`` give the
     ``N -> inf`` limit with its standard error, to compare with the closed form.
     """
-    (m_coarse, s_coarse), (m_fine, s_fine) = mean_se(coarse_samples, axis), mean_se(fine_samples, axis)
-    estimate = richardson(m_coarse, m_fine, ratio, order)
-    se = richardson_se(s_coarse, s_fine, ratio, order)
+    where = "stats.richardson_mean"
+    r = _richardson_factor(ratio, order, where)
+    m_coarse, s_coarse = _mean_se(coarse_samples, axis, "coarse_samples", where)
+    m_fine, s_fine = _mean_se(fine_samples, axis, "fine_samples", where)
+    estimate = (r * m_fine - m_coarse) / (r - 1.0)
+    se = np.sqrt((r * s_fine) ** 2 + s_coarse**2) / (r - 1.0)
     if np.ndim(estimate) == 0:
         return float(estimate), float(se)
     return estimate, se
@@ -127,16 +142,30 @@ def richardson_mean(coarse_samples: Any, fine_samples: Any, axis: int = 0, ratio
 # ---------------------------------------------------------------------------------------------
 
 
+MAX_COUNT = 2**53
+"""Largest sample / eigenvalue count the bounds accept (every integer up to it is exact in
+float64)."""
+
+
+def _count(value: Any, name: str, where: str) -> int:
+    """An integer ``1 <= value <= MAX_COUNT``."""
+    n = checks.positive_int(value, name, where)
+    if n > MAX_COUNT:
+        shown = n if n.bit_length() <= 64 else f"an integer >= 2**{n.bit_length() - 1}"
+        raise checks.fail(name, "an integer >= 1 and <= 2**53 (stats.MAX_COUNT)", shown, where)
+    return n
+
+
 def dkw_bound(n_samples: int, alpha: float = 0.05) -> float:
     """Dvoretzky-Kiefer-Wolfowitz band: ``sqrt(log(2 / alpha) / (2 n_samples))``.
 
     For ``n_samples`` independent draws from any distribution ``F``, the empirical distribution
     function ``F_n`` satisfies ``P(sup |F_n - F| > epsilon) <= 2 exp(-2 n epsilon^2)`` (with
     Massart's constant 2, valid for every ``n``), so the Kolmogorov distance exceeds this bound
-    with probability at most ``alpha``.
+    with probability at most ``alpha``. ``1 <= n_samples <=`` :data:`MAX_COUNT` (``2**53``).
     """
     where = "stats.dkw_bound"
-    n_samples = checks.positive_int(n_samples, "n_samples", where)
+    n_samples = _count(n_samples, "n_samples", where)
     alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True,
                           upper_open=True)
     return math.sqrt(math.log(2 / alpha) / (2 * n_samples))
@@ -150,9 +179,9 @@ def spectral_ks_bound(n_eigenvalues: int, n: int, alpha: float = 1e-6) -> float:
     distribution fluctuates less than the DKW band allows. What the band misses is the bias of
     the mean spectral distribution at finite ``n``, of order ``1/n`` in the bulk (larger at
     hard edges and atoms); ``1/n`` is added for it. A conservative check used throughout
-    chapter 2 with ``alpha = 1e-6``.
+    chapter 2 with ``alpha = 1e-6``. ``n`` is an integer in ``[1,`` :data:`MAX_COUNT` ``]``.
     """
-    n = checks.positive_int(n, "n", "stats.spectral_ks_bound")
+    n = _count(n, "n", "stats.spectral_ks_bound")
     return dkw_bound(n_eigenvalues, alpha) + 1 / n
 
 
@@ -162,10 +191,23 @@ def spectral_ks_bound(n_eigenvalues: int, n: int, alpha: float = 1e-6) -> float:
 
 
 def _grid(lam: Any, where: str, **densities: Any) -> tuple[np.ndarray, ...]:
-    """``lam`` and each density as float64 1-d arrays of one length."""
-    lam = np.asarray(lam, dtype=np.float64)
+    """``lam`` and each density as float64 1-d arrays of one length; ``lam`` checked finite and
+    strictly increasing (the one check of every grid taken by this module)."""
+    requirement = "a 1-d grid of at least 2 points, finite and strictly increasing"
+    try:
+        lam = np.asarray(lam, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise checks.fail("lam", requirement, lam, where) from None
     if lam.ndim != 1 or lam.size < 2:
-        raise checks.fail("lam", "a 1-d grid of at least 2 points", f"shape {lam.shape}", where)
+        raise checks.fail("lam", requirement, f"shape {lam.shape}", where)
+    if not np.all(np.isfinite(lam)):
+        raise checks.fail("lam", requirement, f"a non-finite point {float(lam[~np.isfinite(lam)][0])!r}",
+                          where)
+    steps = np.diff(lam)
+    if not np.all(steps > 0):
+        k = int(np.flatnonzero(~(steps > 0))[0])
+        raise checks.fail("lam", requirement, f"lam[{k}] = {float(lam[k])!r} >= lam[{k + 1}] = {float(lam[k + 1])!r}",
+                          where)
     out = [lam]
     for name, density in densities.items():
         density = np.asarray(density, dtype=np.float64)
@@ -221,9 +263,10 @@ def kolmogorov_distance(samples: Any, lam: Any, density: Any, atoms: Sequence = 
     Samples within ``atom_tol`` (relative) of an atom are put on it: sampled copies of an atom
     differ from it by rounding only.
     """
-    lam, rho = _grid(lam, "stats.kolmogorov_distance", density=density)
+    where = "stats.kolmogorov_distance"
+    lam, rho = _grid(lam, where, density=density)
     above = _mass_above_grid(lam, rho)
-    lower = lam[0] if lower is None else lower
+    lower = lam[0] if lower is None else checks.number(lower, "lower", where)
     s = np.asarray(samples, dtype=np.float64).ravel().copy()
     if s.size == 0 or not np.all(np.isfinite(s)):
         raise checks.fail("samples", "a non-empty array of finite numbers",
@@ -297,9 +340,13 @@ def locate_atom(spectrum: Any, lo: float, hi: float, eps: float = 1e-6,
     for the atom of the Bernoulli limit (002 Eq. 34).
 
     Raises:
-      ValueError: ``lo >= hi``, ``eps <= 0`` or ``n_grid < 3``.
+      ValueError: ``spectrum`` without a ``stieltjes`` method, ``lo >= hi``, ``eps <= 0`` or
+        ``n_grid < 3``.
     """
     where = "stats.locate_atom"
+    if not callable(getattr(spectrum, "stieltjes", None)):
+        raise checks.fail("spectrum", "a Spectrum of deqlab.theory.freeprob (an object with a "
+                          "stieltjes(z) method)", spectrum, where)
     eps = checks.positive_number(eps, "eps", where)
     lo = checks.number(lo, "lo", where)
     hi = checks.number(hi, "hi", where)
@@ -314,6 +361,7 @@ def locate_atom(spectrum: Any, lo: float, hi: float, eps: float = 1e-6,
                                     method="bounded", options={"xatol": 1e-3 * eps})
     loc = float(best.x)
     return loc, float(eps * height(np.array([loc]))[0])
+
 
 # ---------------------------------------------------------------------------------------------
 # Intervals for skewed samples and counts (chapter 1)

@@ -87,6 +87,7 @@ __all__ = [
     "ntk_fluctuation",
     "tracy_widom_cdf",
     "GINIBRE_MIN_N",
+    "MAX_N",
     "edge_scaling",
     "edge_failure_probability",
     "reliable_delta",
@@ -586,8 +587,18 @@ def tracy_widom_cdf(s, beta: int = 1):
     return float(out) if scalar else out
 
 
+MAX_N = 2**53
+"""Largest width ``N`` accepted by :func:`edge_scaling`, :func:`edge_failure_probability` and
+:func:`reliable_delta` (every integer up to it is exact in float64)."""
+
+
 def _check_width(N, where: str) -> int:
-    return checks.integer(N, "N", where, minimum=2)
+    """``2 <= N <= MAX_N``."""
+    N = checks.integer(N, "N", where, minimum=2)
+    if N > MAX_N:
+        shown = N if N.bit_length() <= 64 else f"an integer >= 2**{N.bit_length() - 1}"
+        raise checks.fail("N", "an integer >= 2 and <= 2**53 (theory.linear.MAX_N)", shown, where)
+    return N
 
 
 def _ginibre_gamma(N: int) -> float:
@@ -618,7 +629,8 @@ def edge_scaling(ensemble: str, N: int) -> tuple[float, float]:
       :data:`GINIBRE_MIN_N`, and converges slowly: the Kolmogorov distance to the limit decays
       like ``log log N / log N`` (Ma and Meng 2025, complex case).
 
-    The orthogonal ensemble has ``rho = 1`` exactly and no edge law (ValueError).
+    The orthogonal ensemble has ``rho = 1`` exactly and no edge law (ValueError). ``N`` is an
+    integer with ``2 <= N <=`` :data:`MAX_N` (``2**53``).
     """
     where = "theory.linear.edge_scaling"
     ensemble = _check_ensemble(ensemble, where)
@@ -655,6 +667,7 @@ def edge_failure_probability(ensemble: str, N: int, delta):
     :func:`edge_scaling`: ``1 - F_1(x)^2`` with ``x = N^{2/3} (r - 2)`` for the GOE
     (``x ~ delta N^{2/3}`` for small ``delta``), ``1 - exp(-e^{-t})`` with
     ``t = (r - centre) / width`` for real Ginibre; 0 for the orthogonal ensemble.
+    ``2 <= N <=`` :data:`MAX_N`.
     """
     where = "theory.linear.edge_failure_probability"
     ensemble = _check_ensemble(ensemble, where)
@@ -681,6 +694,7 @@ def reliable_delta(ensemble: str, N: int, risk: float = 0.05) -> float:
     sample. GOE: ``x`` solves ``F_1(x)^2 = 1 - risk``, then ``delta = 1 - 4 / (2 + x N^{-2/3})^2
     ~ x N^{-2/3}``. Real Ginibre: ``t = -log(-log(1 - risk))`` and
     ``delta = 1 - (centre + t width)^{-2} ~ sqrt(log N / N)``. Orthogonal: 0.
+    ``2 <= N <=`` :data:`MAX_N`.
     """
     where = "theory.linear.reliable_delta"
     ensemble = _check_ensemble(ensemble, where)

@@ -10,7 +10,13 @@ from scipy import optimize, special
 
 from deqlab import checks, nonlinearities
 from deqlab.theory.freeprob.jacobians import slope_moments
-from deqlab.theory.freeprob.transforms import Spectrum, complex_argument, follow_roots, real_points
+from deqlab.theory.freeprob.transforms import (
+    Spectrum,
+    complex_argument,
+    follow_roots,
+    real_points,
+    transform_argument,
+)
 
 __all__ = ["double_scaling_q_star", "BernoulliLimit", "SmoothLimit"]
 
@@ -60,7 +66,9 @@ class BernoulliLimit(Spectrum):
         self.atoms = ((math.exp(self.sigma0_2), 1.0 - self.sigma0_2),) if self.sigma0_2 < 1 else ()
 
     def s_transform(self, w):
-        w = np.asarray(w, dtype=np.complex128)
+        """``S(w) = exp(-sigma0_2 w / (1 + w))`` (002 Eq. 29), finite ``w != -1``."""
+        w = transform_argument(w, self._where("s_transform"), "w", (-1.0,),
+                               "S(w) = exp(-sigma0_2 w / (1 + w))")
         return np.exp(-self.sigma0_2 * w / (1 + w))
 
     def stieltjes(self, z):
@@ -112,7 +120,8 @@ class SmoothLimit(Spectrum):
         self.edges = tuple(float((1 + x) * math.exp(self.sigma0_2 * x) / x) for x in xs)
 
     def s_transform(self, w):
-        return np.exp(-self.sigma0_2 * np.asarray(w, dtype=np.complex128))
+        """``S(w) = exp(-sigma0_2 w)`` (002 Eq. 36), finite ``w``."""
+        return np.exp(-self.sigma0_2 * transform_argument(w, self._where("s_transform"), "w"))
 
     def _f(self, x, z):
         return (1 + x) * np.exp(self.sigma0_2 * x) - x * z

@@ -13,6 +13,12 @@ from deqlab.theory.freeprob.transforms import Spectrum, complex_argument, follow
 __all__ = ["FreeProduct", "DWSpectrum"]
 
 
+def _check_spectrum(spectrum, name: str, where: str) -> None:
+    if not isinstance(spectrum, Spectrum):
+        raise checks.fail(name, "a Spectrum of deqlab.theory.freeprob (e.g. fp.Bernoulli(0.5))",
+                          spectrum, where)
+
+
 class FreeProduct(Spectrum):
     """Free multiplicative convolution ``A ⊠ B`` via ``S_AB = S_A S_B`` (002 Eq. 12).
 
@@ -22,7 +28,10 @@ class FreeProduct(Spectrum):
     """
 
     def __init__(self, a: Spectrum, b: Spectrum, ratio: float = 1.1):
-        ratio = checks.number(ratio, "ratio", self._where("__init__"), lower=1.0, lower_open=True)
+        where = self._where("__init__")
+        _check_spectrum(a, "a", where)
+        _check_spectrum(b, "b", where)
+        ratio = checks.number(ratio, "ratio", where, lower=1.0, lower_open=True)
         self.a, self.b, self.ratio = a, b, ratio
         self.m1 = a.moment(1) * b.moment(1)
         zero = dict(a.atoms).get(0.0, 0.0), dict(b.atoms).get(0.0, 0.0)
@@ -65,6 +74,7 @@ class DWSpectrum(Spectrum):
 
     def __init__(self, d: Spectrum, V: float, ratio: float = 1.1):
         where = self._where("__init__")
+        _check_spectrum(d, "d", where)
         V = checks.positive_number(V, "V", where)
         ratio = checks.number(ratio, "ratio", where, lower=1.0, lower_open=True)
         self.d, self.V, self.ratio = d, V, ratio

@@ -20,7 +20,13 @@ import numpy as np
 from scipy import special
 
 from deqlab import checks
-from deqlab.theory.freeprob.transforms import Spectrum, complex_argument, real_points, sqrt_with_cut
+from deqlab.theory.freeprob.transforms import (
+    Spectrum,
+    complex_argument,
+    real_points,
+    sqrt_with_cut,
+    transform_argument,
+)
 
 __all__ = [
     "PointMasses",
@@ -56,10 +62,26 @@ class PointMasses(Spectrum):
                               self._where("stieltjes"))
         return np.sum(self.weights / (z[..., None] - self.locations), axis=-1)
 
+    def _mgf_argument(self, z):
+        """``z`` of :meth:`mgf`: finite, and off the nonzero locations (the poles of ``M``)."""
+        where = self._where("mgf")
+        z = transform_argument(z, where, "z")
+        on_axis = z.imag == 0
+        if np.any(on_axis):
+            poles = self.locations[(self.locations != 0) & (self.weights > 0)]
+            hit = on_axis & np.isin(z.real, poles)
+            if np.any(hit):
+                raise checks.fail("z", "finite complex numbers off the nonzero point mass locations "
+                                  "(the poles of M(z))", complex(z[hit].ravel()[0]), where)
+        return z
+
     def mgf(self, z):
-        """``M(z) = sum_i w_i a_i / (z - a_i)`` (no cancellation in ``z G - 1`` at large ``z``)."""
-        z = np.asarray(z, dtype=np.complex128)
-        return np.sum((self.weights * self.locations) / (z[..., None] - self.locations), axis=-1)
+        """``M(z) = sum_i w_i a_i / (z - a_i)`` (no cancellation in ``z G - 1`` at large ``z``);
+        ``z`` finite and not a nonzero location."""
+        z = self._mgf_argument(z)
+        a = self.locations[self.locations != 0]  # a mass at 0 adds nothing (no 0 / 0 at z = 0)
+        w = self.weights[self.locations != 0]
+        return np.sum((w * a) / (z[..., None] - a), axis=-1)
 
     def moment(self, k: int) -> float:
         return float(np.sum(self.weights * self.locations**k))
@@ -77,7 +99,8 @@ class Bernoulli(PointMasses):
     """``p delta(t - 1) + (1 - p) delta(t)``: ``D^2`` for piecewise-linear nonlinearities.
 
     Closed forms (002 Table 1, 001 Eq. 111-114): ``M(z) = p / (z - 1)``,
-    ``M^{-1}(w) = 1 + p / w``, ``S(w) = (1 + w) / (w + p)``.
+    ``M^{-1}(w) = 1 + p / w``, ``S(w) = (1 + w) / (w + p)``; each refuses (``ValueError``) a
+    non-finite argument and its pole (``z = 1``, ``w = 0``, ``w = -p``).
     """
 
     def __init__(self, p: float):
@@ -86,19 +109,23 @@ class Bernoulli(PointMasses):
         super().__init__([0.0, 1.0], [1.0 - p, p])
 
     def mgf(self, z):
-        return self.p / (np.asarray(z, dtype=np.complex128) - 1.0)
+        return self.p / (self._mgf_argument(z) - 1.0)
 
     def mgf_inverse(self, w, z0=None, **kw):
-        return 1.0 + self.p / np.asarray(w, dtype=np.complex128)
+        """``M^{-1}(w) = 1 + p / w`` (``w != 0``); ``z0`` and Newton options are ignored."""
+        w = transform_argument(w, self._where("mgf_inverse"), "w", (0.0,), "M^{-1}(w) = 1 + p / w")
+        return 1.0 + self.p / w
 
     def s_transform(self, w):
-        w = np.asarray(w, dtype=np.complex128)
+        """``S(w) = (1 + w) / (w + p)`` (``w != -p``)."""
+        w = transform_argument(w, self._where("s_transform"), "w", (-self.p,), "S(w) = (1 + w) / (w + p)")
         return (1 + w) / (w + self.p)
 
 
 class ScaledIdentity(PointMasses):
     """``delta(t - V)``: ``W^T W = V I`` for ``W = sqrt(V)`` times a Haar orthogonal matrix
-    (``sigma_w^2 = V`` in 002 Table 2). ``S(w) = 1 / V``.
+    (``sigma_w^2 = V`` in 002 Table 2). ``M^{-1}(w) = V (1 + w) / w`` (``w != 0``),
+    ``S(w) = 1 / V`` (any finite ``w``).
     """
 
     def __init__(self, V: float):
@@ -107,10 +134,11 @@ class ScaledIdentity(PointMasses):
         super().__init__([V], [1.0])
 
     def mgf_inverse(self, w, z0=None, **kw):
-        w = np.asarray(w, dtype=np.complex128)
+        w = transform_argument(w, self._where("mgf_inverse"), "w", (0.0,), "M^{-1}(w) = V (1 + w) / w")
         return self.V * (1 + w) / w
 
     def s_transform(self, w):
+        w = transform_argument(w, self._where("s_transform"), "w")
         return np.full(np.shape(w), 1.0 / self.V, dtype=np.complex128)
 
 
@@ -142,13 +170,16 @@ class Semicircle(Spectrum):
 
     def mgf_inverse(self, w, z0=None, **kw):
         """``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)``, principal ``sqrt`` (``V G^2 - z G + 1 = 0``
-        with ``G = (1 + w) / z``); ``z0`` and Newton options are not needed and ignored."""
-        w = np.asarray(w, dtype=np.complex128)
+        with ``G = (1 + w) / z``), finite ``w != 0``; ``z0`` and Newton options are not needed and
+        ignored."""
+        w = transform_argument(w, self._where("mgf_inverse"), "w", (0.0,),
+                               "M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)")
         return math.sqrt(self.V) * (1 + w) / np.sqrt(w)
 
     def s_transform(self, w):
-        """``S(w) = 1 / sqrt(V w)`` on the branch of :meth:`mgf_inverse`."""
-        return 1.0 / np.sqrt(self.V * np.asarray(w, dtype=np.complex128))
+        """``S(w) = 1 / sqrt(V w)`` on the branch of :meth:`mgf_inverse`, finite ``w != 0``."""
+        w = transform_argument(w, self._where("s_transform"), "w", (0.0,), "S(w) = 1 / sqrt(V w)")
+        return 1.0 / np.sqrt(self.V * w)
 
     def moment(self, k: int) -> float:
         if k % 2:
@@ -162,7 +193,8 @@ class MarchenkoPastur(Spectrum):
     ``sigma_w^2 = V``).
 
     Density ``sqrt(t (4 V - t)) / (2 pi V t)`` on ``[0, 4 V]``;
-    ``G(z) = (z - sqrt(z (z - 4 V))) / (2 V z)``; ``S(w) = 1 / (V (1 + w))``.
+    ``G(z) = (z - sqrt(z (z - 4 V))) / (2 V z)``; ``M^{-1}(w) = V (1 + w)^2 / w`` (``w != 0``),
+    ``S(w) = 1 / (V (1 + w))`` (``w != -1``).
     """
 
     def __init__(self, V: float = 1.0):
@@ -173,11 +205,12 @@ class MarchenkoPastur(Spectrum):
         return 2.0 / (z + sqrt_with_cut(z, 0.0, 4 * self.V))  # = (z - sqrt) / (2 V z), stable
 
     def mgf_inverse(self, w, z0=None, **kw):
-        w = np.asarray(w, dtype=np.complex128)
+        w = transform_argument(w, self._where("mgf_inverse"), "w", (0.0,), "M^{-1}(w) = V (1 + w)^2 / w")
         return self.V * (1 + w) ** 2 / w
 
     def s_transform(self, w):
-        return 1.0 / (self.V * (1 + np.asarray(w, dtype=np.complex128)))
+        w = transform_argument(w, self._where("s_transform"), "w", (-1.0,), "S(w) = 1 / (V (1 + w))")
+        return 1.0 / (self.V * (1 + w))
 
     def density(self, x, eps: float = 0.0):
         """Exact density (``eps`` ignored)."""

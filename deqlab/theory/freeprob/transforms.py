@@ -10,7 +10,7 @@ Sign convention (one for the whole package, 002 Eq. 7-8, 001 Eq. 96-97):
 
 :class:`Spectrum` is the base class of every spectral measure of the package;
 :func:`follow_roots` is 002 Algorithm 1. The argument checks of spectral variables
-(:func:`complex_argument`, :func:`real_points`) live here, next to the transforms they guard.
+(:func:`complex_argument`, :func:`transform_argument`, :func:`real_points`) live here, next to the transforms they guard.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "newton",
     "sqrt_with_cut",
     "complex_argument",
+    "transform_argument",
     "real_points",
 ]
 
@@ -69,6 +70,22 @@ def complex_argument(z: Any, where: str, name: str = "z",
             name, f"off the support [{lo:.6g}, {hi:.6g}] on the real axis; for a density there "
             "use density(x, eps) with eps > 0", complex(z[on_cut].ravel()[0]), where)
     return z
+
+
+def transform_argument(w: Any, where: str, name: str = "w", poles: tuple[complex, ...] = (),
+                       formula: str = "") -> np.ndarray:
+    """``w`` as complex128, checked finite and different from each of ``poles``.
+
+    For the closed forms of ``M``, ``M^{-1}`` and ``S`` (analytic off a few points, where
+    ``formula`` is singular); every other finite complex number is allowed.
+    """
+    w = complex_argument(w, where, name, support=(math.inf, -math.inf))  # empty support: no cut
+    for pole in poles:
+        hit = w == pole
+        if np.any(hit):
+            raise checks.fail(name, f"finite complex numbers != {pole:g} (where {formula} is singular)",
+                              complex(w[hit].ravel()[0]), where)
+    return w
 
 
 def real_points(x: Any, where: str, name: str = "x", positive: bool = False) -> np.ndarray:
