@@ -98,8 +98,12 @@ class DEQ(nnx.Module):
                 )
         elif x.ndim < 1:
             raise checks.fail("x", "an array with a feature axis (ndim >= 1)", f"shape {tuple(x.shape)}", where)
-        if not checks.is_traced(x) and not bool(jnp.all(jnp.isfinite(x))):
-            raise ValueError(f"{where}: `x` contains NaN or inf; inputs must be finite.")
+        if not checks.is_traced(x):
+            # A concrete x can be closed over inside jit, where jnp ops would trace: evaluate now.
+            with jax.ensure_compile_time_eval():
+                finite = bool(jnp.all(jnp.isfinite(x)))
+            if not finite:
+                raise ValueError(f"{where}: `x` contains NaN or inf; inputs must be finite.")
         in_features = getattr(self.cell, "in_features", None)
         if in_features is not None and x.shape[-1] != in_features:
             raise ValueError(
