@@ -16,7 +16,7 @@ Tolerance rule (one rule for every solver)
     ``batch_axis=None`` the whole pytree is one sample.
 
     The rule is relative, as every practical one must be: an iteration that runs off to infinity
-    by constant steps, as for f(z) = z + 1 (no fixed point), meets ``tol = 1e-2`` once |z| > 99,
+    by constant steps, as for f(z) = z + 1 (no fixed point), meets ``tol = 1e-2`` once ``|z| > 99``,
     while its absolute residual, which the divergence test watches, stays 1. At tolerances near
     the dtype's default such a solve runs to ``max_steps`` instead; where f may have no fixed
     point, look at ``stats.residual_trace`` and the size of the value.
@@ -744,7 +744,7 @@ def solve(
             ``Anderson(m=5, tol=1e-6)``; its settings are kept unless ``tol`` / ``max_steps``
             are given here.
         tol: relative-residual tolerance (overrides the solver's). None (and a solver object
-            without one): the default of z0's dtype, :func:`deqlab.precision_module.default_tol`
+            without one): the default of z0's dtype, :func:`deqlab.precision.default_tol`
             (float64 1e-10, float32 1e-5, 16-bit 1e-2 / 5e-2). A tolerance the dtype cannot
             reach warns once (:class:`deqlab.precision.PrecisionWarning`).
         max_steps: iteration limit (overrides the solver's).
