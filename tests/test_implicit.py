@@ -269,6 +269,7 @@ def test_unrolled_anderson_in_float32_has_finite_gradients_and_nan_is_never_smal
     assert np.isnan(errors["implicit_vs_fd"]) and np.isnan(errors["unrolled_vs_fd"])
 
 
+@pytest.mark.slow  # the probe table covers each mode x policy quickly
 @pytest.mark.parametrize("mode", [Implicit, Unrolled, lambda **k: Phantom(steps=3, **k)])
 def test_forward_failure_is_signalled_by_every_backward(mode):
     # max_steps = 3 on an orthogonal 0.99 map cannot reach 1e-10: the forward solve fails, so the

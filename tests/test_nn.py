@@ -208,6 +208,7 @@ def test_shared_layer_records_every_call():
     assert layer(x).shape == (4, 8)  # outside a capture nothing is recorded
 
 
+@pytest.mark.slow  # the probe table covers forward failures quickly
 def test_failed_forward_solve_is_signalled_in_training():
     # max_steps = 2 cannot reach 1e-5: the gradient step warns (default), or gives NaN with "nan".
     x = jax.random.normal(jax.random.PRNGKey(3), (4, 3), jnp.float32)
