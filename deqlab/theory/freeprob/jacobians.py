@@ -198,6 +198,16 @@ def _sigma_w2(nonlinearity, q, sigma_w2, where):
     return checks.positive_number(sigma_w2, "sigma_w2", where)
 
 
+def _network(nonlinearity, weights, depth, q_star, sigma_w2, where):
+    """The checked arguments of a deep network at ``q_star``: (nonlinearity, weights, L, q, sigma_w2),
+    ``sigma_w2=None`` meaning the critical line (``sigma_w2 mu_1 = 1``)."""
+    nl = _nonlinearity(nonlinearity, where)
+    weights = _weights(weights, where)
+    L = checks.positive_int(depth, "depth", where)
+    q = _q_star(q_star, where)
+    return nl, weights, L, q, _sigma_w2(nl.name, q, sigma_w2, where)
+
+
 def jacobian_moments(nonlinearity: str, weights: str, depth: int, q_star: float, sigma_w2=None):
     """``(m1, m2)`` of the spectrum of ``J J^T`` (002 Eq. 21).
 
@@ -207,11 +217,7 @@ def jacobian_moments(nonlinearity: str, weights: str, depth: int, q_star: float,
     - s_1)`` (002 Eq. 22, Table 1). Weight names as in :mod:`deqlab.ensembles`.
     """
     where = "theory.freeprob.jacobian_moments"
-    nl = _nonlinearity(nonlinearity, where)
-    weights = _weights(weights, where)
-    L = checks.positive_int(depth, "depth", where)
-    q = _q_star(q_star, where)
-    sw2 = _sigma_w2(nl.name, q, sigma_w2, where)
+    nl, weights, L, q, sw2 = _network(nonlinearity, weights, depth, q_star, sigma_w2, where)
     mu1, mu2 = slope_moments(nl.name, q, 2)
     chi = sw2 * mu1
     m1 = chi**L
@@ -228,11 +234,7 @@ def jacobian_atoms(nonlinearity: str, weights: str, depth: int, q_star: float, s
     spectrum (``delta(lambda - sigma_w2^L)``, 002 §4.3.1). Smooth nonlinearities: none.
     """
     where = "theory.freeprob.jacobian_atoms"
-    nl = _nonlinearity(nonlinearity, where)
-    weights = _weights(weights, where)
-    L = checks.positive_int(depth, "depth", where)
-    q = _q_star(q_star, where)
-    sw2 = _sigma_w2(nl.name, q, sigma_w2, where)
+    nl, weights, L, q, sw2 = _network(nonlinearity, weights, depth, q_star, sigma_w2, where)
     atoms = []
     if nl.binary_slope:
         p = bernoulli_p(nl.name, q)
@@ -287,10 +289,7 @@ def jacobian_density(
       ValueError: bad arguments; ConvergenceError: root following failed.
     """
     where = "theory.freeprob.jacobian_density"
-    nl = _nonlinearity(nonlinearity, where)
-    weights = _weights(weights, where)
-    L = checks.positive_int(depth, "depth", where)
-    q = _q_star(q_star, where)
+    nl, weights, L, q, sw2 = _network(nonlinearity, weights, depth, q_star, sigma_w2, where)
     lam = real_points(lam, where, "lam", positive=True)
     n_nodes = checks.positive_int(n_nodes, "n_nodes", where)
     eps = np.asarray(eps, dtype=np.float64)
@@ -299,7 +298,6 @@ def jacobian_density(
     elif eps.shape != lam.shape or not np.all(np.isfinite(eps) & (eps > 0)):
         raise checks.fail("eps", f"> 0 and finite, a scalar or one value per point of `lam` "
                           f"(shape {lam.shape})", eps, where)
-    sw2 = _sigma_w2(nl.name, q, sigma_w2, where)
     m1, m2 = jacobian_moments(nl.name, weights, L, q, sw2)
     atoms = jacobian_atoms(nl.name, weights, L, q, sw2)
     if nl.name == "linear" and weights == "orthogonal":
