@@ -51,8 +51,15 @@ $(STAMP): pyproject.toml
 # One BLAS thread per pytest worker: with JOBS workers on as many cores, multithreaded OpenBLAS
 # oversubscribes the CPU and NumPy's QR / eigvals slow down by orders of magnitude (measured on the
 # 2-core CI machine). XLA keeps its own thread pool.
+# DEQLAB_BOOK_BUILD=1: these outputs are what the site renders, so glue() does not echo its values
+# (the echo is for readers of the notebook in Jupyter or Colab). Afterwards every notebook that ran
+# without error is stamped with a fingerprint of its code, deqlab and the scale
+# (book/_ext/executed_notebooks.py): `make book` renders stored outputs only with a matching stamp.
+NOTEBOOKS = $(shell find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
+
 test: install
-	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25
+	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25; \
+	status=$$?; $(BIN)/python book/_ext/executed_notebooks.py stamp $(NOTEBOOKS) > /dev/null; exit $$status
 
 # The fast inner loop: tests marked @pytest.mark.slow are deselected. `make test` (and so CI) and
 # `make unit-all` run every test.
@@ -65,10 +72,11 @@ unit-all: install
 lint: install
 	$(BIN)/ruff check .
 
-# `execute_notebooks: auto` + book/_ext/executed_notebooks.py: notebooks already executed by
-# `make test` are not executed again; on a fresh clone every notebook is executed once.
+# `execute_notebooks: auto` + book/_ext/executed_notebooks.py: notebooks executed by `make test`
+# from the current sources are not executed again, stale ones are; on a fresh clone every notebook
+# is executed once.
 book: install
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	DEQLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . -W -n --keep-going
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')

@@ -1,3 +1,7 @@
+import sys
+import types
+
+import numpy as np
 import pytest
 
 from deqlab.experiments import SCALE_ENV, get_scale, pick
@@ -71,3 +75,52 @@ def test_plain_number_turns_array_scalars_into_python_numbers():
         assert format(out, "") == format(expected, "")  # e.g. '0.25', not 'np.float64(0.25)'
     for unchanged in ("text", 3, 0.5, [np.float64(1.0)], np.zeros(3)):
         assert plain_number(unchanged) is unchanged
+
+
+def _block_myst_nb(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "myst_nb" or name.startswith("myst_nb."):
+            raise ImportError("No module named 'myst_nb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+def test_glue_without_myst_nb_prints_the_value_instead_of_failing(monkeypatch, capsys):
+    # Colab, plain Jupyter, Kaggle: deqlab is installed without the book extra.
+    from deqlab.experiments import config
+
+    monkeypatch.delenv(config.BOOK_BUILD_ENV, raising=False)
+    _block_myst_nb(monkeypatch)
+    config.glue("ch9p9_radius", np.float64(0.25))
+    assert capsys.readouterr().out == "ch9p9_radius = 0.25\n"
+
+
+def test_glue_echo_is_silent_in_the_book_build_and_stores_the_record(monkeypatch, capsys):
+    # A stand-in myst_nb module: the test runs the same with or without the book extra installed.
+    from deqlab.experiments import config
+
+    recorded = []
+    fake = types.ModuleType("myst_nb")
+    fake.glue = lambda name, value, display: recorded.append((name, value, display))
+    monkeypatch.setitem(sys.modules, "myst_nb", fake)
+    monkeypatch.setenv(config.BOOK_BUILD_ENV, "1")
+    config.glue("ch9p9_n", np.int64(64))
+    assert recorded == [("ch9p9_n", 64, False)]
+    assert type(recorded[0][1]) is int
+    assert capsys.readouterr().out == ""
+
+
+def test_glue_echo_shortens_long_values(monkeypatch, capsys):
+    from deqlab.experiments import config
+
+    monkeypatch.delenv(config.BOOK_BUILD_ENV, raising=False)
+    _block_myst_nb(monkeypatch)
+    config.glue("ch9p9_text", "word " * 100)
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("ch9p9_text = 'word word") and out.endswith("...")
+    assert len(out) < 140

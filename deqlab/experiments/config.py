@@ -79,12 +79,49 @@ def plain_number(value: Any) -> Any:
     return value
 
 
+BOOK_BUILD_ENV = "DEQLAB_BOOK_BUILD"
+"""Environment variable set (to ``1``) while notebooks are executed for the book's site.
+
+The Makefile exports it for ``make test`` / ``make book``, and the book's Sphinx extension
+(``book/_ext/executed_notebooks.py``) sets it in the build process, whose notebook kernels inherit
+it. It only switches off :func:`glue`'s printed echo, which the site does not need.
+"""
+
+
+def _echo_text(value: Any, limit: int = 120) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def glue(name: str, value: Any, display: bool = False) -> None:
-    """:func:`myst_nb.glue` for the book's notebooks, storing :func:`plain_number` of ``value``.
+    """Store ``value`` under ``name`` for the prose (``{glue:text}`name:.3f```), readable everywhere.
 
-    Notebooks glue every number quoted in their prose through this function (default
-    ``display=False``: the value appears where the prose references it, not under the cell).
+    On the book's site the prose shows the value where it references ``name``, through
+    :func:`myst_nb.glue` (``display=False``: not under the cell). Elsewhere the same notebook must
+    read well too:
+
+    - without ``myst_nb`` installed (Colab, a plain Jupyter or JupyterHub, Kaggle: myst-nb is only
+      in deqlab's ``book`` extra) nothing is stored and no ImportError is raised;
+    - outside the site build (no ``DEQLAB_BOOK_BUILD`` in the environment) the cell also prints
+      ``name = value``, so that a reader who sees the literal ``{glue:text}`` role in the prose
+      finds the number in the output just above it. The echo is plain text on stdout, which
+      myst-nb never wraps in a figure (a figure cell may glue).
+
+    Values are passed through :func:`plain_number` first, so NumPy and JAX scalars read as Python
+    numbers.
+
+    Args:
+        name: Key referenced from the prose; prefixed by the page (``ch2p4_...``).
+        value: A number, string or any object myst-nb can display.
+        display: Also display the value under the cell on the site (myst-nb's ``display``).
     """
-    from myst_nb import glue as myst_glue  # the book extra; deqlab itself does not need myst-nb
-
-    myst_glue(name, plain_number(value), display=display)
+    value = plain_number(value)
+    try:
+        from myst_nb import glue as myst_glue  # the book extra; deqlab itself does not need myst-nb
+    except ImportError:
+        myst_glue = None
+    if myst_glue is not None:
+        myst_glue(name, value, display=display)
+    if not os.environ.get(BOOK_BUILD_ENV) and not (display and myst_glue is not None):
+        print(f"{name} = {_echo_text(value)}")
