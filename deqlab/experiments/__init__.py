@@ -5,7 +5,8 @@ The size of every experiment is chosen by the environment variable ``DEQLAB_SCAL
 runs) or ``full`` (the sizes used for the figures quoted in the book).
 """
 
+from deqlab.experiments import explorer
 from deqlab.experiments.config import SCALE_ENV, SCALES, get_scale, glue, pick, plain_number
 from deqlab.experiments.tables import Table, table
 
-__all__ = ["SCALE_ENV", "SCALES", "Table", "get_scale", "glue", "pick", "plain_number", "table"]
+__all__ = ["SCALE_ENV", "SCALES", "Table", "explorer", "get_scale", "glue", "pick", "plain_number", "table"]
