@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # environment.yml says so in a comment).
 MIRRORED_EXTRAS = ("book", "test")
 UNMIRRORED_EXTRAS = ("peers",)
-FLOORED = ("jax", "flax", "optax")
+FLOORED = ("jax", "flax", "optax", "numpy")
 
 
 def _norm(name: str) -> str:
@@ -136,7 +136,12 @@ def test_floors_declared_and_equal(name):
 def test_floor_values():
     # The floors are a project decision (what Colab preinstalls): change them deliberately.
     py = _pyproject_requirements()
-    assert {n: _floor(py[n]) for n in FLOORED} == {"jax": "0.7.0", "flax": "0.11.0", "optax": "0.2.8"}
+    assert {n: _floor(py[n]) for n in FLOORED} == {
+        "jax": "0.7.2",
+        "flax": "0.11.2",
+        "optax": "0.2.8",
+        "numpy": "2.1.3",
+    }
 
 
 def test_ci_floor_pins_match_pyproject():
@@ -266,3 +271,19 @@ def test_pytest_finds_benchmarks_from_any_directory(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "test_memory_benchmark_tiny" in res.stdout
+
+
+def test_licences_and_citation_describe_this_release():
+    import deqlab
+
+    project = _pyproject()["project"]
+    assert project["license"] == "Apache-2.0"
+    for name in project["license-files"]:
+        assert (ROOT / name).is_file(), f"licence file {name} named in pyproject.toml is missing"
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    assert "CC BY 4.0" in (ROOT / "LICENSE-BOOK.md").read_text()
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0"
+    assert citation["version"] == deqlab.__version__, "bump CITATION.cff with deqlab.__version__"
+    assert citation["license"] == project["license"]
+    assert citation["repository-code"] == project["urls"]["Repository"]
