@@ -1,0 +1,448 @@
+"""Browser test of the built book: every page of ``_build/html`` opened in headless Chromium.
+
+    python .ci/check_site.py _build/html --screenshots _build/screenshots
+
+For every page (Sphinx's genindex / search / module index and the ``_static`` / ``_sources`` / ...
+folders excepted) it checks that
+
+- the page loads with no console error (Chrome's browser log at level SEVERE: uncaught exceptions,
+  ``console.error`` calls, resources that fail to load);
+- every ``<img>`` has loaded (``complete`` and ``naturalWidth > 0``);
+- MathJax typeset every formula: no ``merror`` (a TeX error), no undefined macro (MathJax shows
+  those in red instead of failing), no ``.math`` element left untypeset, and no raw TeX
+  (``\\(``, ``\\[``, ``$$``, ``$x^2$``) in the text outside code;
+- no Markdown leaked into the text: a MyST role (``{glue:text}`...```, ``{numref}``, ``{cite:p}``),
+  a ``:::`` or ````` ``` ````` fence, or a pipe table that became a paragraph;
+- every figure has a number (``span.caption-number``) and a caption, and every image a notebook
+  printed (``div.cell_output img``) sits in such a figure, except the precomputed slider widgets
+  (``div.deqlab-explorer``);
+
+then takes a full-page screenshot of it into ``--screenshots`` (named after the page path). The
+search page is checked on its own: ``search.html?q=TERM`` must list results for each
+``--search-terms`` term.
+
+The site is served by a local HTTP server (as on GitHub Pages; ``file://`` pages cannot load the
+MathJax fonts) and nothing else is reached: a page that needs the network fails. The browser is
+the system Chromium driven by Selenium through the system chromedriver (Debian: ``apt-get install
+chromium chromium-driver``); nothing is downloaded at run time.
+
+Prints every problem as ``page: element: problem`` and exits 1 if there is any, 2 on bad usage (no
+such folder, no browser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import http.server
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CHROMIUM = "/usr/bin/chromium"
+DEFAULT_CHROMEDRIVER = "/usr/bin/chromedriver"
+INSTALL_HINT = "install them with: apt-get install chromium chromium-driver (Debian / Ubuntu)"
+
+# Pages Sphinx generates that have no content of ours (search.html is checked by searching).
+GENERATED_PAGES = {"genindex.html", "search.html", "py-modindex.html"}
+
+# Console messages that are not defects of the site, by exact text (the server address replaced
+# by "SITE/"). Add an entry only with a comment saying why it is harmless.
+CONSOLE_WHITELIST = {
+    # Chromium asks every origin for /favicon.ico by itself when a page declares no icon (the book
+    # declares none); the request is the browser's, not the site's. It is logged once per run.
+    "SITE/favicon.ico - Failed to load resource: the server responded with a status of 404 (File not found)",
+}
+
+PAGE_LOAD_TIMEOUT_S = 60
+MATHJAX_TIMEOUT_S = 60
+SEARCH_TIMEOUT_S = 30
+WINDOW_WIDTH, WINDOW_HEIGHT = 1400, 1000
+
+
+@dataclass(frozen=True)
+class Problem:
+    page: str
+    element: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.page}: {self.element}: {self.problem}"
+
+
+# Waits for the images (lazy ones are made eager), MathJax's first typesetting and the web fonts.
+# Resolves with {"mathjax": "absent" | "ok" | "not started" | "failed: ...", "images": bool}.
+WAIT_FOR_PAGE_JS = r"""
+const done = arguments[arguments.length - 1];
+const timeoutMs = arguments[0];
+const result = {mathjax: "absent", images: false};
+const timer = setTimeout(() => { result.timeout = true; done(result); }, timeoutMs);
+const images = Array.from(document.images);
+images.forEach((img) => { if (img.loading === "lazy") img.loading = "eager"; });
+const imagesSettled = Promise.all(images.map((img) => img.complete ? Promise.resolve() :
+  new Promise((resolve) => {
+    img.addEventListener("load", resolve, {once: true});
+    img.addEventListener("error", resolve, {once: true});
+  }))).then(() => { result.images = true; });
+let mathjax = Promise.resolve();
+if (window.MathJax !== undefined) {
+  // Before MathJax's loader has run, window.MathJax is only the configuration object.
+  if (window.MathJax.startup && window.MathJax.startup.promise) {
+    mathjax = window.MathJax.startup.promise.then(
+      () => { result.mathjax = "ok"; },
+      (error) => { result.mathjax = "failed: " + error; });
+  } else {
+    result.mathjax = "not started";
+  }
+}
+Promise.all([imagesSettled, mathjax]).then(() => document.fonts.ready).then(() => {
+  clearTimeout(timer);
+  done(result);
+});
+"""
+
+# Returns [[element, problem], ...] for everything wrong in the rendered DOM.
+AUDIT_JS = r"""
+const problems = [];
+const report = (element, problem) => problems.push([element, problem]);
+const snippet = (text) => JSON.stringify(text.replace(/\s+/g, " ").trim().slice(0, 70));
+
+function describe(el) {
+  let name = el.tagName.toLowerCase();
+  if (el.id) name += "#" + el.id;
+  else if (el.classList.length) name += "." + Array.from(el.classList).slice(0, 2).join(".");
+  const section = el.parentElement && el.parentElement.closest("section[id], div.section[id]");
+  if (section) name += " in section #" + section.id;
+  return name;
+}
+function describeImage(img) {
+  const src = img.getAttribute("src") || "";
+  const shown = src.startsWith("data:") ? src.slice(0, 30) + "..." : src;
+  return "img[src=" + JSON.stringify(shown) + "]" + describe(img).replace(/^img[^ ]*/, "");
+}
+
+// Text we read: not code, not scripts, not typeset maths, not the .math elements (checked below).
+const SKIP = "pre, code, kbd, samp, script, style, textarea, noscript, svg, .highlight, "
+  + "mjx-container, mjx-assistive-mml, .math";
+const BLOCK = "p, li, dt, dd, td, th, h1, h2, h3, h4, h5, h6, caption, figcaption, blockquote, "
+  + "div, section, article, main, body";
+
+// Images.
+for (const img of document.images) {
+  if (!img.complete || img.naturalWidth === 0) report(describeImage(img), "image did not load");
+}
+
+// MathJax: errors and undefined macros, from MathJax's own list of typeset formulas.
+const mj = window.MathJax;
+const typesetItems = (mj && mj.startup && mj.startup.document && mj.startup.document.math)
+  ? Array.from(mj.startup.document.math) : [];
+for (const item of typesetItems) {
+  let mml = "";
+  try { mml = mj.startup.toMML(item.root); } catch (error) { mml = ""; }
+  const where = item.start && item.start.node && item.start.node.parentElement
+    ? describe(item.start.node.parentElement) : "formula";
+  const tex = JSON.stringify(String(item.math).slice(0, 70));
+  const errorNode = item.typesetRoot && item.typesetRoot.querySelector("mjx-merror");
+  if (errorNode || mml.includes("<merror")) {
+    const message = errorNode ? errorNode.getAttribute("data-mjx-error") : "";
+    report(where + " formula " + tex, "MathJax error" + (message ? ": " + message : ""));
+  }
+  // MathJax's noundefined extension typesets an unknown \macro as its name in red.
+  const undefinedMacro = mml.match(/<mtext mathcolor="red">(\\[A-Za-z]+)<\/mtext>/);
+  if (undefinedMacro) {
+    report(where + " formula " + tex, "MathJax: undefined macro " + undefinedMacro[1]);
+  }
+}
+// Any MathJax error element the list above did not cover (a formula typeset later, elsewhere).
+const listed = new Set(typesetItems.map((item) => item.typesetRoot));
+for (const errorNode of document.querySelectorAll("mjx-merror")) {
+  const container = errorNode.closest("mjx-container");
+  if (listed.has(container)) continue;
+  report(describe(container || errorNode),
+    "MathJax error: " + (errorNode.getAttribute("data-mjx-error") || "(no message)"));
+}
+for (const el of document.querySelectorAll(".math")) {
+  if (!el.querySelector("mjx-container")) {
+    report(describe(el) + " " + snippet(el.textContent), "formula not typeset by MathJax");
+  }
+}
+
+// Leaked Markdown and raw TeX in the text.
+const ROLE = /\{(glue|numref|ref|eq|cite|doc|term|math|download|abbr)(:[a-z]*)?\}`?/;
+const RAW_TEX = /\\\(|\\\)|\\\[|\\\]|\$\$|\\begin\{|\$[^$\s][^$\n]*?[\\^_][^$\n]*?\$/;
+const PIPE_ROW = /^\s*\|.*\|\s*$/m;
+const PIPE_RULE = /\|\s*:?-{3,}:?\s*\|/;
+const blocks = new Set();
+const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+  const parent = node.parentElement;
+  if (!parent || parent.closest(SKIP) || !node.textContent.trim()) continue;
+  blocks.add(parent.closest(BLOCK) || parent);
+}
+for (const block of blocks) {
+  // The block's own text, without its descendant blocks (those are checked themselves) and
+  // without skipped parts.
+  let text = "";
+  const inner = document.createTreeWalker(block, NodeFilter.SHOW_TEXT);
+  for (let node = inner.nextNode(); node; node = inner.nextNode()) {
+    const parent = node.parentElement;
+    if (parent.closest(SKIP) || (parent.closest(BLOCK) || parent) !== block) continue;
+    text += node.textContent;
+  }
+  if (!text.trim()) continue;
+  const name = describe(block);
+  const role = text.match(ROLE);
+  if (role) report(name + " " + snippet(text), "leaked Markdown: MyST role " + role[0]);
+  if (text.includes(":::")) report(name + " " + snippet(text), "leaked Markdown: ::: fence");
+  if (text.includes("```")) report(name + " " + snippet(text), "leaked Markdown: ``` fence");
+  if (PIPE_RULE.test(text) || PIPE_ROW.test(text)) {
+    report(name + " " + snippet(text), "leaked Markdown: pipe table rendered as text");
+  }
+  const tex = text.match(RAW_TEX);
+  if (tex) report(name + " " + snippet(text), "raw TeX not typeset: " + JSON.stringify(tex[0]));
+}
+
+// Figures: a number and a caption; notebook output images inside such a figure.
+const numberedFigure = (fig) => {
+  const number = fig.querySelector(".caption-number");
+  const caption = fig.querySelector(".caption-text");
+  return Boolean(number && number.textContent.trim() && caption && caption.textContent.trim());
+};
+for (const fig of document.querySelectorAll("figure, div.figure")) {
+  if (numberedFigure(fig)) continue;
+  const img = fig.querySelector("img");
+  const name = describe(fig) + (img ? " with " + describeImage(img).split(" in section")[0] : "");
+  const number = fig.querySelector(".caption-number");
+  report(name, number && number.textContent.trim() ? "figure without caption text"
+    : "figure without a number and caption");
+}
+for (const img of document.querySelectorAll("div.cell_output img")) {
+  if (img.closest("div.deqlab-explorer")) continue;
+  const fig = img.closest("figure, div.figure");
+  if (!fig) report(describeImage(img), "notebook output image outside a numbered figure");
+}
+return problems;
+"""
+
+SEARCH_STATUS_JS = r"""
+const results = document.querySelectorAll("#search-results ul.search li");
+const box = document.querySelector("#search-results");
+return [results.length, box ? box.innerText : null];
+"""
+
+
+def page_label(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def pages_of(root: Path) -> list[Path]:
+    """Every content page of the build: no generated index/search pages, no _static/_sources/..."""
+    pages = []
+    for path in sorted(root.rglob("*.html")):
+        relative = path.relative_to(root)
+        if any(part.startswith((".", "_")) for part in relative.parts[:-1]):
+            continue
+        if relative.as_posix() in GENERATED_PAGES:
+            continue
+        pages.append(path)
+    return pages
+
+
+def screenshot_name(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "__", label.removesuffix(".html")) + ".png"
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the signature of the base class
+        pass  # the browser log reports failed requests; the access log would only be noise
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def start_browser(chromium: str, chromedriver: str):
+    missing = [p for p in (chromium, chromedriver) if shutil.which(p) is None]
+    if missing:
+        raise SystemExit(f"check_site: not found: {', '.join(missing)}; {INSTALL_HINT}")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as error:
+        raise SystemExit(
+            f"check_site: selenium is not installed ({error}); pip install -e '.[test]'"
+        ) from error
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which(chromium)
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root, where Chromium's sandbox cannot start
+        "--disable-dev-shm-usage",  # small /dev/shm in containers
+        "--disable-gpu",
+        f"--window-size={WINDOW_WIDTH},{WINDOW_HEIGHT}",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",  # no update checks or other traffic of its own
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager (which would download a driver) is not used.
+    driver = webdriver.Chrome(service=Service(executable_path=shutil.which(chromedriver)), options=options)
+    driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+    driver.set_script_timeout(MATHJAX_TIMEOUT_S + 10)
+    return driver
+
+
+def console_errors(driver, base_url: str) -> list[str]:
+    errors = []
+    for entry in driver.get_log("browser"):
+        if entry.get("level") != "SEVERE":
+            continue
+        message = entry.get("message", "").replace(base_url, "SITE/")
+        if message not in CONSOLE_WHITELIST:
+            errors.append(message)
+    return errors
+
+
+def full_page_screenshot(driver, path: Path) -> None:
+    metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
+    size = metrics.get("cssContentSize") or metrics["contentSize"]
+    width = max(int(size["width"]), WINDOW_WIDTH)
+    height = int(size["height"])
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+        },
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def check_page(driver, base_url: str, root: Path, path: Path, screenshots: Path | None) -> list[Problem]:
+    label = page_label(path, root)
+    url = base_url + label
+    problems: list[Problem] = []
+    console_errors(driver, base_url)  # drop what an earlier page logged late (already counted)
+    try:
+        driver.get(url)
+    except Exception as error:  # selenium's TimeoutException and WebDriverException alike
+        return [Problem(label, "page", f"did not load: {type(error).__name__}: {error}".strip())]
+    if driver.current_url.split("#")[0] != url:
+        # Jupyter Book's root index.html only redirects to the first page, which is checked itself.
+        target = driver.current_url.split("#")[0]
+        if not target.startswith(base_url) or not (root / target.removeprefix(base_url)).is_file():
+            problems.append(Problem(label, "page", f"redirects to {target}, which is not a page of the site"))
+        return problems
+    state = driver.execute_async_script(WAIT_FOR_PAGE_JS, MATHJAX_TIMEOUT_S * 1000)
+    if state.get("timeout"):
+        problems.append(
+            Problem(label, "page", f"images / MathJax / fonts not settled after {MATHJAX_TIMEOUT_S} s: {state}")
+        )
+    if state["mathjax"] not in ("ok", "absent"):
+        problems.append(Problem(label, "MathJax", f"did not typeset the page: {state['mathjax']}"))
+    for element, problem in driver.execute_script(AUDIT_JS):
+        problems.append(Problem(label, element, problem))
+    if screenshots is not None:
+        full_page_screenshot(driver, screenshots / screenshot_name(label))
+    for message in console_errors(driver, base_url):
+        problems.append(Problem(label, "console", message))
+    return problems
+
+
+def check_search(driver, base_url: str, root: Path, terms: list[str]) -> list[Problem]:
+    if not (root / "search.html").is_file():
+        return [Problem("search.html", "page", "missing: the site has no search page")]
+    problems = []
+    for term in terms:
+        label = f"search.html?q={term}"
+        console_errors(driver, base_url)
+        driver.get(base_url + label)
+        deadline = time.monotonic() + SEARCH_TIMEOUT_S
+        count, text = 0, None
+        while time.monotonic() < deadline:
+            count, text = driver.execute_script(SEARCH_STATUS_JS)
+            if count or (text and ("Search finished" in text or "did not match" in text)):
+                break
+            time.sleep(0.2)
+        if not count:
+            status = " ".join((text or "no #search-results element").split())[:120]
+            problems.append(Problem(label, "#search-results", f"no results for {term!r} ({status})"))
+        for message in console_errors(driver, base_url):
+            problems.append(Problem(label, "console", message))
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("site", type=Path, help="the built site, e.g. _build/html")
+    parser.add_argument("--screenshots", type=Path, help="folder for a full-page screenshot per page")
+    parser.add_argument(
+        "--search-terms",
+        default="equilibrium,Anderson",
+        help="comma-separated terms search.html must find (default: %(default)s; '' checks no search)",
+    )
+    parser.add_argument("--chromium", default=DEFAULT_CHROMIUM)
+    parser.add_argument("--chromedriver", default=DEFAULT_CHROMEDRIVER)
+    args = parser.parse_args(argv)
+
+    root = args.site.resolve()
+    if not root.is_dir():
+        print(f"check_site: {args.site} is not a folder (build the book first: make book)", file=sys.stderr)
+        return 2
+    pages = pages_of(root)
+    if not pages:
+        print(f"check_site: no .html pages in {args.site}", file=sys.stderr)
+        return 2
+    if args.screenshots is not None:
+        args.screenshots.mkdir(parents=True, exist_ok=True)
+    terms = [term.strip() for term in args.search_terms.split(",") if term.strip()]
+
+    start = time.monotonic()
+    server, base_url = serve(root)
+    try:
+        driver = start_browser(args.chromium, args.chromedriver)
+    except SystemExit as error:
+        server.shutdown()
+        print(error, file=sys.stderr)
+        return 2
+    problems: list[Problem] = []
+    try:
+        for path in pages:
+            page_start = time.monotonic()
+            found = check_page(driver, base_url, root, path, args.screenshots)
+            problems += found
+            print(
+                f"[site] {page_label(path, root)}: {len(found)} problem(s), {time.monotonic() - page_start:.1f}s",
+                flush=True,
+            )
+        problems += check_search(driver, base_url, root, terms)
+    finally:
+        driver.quit()
+        server.shutdown()
+
+    took = time.monotonic() - start
+    if problems:
+        print(f"\n{len(problems)} problem(s) on the site:")
+        for problem in problems:
+            print(f"  {problem}")
+    shots = f"; screenshots in {args.screenshots}" if args.screenshots is not None else ""
+    print(
+        f"[site] {len(pages)} pages, {len(terms)} searches checked in {took:.0f}s: "
+        f"{len(problems)} problem(s){shots}"
+    )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The browser test of the built site (.ci/check_site.py) finds each kind of defect it is meant to find.
+
+It runs the checker's command line, in headless Chromium, on the fixture pages of
+tests/site_fixtures/: one clean page (nothing may be reported) and one page per defect (each defect
+must be reported, naming the page and the element). The pages load the MathJax the book vendors
+(book/_static/mathjax), so the MathJax checks run against the same build as the site.
+
+Needs chromium, chromedriver and selenium: without them the tests fail (they are not skipped), with
+the command that installs them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKER = ROOT / ".ci" / "check_site.py"
+FIXTURES = Path(__file__).resolve().parent / "site_fixtures"
+MATHJAX = ROOT / "book" / "_static" / "mathjax"
+
+# (page, text the element part must contain, text the problem part must contain)
+EXPECTED = [
+    ("leaked_pipe_table.html", 'p in section #results "| n | error |', "pipe table rendered as text"),
+    ("leaked_glue.html", 'p in section #rates "The measured rate is {glue:text}', "MyST role {glue:text}"),
+    ("leaked_fence.html", 'p in section #notes ":::{note}', "leaked Markdown: ::: fence"),
+    ("broken_image.html", 'img[src="missing.png"] in section #figures', "image did not load"),
+    ("broken_image.html", "console", "SITE/missing.png - Failed to load resource"),
+    ("mathjax_error.html", 'formula "x^2^3"', "MathJax error: Double exponent"),
+    ("mathjax_error.html", 'formula "\\\\notamacro x"', "MathJax: undefined macro \\notamacro"),
+    # Unbalanced braces: MathJax does not even find the end of the formula.
+    ("mathjax_error.html", 'span.math.notranslate in section #formulas "\\\\(\\\\frac{1}{n', "not typeset"),
+    ("console_error.html", "console", "Uncaught Error: fixture: deliberate failure"),
+    ("uncaptioned_figure.html", "figure#fig-uncaptioned in section #plots", "without a number and caption"),
+    ("uncaptioned_figure.html", 'img[src="data:image/png', "notebook output image outside a numbered figure"),
+    ("untypeset_math.html", 'span.math.notranslate in section #maths "\\\\(x^2', "formula not typeset"),
+    ("untypeset_math.html", 'td in section #maths "\\\\(\\\\rho', 'raw TeX not typeset: "\\\\("'),
+    ("search.html?q=absent", "#search-results", "no results for 'absent'"),
+]
+
+def require_browser() -> None:
+    missing = [tool for tool in ("chromium", "chromedriver") if shutil.which(tool) is None]
+    if importlib.util.find_spec("selenium") is None:
+        missing.append("selenium (pip install -e '.[test]')")
+    if missing:
+        pytest.fail(
+            "the browser test needs "
+            + ", ".join(missing)
+            + "; install the browser with: apt-get install chromium chromium-driver",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """Runs the checker once on a copy of the fixture pages; returns (exit code, output, problems)."""
+    require_browser()
+    site = tmp_path_factory.mktemp("site")
+    for page in FIXTURES.iterdir():
+        shutil.copy(page, site / page.name)
+    shutil.copytree(MATHJAX, site / "_static" / "mathjax")
+    screenshots = tmp_path_factory.mktemp("screenshots")
+    run = subprocess.run(
+        [sys.executable, str(CHECKER), str(site), "--screenshots", str(screenshots),
+         "--search-terms", "fixture,absent"],
+        capture_output=True, text=True, timeout=300,
+    )
+    problems = []
+    for line in run.stdout.splitlines():
+        # "  page: element: problem"; elements and problems may contain ": " themselves, so the
+        # expectations below match the whole line.
+        if line.startswith("  ") and ": " in line:
+            problems.append(line.strip())
+    return run.returncode, run.stdout + run.stderr, problems, screenshots
+
+
+@pytest.mark.slow
+def test_clean_page_passes(checked):
+    returncode, output, problems, screenshots = checked
+    assert "[site] clean.html: 0 problem(s)" in output, output
+    assert not [p for p in problems if p.startswith("clean.html:")], output
+    assert not [p for p in problems if p.startswith("search.html?q=fixture:")], output
+    shot = screenshots / "clean.png"
+    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("page", "element", "problem"), EXPECTED, ids=[f"{p}-{q}" for p, _, q in EXPECTED])
+def test_defect_is_reported(checked, page, element, problem):
+    returncode, output, problems, _ = checked
+    assert returncode == 1, output
+    matches = [p for p in problems if p.startswith(page + ": ") and element in p and problem in p]
+    assert matches, f"expected {page}: ...{element}...: ...{problem}... in\n{output}"
+
+
+@pytest.mark.slow
+def test_nothing_else_is_reported(checked):
+    """No false alarms: every problem reported is one of the expected defects."""
+    _, output, problems, _ = checked
+    unexpected = [
+        p for p in problems
+        if not any(p.startswith(page + ": ") and element in p and problem in p for page, element, problem in EXPECTED)
+    ]
+    assert not unexpected, "\n".join(unexpected)
+    assert len(problems) == len(EXPECTED), output
+
+
+def test_every_fixture_page_is_expected():
+    """Each defect page of the fixtures is listed in EXPECTED (a new fixture needs an expectation)."""
+    pages = {p.name for p in FIXTURES.glob("*.html")} - {"clean.html", "search.html"}
+    assert pages == {page for page, _, _ in EXPECTED if page.endswith(".html")}
