@@ -17,7 +17,7 @@ from deqlab import checks, ensembles, precision, solvers
 from deqlab.implicit import Implicit, Phantom, Unrolled, check_gradients, fixed_point
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "checks",

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+import deqlab
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -130,7 +133,7 @@ def test_no_function_definitions(notebook):
     )
 
 
-COLAB_GUARD = re.compile(r'^if\s+["\']google\.colab["\']\s+in\s+sys\.modules\s*:\s*$')
+COLAB_GUARD = re.compile(r'^if\s+["\']google\.colab["\']\s+in\s+sys\.modules\s*:\s*(#.*)?$')
 PIP_LINE = re.compile(r"^\s*[%!]\s*pip\s+install\b")
 
 
@@ -152,8 +155,11 @@ def test_first_code_cell_is_guarded_colab_install(notebook):
         assert all(len(ln) - len(ln.lstrip()) > indent for ln in lines[g + 1 : i + 1]), (
             f"{path}: `{lines[i].strip()}` is not inside the `if \"google.colab\" in sys.modules:` block"
         )
-        assert "deqlab" in lines[i] and f"git+{REPO_URL}" in lines[i], (
-            f"{path}: the Colab cell must install deqlab from git+{REPO_URL}"
+        # Pinned to the release the page was written for (tag v<deqlab.__version__>), so that a page
+        # keeps working when main moves on; and nothing else (glue() needs no myst-nb there).
+        pinned = f"deqlab @ git+{REPO_URL}@v{deqlab.__version__}"
+        assert shlex.split(lines[i].split("install", 1)[1]) == ["-q", pinned], (
+            f"{path}: the Colab cell must install exactly {pinned} (got `{lines[i].strip()}`)"
         )
 
 
