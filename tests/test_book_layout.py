@@ -115,3 +115,14 @@ def test_figure_cells_end_without_a_displayed_value():
         if displays:
             offending.append(f"{path} cell {index}: {ast.unparse(last)}")
     assert not offending, "figure cells ending with a displayed value:\n" + "\n".join(offending)
+
+
+def test_install_instructions_pin_the_current_release():
+    import deqlab
+
+    pinned = f"git+https://github.com/deqlab/equilibrium@v{deqlab.__version__}"
+    for name in ("README.md", "book/intro.md"):
+        text = (ROOT / name).read_text()
+        assert pinned in text, f"{name} must show the install pinned to {pinned}"
+        stale = [line for line in text.splitlines() if "github.com/deqlab/equilibrium@v" in line and pinned not in line]
+        assert not stale, f"{name} pins another release: {stale}"
