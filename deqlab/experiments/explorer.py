@@ -224,9 +224,10 @@ def cloud_slider(
     """Explorer of point clouds in the complex plane (e.g. eigenvalues), one panel per cloud.
 
     Frame ``i`` shows, in panel ``name``, the points ``clouds[name][i]`` (complex; real arrays lie
-    on the real axis), the unit circle (dotted, if ``unit_circle``), and a dashed circle of radius
-    ``radii[name][i]`` (e.g. the limiting spectral radius of the theory). The panel title gives
-    the largest modulus of the points, so the reader sees when the cloud leaves the unit disc.
+    on the real axis), the unit circle (dotted, if ``unit_circle``; points outside it in red), and a
+    dashed circle of radius ``radii[name][i]`` (e.g. the limiting spectral radius of the theory).
+    The panel title gives the largest modulus of the points, so the reader sees when the cloud
+    leaves the unit disc.
 
     Args:
         clouds: Panel title -> one array of points per value.
@@ -269,7 +270,9 @@ def cloud_slider(
         axes = np.atleast_1d(fig.subplots(1, len(points)))
         for c, (ax, (name, seq)) in enumerate(zip(axes, points.items())):
             pts = seq[i]
-            ax.plot(pts.real, pts.imag, ".", ms=2.5, color=colors.get(name, f"C{c}"))
+            out = np.abs(pts) > 1.0 if unit_circle else np.zeros(pts.shape, bool)
+            ax.plot(pts[~out].real, pts[~out].imag, ".", ms=2.5, color=colors.get(name, f"C{c}"))
+            ax.plot(pts[out].real, pts[out].imag, ".", ms=3.0, color="red")
             if unit_circle:
                 ax.plot(ring.real, ring.imag, "k:", lw=0.8)
             if name in circles:
