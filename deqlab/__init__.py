@@ -13,7 +13,7 @@ The core in five lines::
     layer = deqlab.nn.DEQ(TanhCell(64, 16, rngs=rngs), solver="broyden", backward=Implicit())
 """
 
-from deqlab import checks, ensembles, precision, solvers
+from deqlab import checks, ensembles, exercises, precision, solvers
 from deqlab.implicit import Implicit, Phantom, Unrolled, check_gradients, fixed_point
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
 
@@ -22,6 +22,7 @@ __version__ = "0.3.0"
 __all__ = [
     "checks",
     "ensembles",
+    "exercises",
     "precision",
     "solvers",
     "solve",
