@@ -43,10 +43,14 @@ matrix, or a GOE matrix of off-diagonal variance ``V/N`` (semicircle of radius `
    larger than Eq. 25 (001 Fig. 2). :func:`hidden_variance` returns the Eq. 25 value for the GOE
    too (the prediction 001 plots), and :func:`spectral_radius` for the GOE evaluates C.1 at that
    predicted variance unless ``sigma_h2`` is given.
-3. 001 Eq. 109 prints ``S_W(z) = ((1+z)/z) [z + 1/z]^{-1/2}``, which is ``1 / sqrt(z)`` only
-   after using Eq. 107; the radius of Eq. 124 is right. For a general ``phi'`` the edge is
-   found from the same subordination equation as
-   :class:`deqlab.theory.freeprob.DWSpectrum` (``s^2 = V M_D(z / s)``) on the real axis.
+3. 001 Eq. 108 rewrites ``M_W^{-1}(z) = sqrt((z + 1)^2 / z)`` (Eq. 107) as ``sqrt(z + 1/z)``;
+   it is ``sqrt(z + 2 + 1/z)``. Eq. 109, 115 and 116 inherit the slip; Eq. 117 ("simplifies
+   to") and the radius ``2 sqrt(p)`` of Eq. 124 follow from the correct Eq. 107
+   (``S_W(z) = 1 / sqrt(z)``). For a general ``phi'`` the edge is found from the subordination
+   equation of :class:`deqlab.theory.freeprob.DWSpectrum` (``s^2 = V M_D(z / s)``) on the real
+   axis, and the tests check it against that class's density and against sampled matrices.
+4. 001 §3.2 says the GOE radius equals the Ginibre / orthogonal one "up to a factor of 2"; that
+   holds for ``phi'`` in ``{0, 1}`` (hard tanh, ReLU, linear), not for tanh or erf.
 
 Numerics: NumPy float64. Gaussian averages use closed forms where they exist (linear, ReLU,
 hard tanh, erf) and composite Gauss-Legendre quadrature in ``h`` for tanh (Gauss-Hermite in
@@ -449,7 +453,7 @@ def spectral_radius(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, me
 
     ``h ~ N(0, sigma_h2)`` with ``sigma_h2`` from :func:`hidden_variance` (``sigma_x2``,
     ``mean_x``), or the value given (e.g. a measured ``(1/N) h* . h*``). For linear and ReLU,
-    ``phi'^2`` does not depend on ``sigma_h2`` and none is computed.
+    ``phi'^2`` does not depend on ``sigma_h2``: none is computed and ``sigma_h2`` is ignored.
 
     Raises:
       ValueError: arguments out of range; the errors of :func:`hidden_variance`.
@@ -489,6 +493,11 @@ def critical_scale(phi: str, ensemble: str, sigma_x2: float = 1.0, mean_x: float
     nl = nonlinearity(phi, where)
     ensemble = _ensemble(ensemble, where)
     s, m = _input(sigma_x2, mean_x, where)
+    if s == 0 and nl.name not in ("linear", "relu"):
+        # without input q = 0 solves Eq. 25 at every V and a second root appears at V = 1: the
+        # radius is not a function of V alone there
+        raise checks.fail("sigma_x2", f"> 0 for {nl.name!r} (without input Eq. 25 has several "
+                          "solutions above V = 1)", sigma_x2, where)
     scale_max = checks.positive_number(scale_max, "scale_max", where)
     goe = 2.0 if ensemble == "goe" else 1.0
     if nl.name == "linear":
@@ -530,7 +539,9 @@ def picard_rate(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, mean_x
 def picard_nfe(phi: str, ensemble: str, V: float, tol: float, sigma_x2: float = 1.0, mean_x: float = 0.0,
                direction: str = "forward", sigma_h2: float | None = None) -> int:
     """Predicted number of Picard steps to shrink the error (and the relative residual) by
-    ``tol``: ``ceil(log(tol) / log(r))``, ``r`` = :func:`picard_rate` (001 Eq. 29).
+    ``tol``: ``ceil(log(tol) / log(r))``, ``r`` = :func:`picard_rate` (001 Eq. 29). Counted as
+    :func:`deqlab.solve` counts ``stats.steps`` from ``z0 = 0`` (``stats.nfe`` adds the evaluation
+    at ``z0``).
 
     ``direction``: ``"forward"`` (the fixed point) or ``"backward"`` (the adjoint linear solve
     ``u = J^T u + g`` of the implicit gradient, 001 Eq. 93); both have the rate ``r``. This is the
