@@ -1,0 +1,226 @@
+"""A small resumable sweep runner: one stored result per configuration.
+
+:func:`run_sweep` calls ``fn(config)`` for each configuration (a dict of JSON-able parameters:
+a family, a scale, a seed or a list of seeds run together) and stores the result in
+``directory`` under a file named by a stable hash of the configuration (:func:`config_key`).
+Results are written atomically (a temporary file in the same directory, then ``os.replace``), so
+an interrupted sweep leaves either a complete result or none; on the next call the finished
+configurations are read back and only the others are run. A result file that does not parse, or
+whose stored configuration is not the one asked for, is not trusted: that configuration runs again.
+
+Long runs can also resume *within* a configuration: with ``checkpoints=True`` the function is
+called as ``fn(config, checkpoint_dir)``, a directory of its own that survives an interruption
+and is removed once the result is stored. :class:`Checkpoints` wraps orbax-checkpoint's
+``CheckpointManager`` for saving and restoring a pytree of arrays there (orbax is imported only
+when a :class:`Checkpoints` is made, so the rest of this module works without it).
+
+Used by the training experiment of chapter 3 (001 §4.1, Fig. 5:
+:mod:`deqlab.experiments.nonlinear.training`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from deqlab import checks
+
+__all__ = ["config_key", "result_path", "load_result", "run_sweep", "Checkpoints"]
+
+_FORMAT = 1  # version of the stored file layout; files of another version are not trusted
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with NumPy / JAX scalars and arrays turned into Python numbers and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if hasattr(value, "__array__"):
+        array = np.asarray(value)
+        return _jsonable(array.item() if array.ndim == 0 else array.tolist())
+    raise TypeError(f"{type(value).__name__} is not JSON-able")
+
+
+def _canonical(config: Mapping[str, Any], where: str, name: str = "config") -> str:
+    if not isinstance(config, Mapping):
+        raise checks.fail(name, "a dict of JSON-able parameters", type(config).__name__, where)
+    try:
+        return json.dumps(_jsonable(config), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise checks.fail(name, "a dict of JSON-able parameters (str, int, float, bool, None, lists, dicts; "
+                          "no NaN)", f"{config!r} ({error})", where) from None
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """Stable name of a configuration: the first 20 hex digits of the SHA-256 of its canonical
+    JSON (keys sorted, no whitespace), so it does not depend on the dict's order or the process."""
+    text = _canonical(config, "sweep.config_key")
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def result_path(directory: str | os.PathLike, config: Mapping[str, Any]) -> Path:
+    """Where :func:`run_sweep` stores the result of ``config``."""
+    return Path(directory) / f"{config_key(config)}.json"
+
+
+def load_result(directory: str | os.PathLike, config: Mapping[str, Any]) -> dict | None:
+    """The stored result of ``config``, or None if there is none or the file cannot be trusted
+    (does not parse, is of another format, or holds another configuration)."""
+    path = result_path(directory, config)
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(stored, dict) or stored.get("format") != _FORMAT
+            or stored.get("config") != json.loads(_canonical(config, "sweep.load_result"))
+            or not isinstance(stored.get("result"), dict)):
+        return None
+    return stored["result"]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[str, Any]],
+              directory: str | os.PathLike, *, checkpoints: bool = False, progress: bool = True,
+              description: str = "sweep") -> list[dict[str, Any]]:
+    """Run ``fn`` on every configuration not already finished in ``directory``; return the table.
+
+    Args:
+        fn: ``fn(config) -> dict`` of JSON-able results (NumPy / JAX numbers and arrays are
+            converted; NaN and inf are stored as JSON's ``NaN`` / ``Infinity``); with
+            ``checkpoints=True``, ``fn(config, checkpoint_dir)``.
+        configs: dicts of JSON-able parameters, all different.
+        directory: where results are stored (created if missing).
+        checkpoints: pass each call a checkpoint directory of its own
+            (``directory/checkpoints/<key>``), kept across interruptions, removed after success.
+        progress: show a tqdm bar over the configurations.
+        description: the bar's label.
+
+    Returns:
+        One dict per configuration, in the order of ``configs``: the configuration's entries,
+        then the result's (a result key equal to a configuration key raises ``ValueError``).
+
+    Raises:
+        ValueError: if a configuration is not a dict of JSON-able values, two configurations are
+            equal, ``fn`` is not callable or returns something other than a dict.
+    """
+    where = "sweep.run_sweep"
+    if not callable(fn):
+        raise checks.fail("fn", "a callable fn(config) -> dict", type(fn).__name__, where)
+    configs = list(configs)
+    keys = []
+    for i, config in enumerate(configs):
+        _canonical(config, where, f"configs[{i}]")
+        keys.append(config_key(config))
+    if len(set(keys)) != len(keys):
+        first = next(i for i, k in enumerate(keys) if keys.index(k) != i)
+        raise checks.fail("configs", "configurations that are all different", f"a repeat of {configs[first]!r}",
+                          where)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    from tqdm.auto import tqdm
+
+    rows = []
+    bar = tqdm(total=len(configs), desc=description, disable=not progress)
+    for config, key in zip(configs, keys):
+        result = load_result(directory, config)
+        if result is None:
+            if checkpoints:
+                ckpt = directory / "checkpoints" / key
+                ckpt.mkdir(parents=True, exist_ok=True)
+                result = fn(dict(config), ckpt)
+            else:
+                result = fn(dict(config))
+            if not isinstance(result, Mapping):
+                raise checks.fail("fn", "a function returning a dict", f"a {type(result).__name__} for {config!r}",
+                                  where)
+            result = _jsonable(result)
+            text = json.dumps({"format": _FORMAT, "config": json.loads(_canonical(config, where)),
+                               "result": result}, sort_keys=True)
+            _write_atomic(result_path(directory, config), text)
+            if checkpoints:
+                shutil.rmtree(directory / "checkpoints" / key, ignore_errors=True)
+        clash = set(result) & set(config)
+        if clash:
+            raise checks.fail("fn", "results whose keys differ from the configuration's",
+                              f"keys {sorted(clash)} in both", where)
+        rows.append({**_jsonable(config), **result})
+        bar.update(1)
+    bar.close()
+    return rows
+
+
+class Checkpoints:
+    """Checkpoints of a pytree of arrays in a directory, with orbax-checkpoint.
+
+    ``CheckpointManager`` with ``StandardSave`` / ``StandardRestore``; saves are asynchronous and
+    :meth:`save` waits for them to finish, so a checkpoint that :meth:`latest_step` reports is
+    complete (orbax writes to a temporary directory and renames it when done).
+
+    Args:
+        directory: where the checkpoints live (created if missing).
+        max_to_keep: how many of the newest checkpoints to keep, >= 1.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 1):
+        try:
+            import orbax.checkpoint as ocp
+        except ImportError as error:  # pragma: no cover - depends on the environment
+            raise ImportError("sweep.Checkpoints needs orbax-checkpoint: pip install orbax-checkpoint") from error
+        max_to_keep = checks.positive_int(max_to_keep, "max_to_keep", "sweep.Checkpoints")
+        self._ocp = ocp
+        path = Path(directory).absolute()
+        path.mkdir(parents=True, exist_ok=True)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        self._manager = ocp.CheckpointManager(path, options=options)
+
+    def latest_step(self) -> int | None:
+        """The newest saved step, or None."""
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any) -> None:
+        """Save ``state`` (a pytree of arrays) as ``step`` and wait until it is on disk."""
+        self._manager.save(int(step), args=self._ocp.args.StandardSave(state))
+        self._manager.wait_until_finished()
+
+    def restore(self, template: Any, step: int | None = None) -> Any:
+        """The state saved at ``step`` (default the newest), with the structure and dtypes of
+        ``template``."""
+        step = self.latest_step() if step is None else int(step)
+        if step is None:
+            raise ValueError("sweep.Checkpoints.restore: there is no checkpoint to restore")
+        return self._manager.restore(step, args=self._ocp.args.StandardRestore(template))
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpoints":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,169 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from deqlab.experiments import sweep
+
+CONFIGS = [{"family": f, "scale": s, "seed": 0} for f in ("gaussian", "orthogonal") for s in (0.5, 1.0, 1.5)]
+
+
+def work(config):
+    """A deterministic stand-in for a training run, with NumPy outputs to be converted."""
+    rng = np.random.default_rng(int(1000 * config["scale"]) + len(config["family"]))
+    return {"error": np.float32(rng.uniform()), "curve": rng.normal(size=3), "failed": config["scale"] > 1.2}
+
+
+def test_config_key_is_stable_and_order_free():
+    a = {"family": "goe", "scale": 0.5, "seeds": [0, 1]}
+    b = {"seeds": [0, 1], "scale": 0.5, "family": "goe"}
+    assert sweep.config_key(a) == sweep.config_key(b)
+    assert sweep.config_key(a) != sweep.config_key({**a, "scale": 0.50001})
+    # the hash of the canonical JSON, not of anything process-dependent
+    code = "from deqlab.experiments import sweep; print(sweep.config_key({'scale': 0.5, 'family': 'goe', 'seeds': [0, 1]}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == sweep.config_key(a)
+
+
+def test_table_in_config_order_and_skips_finished(tmp_path):
+    calls = []
+
+    def fn(config):
+        calls.append(config)
+        return work(config)
+
+    rows = sweep.run_sweep(fn, CONFIGS, tmp_path, progress=False)
+    assert len(calls) == len(CONFIGS)
+    assert [{k: r[k] for k in ("family", "scale", "seed")} for r in rows] == CONFIGS
+    assert all(isinstance(r["error"], float) and len(r["curve"]) == 3 for r in rows)
+    again = sweep.run_sweep(fn, CONFIGS[::-1], tmp_path, progress=False)
+    assert len(calls) == len(CONFIGS)  # nothing recomputed
+    assert again == rows[::-1]
+
+
+def test_untrusted_files_are_recomputed(tmp_path):
+    calls = []
+
+    def fn(config):
+        calls.append(config)
+        return work(config)
+
+    reference = sweep.run_sweep(fn, CONFIGS, tmp_path, progress=False)
+    calls.clear()
+    sweep.result_path(tmp_path, CONFIGS[0]).write_text('{"format": 1, "config": {"fam')  # truncated
+    stored = json.loads(sweep.result_path(tmp_path, CONFIGS[1]).read_text())
+    stored["config"]["scale"] = 99.0  # a file that holds another configuration
+    sweep.result_path(tmp_path, CONFIGS[1]).write_text(json.dumps(stored))
+    stored = json.loads(sweep.result_path(tmp_path, CONFIGS[2]).read_text())
+    stored["format"] = 0  # an older layout
+    sweep.result_path(tmp_path, CONFIGS[2]).write_text(json.dumps(stored))
+    assert sweep.run_sweep(fn, CONFIGS, tmp_path, progress=False) == reference
+    assert calls == CONFIGS[:3]
+
+
+_KILLED = """
+import os, sys, json
+sys.path.insert(0, {tests!r})
+from test_sweep import CONFIGS, work
+from deqlab.experiments import sweep
+done = []
+def fn(config):
+    if len(done) == {k}:
+        os._exit(3)  # dies mid-sweep, as a killed job would: no cleanup, no exception handling
+    done.append(config)
+    with open({log!r}, "a") as log:
+        log.write(json.dumps(config) + "\\n")
+    return work(config)
+sweep.run_sweep(fn, CONFIGS, {directory!r}, progress=False)
+"""
+
+
+def test_killed_sweep_resumes_without_recomputing(tmp_path):
+    k = 4
+    log = tmp_path / "calls.log"
+    directory = tmp_path / "results"
+    script = _KILLED.format(tests=os.path.dirname(__file__), k=k, log=str(log), directory=str(directory))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stderr
+    finished = [json.loads(line) for line in log.read_text().splitlines()]
+    assert finished == CONFIGS[:k]
+    assert len(list(directory.glob("*.json"))) == k
+    assert not list(directory.glob(".*.tmp"))  # no partial files left behind
+
+    calls = []
+
+    def fn(config):
+        calls.append(config)
+        return work(config)
+
+    resumed = sweep.run_sweep(fn, CONFIGS, directory, progress=False)
+    assert calls == CONFIGS[k:]  # only the unfinished configurations ran
+    uninterrupted = sweep.run_sweep(work, CONFIGS, tmp_path / "fresh", progress=False)
+    assert resumed == uninterrupted
+
+
+def test_failure_inside_fn_keeps_finished_results(tmp_path):
+    def failing(config):
+        if config["scale"] == 1.5:
+            raise RuntimeError("boom")
+        return work(config)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        sweep.run_sweep(failing, CONFIGS, tmp_path, progress=False)
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    calls = []
+    sweep.run_sweep(lambda c: calls.append(c) or work(c), CONFIGS, tmp_path, progress=False)
+    assert calls == CONFIGS[2:]
+
+
+def test_nan_results_round_trip(tmp_path):
+    rows = sweep.run_sweep(lambda c: {"loss": float("nan")}, [{"a": 1}], tmp_path, progress=False)
+    again = sweep.run_sweep(lambda c: {"loss": 0.0}, [{"a": 1}], tmp_path, progress=False)
+    assert np.isnan(rows[0]["loss"]) and np.isnan(again[0]["loss"])
+
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="configs"):
+        sweep.run_sweep(work, [CONFIGS[0], dict(CONFIGS[0])], tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"configs\[0\]"):
+        sweep.run_sweep(work, [{"x": object()}], tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"configs\[0\]"):
+        sweep.run_sweep(work, [["not", "a", "dict"]], tmp_path, progress=False)
+    with pytest.raises(ValueError, match="fn"):
+        sweep.run_sweep("work", CONFIGS, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="fn"):
+        sweep.run_sweep(lambda c: [1.0], CONFIGS, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="fn"):
+        sweep.run_sweep(lambda c: {"scale": 1.0}, CONFIGS, tmp_path, progress=False)
+
+
+def test_checkpoints_resume_within_a_configuration(tmp_path):
+    import jax.numpy as jnp
+
+    calls = []
+
+    def fn(config, checkpoint_dir, stop_at=None):
+        """Counts to 5, checkpointing each step; resumes from the newest checkpoint."""
+        with sweep.Checkpoints(checkpoint_dir) as ckpt:
+            step = ckpt.latest_step()
+            state = {"total": jnp.zeros(3)} if step is None else ckpt.restore({"total": jnp.zeros(3)})
+            start = 0 if step is None else step + 1
+            calls.append(start)
+            for i in range(start, 5):
+                if i == stop_at:
+                    raise KeyboardInterrupt
+                state = {"total": state["total"] + i}
+                ckpt.save(i, state)
+        return {"total": state["total"]}
+
+    configs = [{"run": 0}]
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(lambda c, d: fn(c, d, stop_at=3), configs, tmp_path, checkpoints=True, progress=False)
+    rows = sweep.run_sweep(fn, configs, tmp_path, checkpoints=True, progress=False)
+    assert calls == [0, 3]  # the second call resumed after the last saved step (2)
+    assert rows[0]["total"] == [10.0, 10.0, 10.0]  # 0 + 1 + 2 + 3 + 4, as without the interruption
+    assert not (tmp_path / "checkpoints" / sweep.config_key(configs[0])).exists()  # removed after success
