@@ -1,7 +1,12 @@
+import gzip
+import http.server
+import struct
+import threading
+
 import numpy as np
 import pytest
 
-from deqlab.data import DATASETS, SPLITS, load_dataset, load_digits
+from deqlab.data import DATASETS, MNIST_FILES, SPLITS, load_dataset, load_digits, load_mnist, read_idx
 
 N_DIGITS = 1797  # size of scikit-learn's bundled digits
 
@@ -88,7 +93,7 @@ def test_datasets_listed():
 
 
 def test_load_dataset_bad_name():
-    with pytest.raises(ValueError, match=r"load_dataset: `name` must be one of 'digits', got 'cifar10'"):
+    with pytest.raises(ValueError, match=r"load_dataset: `name` must be one of 'digits', 'mnist', got 'cifar10'"):
         load_dataset("cifar10", split="train")
 
 
@@ -122,3 +127,141 @@ def test_bad_seed(seed):
 def test_split_is_keyword_only():
     with pytest.raises(TypeError):
         load_dataset("digits", "train")  # type: ignore[misc]
+
+
+# --- MNIST from IDX files (tiny files written by the tests themselves) ---------------------------
+
+def _idx_bytes(array, type_code=0x08):
+    array = np.asarray(array)
+    header = bytes([0, 0, type_code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+
+
+def _write_mnist(folder, n_train=5, n_test=3, compress=False, seed=0):
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    expected = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        images[0, 0, 0] = 255
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        for name, array in zip(MNIST_FILES[split], (images, labels)):
+            raw = _idx_bytes(array)
+            if compress:
+                (folder / f"{name}.gz").write_bytes(gzip.compress(raw))
+            else:
+                (folder / name).write_bytes(raw)
+        expected[split] = (images, labels)
+    return expected
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("split", SPLITS)
+def test_mnist_reads_idx_files(tmp_path, split, compress):
+    expected = _write_mnist(tmp_path / "mnist", compress=compress)
+    x, y = load_mnist(split=split, path=tmp_path)
+    images, labels = expected[split]
+    assert x.dtype == np.float32 and y.dtype == np.int32
+    assert x.shape == (len(labels), 784)
+    np.testing.assert_array_equal(x, images.reshape(len(labels), -1) / np.float32(255))
+    np.testing.assert_array_equal(y, labels)
+    assert x.max() == 1.0 and x.min() >= 0.0  # scaled by the largest possible pixel, like digits
+    x2, y2 = load_dataset("mnist", split=split, path=tmp_path)
+    np.testing.assert_array_equal(x2, x)
+    np.testing.assert_array_equal(y2, y)
+
+
+def test_mnist_directory_from_environment(tmp_path, monkeypatch):
+    expected = _write_mnist(tmp_path, seed=4)  # the files directly in the directory, no mnist/
+    monkeypatch.setenv("DEQLAB_DATA", str(tmp_path))
+    _, y = load_dataset("mnist", split="test")
+    np.testing.assert_array_equal(y, expected["test"][1])
+
+
+def test_read_idx_other_types_and_shapes(tmp_path):
+    for code, dtype in ((0x0B, ">i2"), (0x0C, ">i4"), (0x0D, ">f4"), (0x0E, ">f8"), (0x09, ">i1")):
+        array = (np.arange(24).reshape(2, 3, 4) - 5).astype(dtype)
+        (tmp_path / "a.idx").write_bytes(_idx_bytes(array, code))
+        out = read_idx(tmp_path / "a.idx")
+        np.testing.assert_array_equal(out, array)
+        assert out.dtype.isnative
+
+
+def test_read_idx_rejects_bad_files(tmp_path):
+    path = tmp_path / "bad"
+    path.write_bytes(b"\x08\x03\x00\x00" + bytes(10))
+    with pytest.raises(ValueError, match="not an IDX file: its magic number"):
+        read_idx(path)
+    path.write_bytes(bytes([0, 0, 0x07, 1]) + bytes(8))
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(path)
+    path.write_bytes(_idx_bytes(np.zeros((4, 28, 28), np.uint8))[:-1])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        read_idx(path)
+    path.write_bytes(bytes([0, 0, 0x08, 3]) + bytes(4))
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(path)
+    path.write_bytes(b"\x1f\x8bnot really gzip")
+    with pytest.raises(ValueError, match="does not decompress"):
+        read_idx(path)
+
+
+def test_mnist_rejects_wrong_contents(tmp_path):
+    _write_mnist(tmp_path)
+    (tmp_path / MNIST_FILES["train"][0]).write_bytes(_idx_bytes(np.zeros((5, 8, 8), np.uint8)))
+    with pytest.raises(ValueError, match=r"must hold MNIST images.*\(n, 28, 28\)"):
+        load_mnist(split="train", path=tmp_path)
+    _write_mnist(tmp_path, n_train=5)
+    (tmp_path / MNIST_FILES["train"][1]).write_bytes(_idx_bytes(np.zeros(4, np.uint8)))
+    with pytest.raises(ValueError, match=r"images \(5\) and labels \(4\) differ"):
+        load_mnist(split="train", path=tmp_path)
+
+
+def test_mnist_missing_files_error_names_them(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("source='idx' must not touch the network")
+
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    with pytest.raises(FileNotFoundError) as info:
+        load_dataset("mnist", split="train", path=tmp_path)
+    message = str(info.value)
+    for name in MNIST_FILES["train"] + MNIST_FILES["test"]:
+        assert name in message
+    assert str(tmp_path) in message and "DEQLAB_DATA" in message and "source='download'" in message
+
+
+def test_mnist_download_from_a_local_server(tmp_path):
+    served = tmp_path / "served"
+    expected = _write_mnist(served, compress=True, seed=2)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        x, y = load_mnist("download", split="test", path=tmp_path / "data", url=url)
+        np.testing.assert_array_equal(y, expected["test"][1])
+        assert sorted(p.name for p in (tmp_path / "data" / "mnist").iterdir()) == sorted(
+            f"{n}.gz" for n in MNIST_FILES["test"])
+        with pytest.raises(OSError, match="could not download"):
+            load_mnist("download", split="test", path=tmp_path / "other", url=url + "missing/")
+        assert not list((tmp_path / "other" / "mnist").iterdir())  # no partial files left
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_mnist_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"load_dataset: `source` must be one of 'idx', 'download'"):
+        load_dataset("mnist", split="train", source="sklearn")
+    with pytest.raises(ValueError, match=r"load_mnist: `split` must be one of 'train', 'test'"):
+        load_mnist(split="validation", path=tmp_path)
+    with pytest.raises(ValueError, match=r"load_dataset: `path` must be None for 'digits'"):
+        load_dataset("digits", split="train", path=tmp_path)
