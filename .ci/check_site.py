@@ -12,7 +12,8 @@ folders excepted) it checks that
   those in red instead of failing), no ``.math`` element left untypeset, and no raw TeX
   (``\\(``, ``\\[``, ``$$``, ``$x^2$``) in the text outside code;
 - no Markdown leaked into the text: a MyST role (``{glue:text}`...```, ``{numref}``, ``{cite:p}``),
-  a ``:::`` or ````` ``` ````` fence, or a pipe table that became a paragraph;
+  a ``:::`` or ````` ``` ````` fence, a stray backtick, or a pipe table that became a paragraph;
+- the page does not scroll sideways (content wider than the window);
 - every figure has a number (``span.caption-number``) and a caption, and every image a notebook
   printed (``div.cell_output img``) sits in such a figure, except the precomputed slider widgets
   (``div.deqlab-explorer``);
@@ -36,6 +37,7 @@ import argparse
 import base64
 import functools
 import http.server
+import os
 import re
 import shutil
 import sys
@@ -63,6 +65,7 @@ PAGE_LOAD_TIMEOUT_S = 60
 MATHJAX_TIMEOUT_S = 60
 SEARCH_TIMEOUT_S = 30
 WINDOW_WIDTH, WINDOW_HEIGHT = 1400, 1000
+MAX_SCREENSHOT_HEIGHT = 60000  # px; the API reference is the longest page (about 55 000)
 
 
 @dataclass(frozen=True)
@@ -200,11 +203,34 @@ for (const block of blocks) {
   if (role) report(name + " " + snippet(text), "leaked Markdown: MyST role " + role[0]);
   if (text.includes(":::")) report(name + " " + snippet(text), "leaked Markdown: ::: fence");
   if (text.includes("```")) report(name + " " + snippet(text), "leaked Markdown: ``` fence");
+  // Outside code, a backtick is Markdown that was not parsed (inline code, a role, a fence).
+  else if (text.includes("`") && !role) report(name + " " + snippet(text), "leaked Markdown: backtick");
   if (PIPE_RULE.test(text) || PIPE_ROW.test(text)) {
     report(name + " " + snippet(text), "leaked Markdown: pipe table rendered as text");
   }
   const tex = text.match(RAW_TEX);
   if (tex) report(name + " " + snippet(text), "raw TeX not typeset: " + JSON.stringify(tex[0]));
+}
+
+// Layout: the page must not scroll sideways (wide content scrolls in its own box). Named: the
+// outermost elements that stick out on the right, outside any box that clips or scrolls them.
+const viewport = document.documentElement.clientWidth;
+if (document.documentElement.scrollWidth > viewport + 2) {
+  const clipped = (el) => {
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      if (["auto", "scroll", "hidden", "clip"].includes(getComputedStyle(a).overflowX)) return true;
+    }
+    return false;
+  };
+  // An element is too wide when its box reaches past the window or its content overflows its box
+  // (a line that cannot wrap); the culprits are the deepest such elements.
+  const tooWide = (el) => el.getBoundingClientRect().right > viewport + 2
+    || (el.scrollWidth > el.clientWidth + 2 && getComputedStyle(el).overflowX === "visible");
+  const culprits = Array.from(document.body.querySelectorAll("*"))
+    .filter((el) => tooWide(el) && !clipped(el) && !Array.from(el.children).some(tooWide));
+  report(culprits.slice(0, 3).map(describe).join(", ") || "page",
+    "page is " + document.documentElement.scrollWidth + " px wide in a " + viewport
+    + " px window (it scrolls sideways)");
 }
 
 // Figures: a number and a caption; notebook output images inside such a figure.
@@ -314,18 +340,19 @@ def console_errors(driver, base_url: str) -> list[str]:
 
 
 def full_page_screenshot(driver, path: Path) -> None:
-    metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
-    size = metrics.get("cssContentSize") or metrics["contentSize"]
-    width = max(int(size["width"]), WINDOW_WIDTH)
-    height = int(size["height"])
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
-        },
-    )
+    """The whole page as the window shows it: the window is made as tall as the page for the shot.
+
+    (Chrome's own full-page capture, captureBeyondViewport, lays the theme out differently: the
+    sidebars vanish and the article slides off the left edge.) Pages taller than
+    MAX_SCREENSHOT_HEIGHT are cut there.
+    """
+    height = min(int(driver.execute_script("return document.documentElement.scrollHeight")), MAX_SCREENSHOT_HEIGHT)
+    metrics = {"width": WINDOW_WIDTH, "height": max(height, WINDOW_HEIGHT), "deviceScaleFactor": 1, "mobile": False}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    try:
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
@@ -392,8 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         default="equilibrium,Anderson",
         help="comma-separated terms search.html must find (default: %(default)s; '' checks no search)",
     )
-    parser.add_argument("--chromium", default=DEFAULT_CHROMIUM)
-    parser.add_argument("--chromedriver", default=DEFAULT_CHROMEDRIVER)
+    # Elsewhere (e.g. a GitHub runner's preinstalled Chrome): --chromium / $CHROMIUM and
+    # --chromedriver / $CHROMEDRIVER; the two must be of the same major version.
+    parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", DEFAULT_CHROMIUM))
+    parser.add_argument("--chromedriver", default=os.environ.get("CHROMEDRIVER", DEFAULT_CHROMEDRIVER))
     args = parser.parse_args(argv)
 
     root = args.site.resolve()

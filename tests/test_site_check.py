@@ -28,6 +28,7 @@ MATHJAX = ROOT / "book" / "_static" / "mathjax"
 EXPECTED = [
     ("leaked_pipe_table.html", 'p in section #results "| n | error |', "pipe table rendered as text"),
     ("leaked_glue.html", 'p in section #rates "The measured rate is {glue:text}', "MyST role {glue:text}"),
+    ("leaked_backtick.html", 'p in section #erratum "`"', "leaked Markdown: backtick"),
     ("leaked_fence.html", 'p in section #notes ":::{note}', "leaked Markdown: ::: fence"),
     ("broken_image.html", 'img[src="missing.png"] in section #figures', "image did not load"),
     ("broken_image.html", "console", "SITE/missing.png - Failed to load resource"),
@@ -40,6 +41,7 @@ EXPECTED = [
     ("uncaptioned_figure.html", 'img[src="data:image/png', "notebook output image outside a numbered figure"),
     ("untypeset_math.html", 'span.math.notranslate in section #maths "\\\\(x^2', "formula not typeset"),
     ("untypeset_math.html", 'td in section #maths "\\\\(\\\\rho', 'raw TeX not typeset: "\\\\("'),
+    ("wide_page.html", "p in section #layout", "px window (it scrolls sideways)"),
     ("search.html?q=absent", "#search-results", "no results for 'absent'"),
 ]
 
