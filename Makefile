@@ -24,7 +24,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book clean distclean strip help
+.PHONY: install test unit unit-all lint book site-check clean distclean strip help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -33,6 +33,8 @@ help:
 	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
 	@echo "make lint     ruff check . (rules in pyproject.toml [tool.ruff])"
 	@echo "make book     build the book into _build/html (-W -n --keep-going)"
+	@echo "make site-check  open every page of _build/html in headless Chromium (needs: apt-get install"
+	@echo "              chromium chromium-driver); screenshots into _build/screenshots"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
@@ -77,6 +79,11 @@ lint: install
 # is executed once.
 book: install
 	DEQLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . -W -n --keep-going
+
+# The browser test of the built site (.ci/check_site.py): run after `make book`. Uses the system
+# chromium and chromedriver (Debian: apt-get install chromium chromium-driver).
+site-check: install
+	$(BIN)/python .ci/check_site.py _build/html --screenshots _build/screenshots
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')
