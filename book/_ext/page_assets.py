@@ -1,0 +1,52 @@
+"""Sphinx extension: the scripts every page of the book loads, once each.
+
+- **MathJax on every page.** Sphinx adds MathJax only to pages whose own content has maths, but
+  the navigation sidebar and the previous / next links of *every* page show the titles of other
+  pages, and some titles have maths ("... near $V_c$"). Without MathJax such a title stays raw
+  TeX, `\\(V_c\\)`, on the pages without maths (found by the browser test, .ci/check_site.py).
+  `set_html_assets_policy("always")` is Sphinx's switch for this.
+- **No script twice.** sphinx-thebe (loaded by jupyter-book even with thebe off) registers its
+  inline configuration, ``const THEBE_JS_URL = ...``, once per read phase, so a page carries it
+  twice and the browser reports "Identifier 'THEBE_JS_URL' has already been declared" on every
+  page. Identical script entries (same source or inline body, same attributes) are kept once.
+- **An explicit colour mode.** With no ``default_mode`` theme option, pydata-sphinx-theme logs
+  "Got invalid theme mode: ." on a reader's first visit. It is set to ``light`` here (the figures
+  are drawn for a white page) rather than in ``_config.yml``, where jupyter-book would replace its
+  own theme options (launch and repository buttons) by ours instead of merging them.
+"""
+
+from __future__ import annotations
+
+from sphinx.application import Sphinx
+
+
+def _script_key(script) -> tuple:
+    attributes = getattr(script, "attributes", {}) or {}
+    filename = getattr(script, "filename", str(script))
+    return str(filename), tuple(sorted((k, str(v)) for k, v in attributes.items()))
+
+
+def _drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, kept = set(), []
+    for script in scripts:
+        key = _script_key(script)
+        if key in seen:
+            continue
+        seen.add(key)
+        kept.append(script)
+    scripts[:] = kept
+
+
+def _default_colour_mode(app: Sphinx, config) -> None:
+    config.html_theme_options.setdefault("default_mode", "light")
+
+
+def setup(app: Sphinx) -> dict:
+    app.set_html_assets_policy("always")
+    app.connect("config-inited", _default_colour_mode)
+    # late (priority 900): after sphinx-thebe and the theme have added their scripts
+    app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
