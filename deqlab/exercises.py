@@ -389,13 +389,13 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
 
 
 def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
-    """Grade ``my_fixed_point(f, params, x)`` of page 3: the equilibrium z* = f(z*, *params, x) of a
-    batch of rows (z0 = 0, width ``params[0].shape[0]``), differentiable with respect to ``params``
+    """Grade ``my_fixed_point(f, params, x)`` of page 3: the equilibrium ``z* = f(z*, *params, x)`` of
+    a batch of rows (z0 = 0, width ``params[0].shape[0]``), differentiable with respect to ``params``
     and ``x`` by the implicit function theorem (003 Theorem 1, Eq. 8 and 11: d loss/d theta =
     u^T df/dtheta with u = g + J^T u).
 
     Needs float64 (``jax.config.update("jax_enable_x64", True)``). For the loss
-    sum(c * z*) + sum(z*^2) (c fixed and random, so that no entry of g vanishes), on a tanh DEQ with
+    ``sum(c * z*) + sum(z*^2)`` (c fixed and random, so that no entry of g vanishes), on a tanh DEQ with
     orthogonal W at scale 0.5 and a non-normal Gaussian W at scale 0.9, checks:
 
     - the value z* against ``deqlab.solve`` (relative 1e-8);

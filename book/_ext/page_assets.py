@@ -9,10 +9,12 @@
   inline configuration, ``const THEBE_JS_URL = ...``, once per read phase, so a page carries it
   twice and the browser reports "Identifier 'THEBE_JS_URL' has already been declared" on every
   page. Identical script entries (same source or inline body, same attributes) are kept once.
-- **An explicit colour mode.** With no ``default_mode`` theme option, pydata-sphinx-theme logs
-  "Got invalid theme mode: ." on a reader's first visit. It is set to ``light`` here (the figures
-  are drawn for a white page) rather than in ``_config.yml``, where jupyter-book would replace its
-  own theme options (launch and repository buttons) by ours instead of merging them.
+- **An explicit colour mode.** pydata-sphinx-theme's page template reads ``default_mode`` from
+  the page context; empty, its script logs "Got invalid theme mode: ." on a reader's first visit.
+  It is set to ``light`` here (the figures are drawn for a white page).
+
+The handler runs early (priority 100): ``html-page-context`` stops at the first handler that
+returns a template name, so a late handler may never be called.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from sphinx.application import Sphinx
 
 def _script_key(script) -> tuple:
     attributes = getattr(script, "attributes", {}) or {}
-    filename = getattr(script, "filename", str(script))
+    # an inline script is registered with filename None by some extensions and "" by others
+    filename = getattr(script, "filename", str(script)) or ""
     return str(filename), tuple(sorted((k, str(v)) for k, v in attributes.items()))
 
 
-def _drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    context.setdefault("default_mode", "light")
     scripts = context.get("script_files")
     if not scripts:
         return
@@ -37,16 +41,12 @@ def _drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, conte
             continue
         seen.add(key)
         kept.append(script)
+    # in place: this is the builder's own list, shared by every page, to which handlers that run
+    # later (sphinx.ext.mathjax) still add their scripts
     scripts[:] = kept
-
-
-def _default_colour_mode(app: Sphinx, config) -> None:
-    config.html_theme_options.setdefault("default_mode", "light")
 
 
 def setup(app: Sphinx) -> dict:
     app.set_html_assets_policy("always")
-    app.connect("config-inited", _default_colour_mode)
-    # late (priority 900): after sphinx-thebe and the theme have added their scripts
-    app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
+    app.connect("html-page-context", _page_context, priority=100)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

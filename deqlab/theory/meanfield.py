@@ -47,7 +47,7 @@ matrix, or a GOE matrix of off-diagonal variance ``V/N`` (semicircle of radius `
    it is ``sqrt(z + 2 + 1/z)``. Eq. 109, 115 and 116 inherit the slip; Eq. 117 ("simplifies
    to") and the radius ``2 sqrt(p)`` of Eq. 124 follow from the correct Eq. 107
    (``S_W(z) = 1 / sqrt(z)``). For a general ``phi'`` the edge is found from the subordination
-   equation of :class:`deqlab.theory.freeprob.DWSpectrum` (``s^2 = V M_D(z / s)``) on the real
+   equation of :class:`deqlab.theory.freeprob.products.DWSpectrum` (``s^2 = V M_D(z / s)``) on the real
    axis, and the tests check it against that class's density and against sampled matrices.
 4. 001 §3.2 says the GOE radius equals the Ginibre / orthogonal one "up to a factor of 2"; that
    holds for ``phi'`` in ``{0, 1}`` (hard tanh, ReLU, linear), not for tanh or erf.
@@ -416,7 +416,7 @@ def _goe_edge(nl: nonlinearities.Nonlinearity, V: float, q: float) -> float:
     ``D = diag(phi'(h))`` with ``0 <= phi' <= phi'(0) = 1`` (001 App. C.1).
 
     On the real axis right of the spectrum, ``s = sqrt(V M_DW(x))`` solves ``s^2 = V M_D(x / s)``
-    (the equation of :class:`~deqlab.theory.freeprob.DWSpectrum`), i.e. with ``y = x / s``:
+    (the equation of :class:`~deqlab.theory.freeprob.products.DWSpectrum`), i.e. with ``y = x / s``:
     ``s^2 = V g(y)``, ``g(y) = E[d / (y - d)]``, and ``x(y) = y sqrt(V g(y))``. The physical branch
     is ``y -> inf``; the edge is where it ends, the minimum of ``x(y)`` over ``y > 1``
     (``x(y) -> inf`` at both ends for tanh and erf, where ``g(1+) = inf``). For Bernoulli ``d``
@@ -532,7 +532,7 @@ def picard_nfe(phi: str, ensemble: str, V: float, tol: float, sigma_x2: float = 
                direction: str = "forward", sigma_h2: float | None = None) -> int:
     """Predicted number of Picard steps to shrink the error (and the relative residual) by
     ``tol``: ``ceil(log(tol) / log(r))``, ``r`` = :func:`picard_rate` (001 Eq. 29). Counted as
-    :func:`deqlab.solve` counts ``stats.steps`` from ``z0 = 0`` (``stats.nfe`` adds the evaluation
+    :func:`deqlab.solvers.solve` counts ``stats.steps`` from ``z0 = 0`` (``stats.nfe`` adds the evaluation
     at ``z0``).
 
     ``direction``: ``"forward"`` (the fixed point) or ``"backward"`` (the adjoint linear solve
