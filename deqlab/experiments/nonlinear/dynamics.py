@@ -61,6 +61,7 @@ __all__ = [
     "readout_gradient",
     "paper_eq93_gradient",
     "empirical_ntk",
+    "NTKDraws",
     "ntk_draws",
     "ntk_mean_field",
     "inputs_on_circle",
@@ -97,7 +98,7 @@ def contraction_rate(trace: Any, steps: Any) -> jax.Array:
     predicts ``rho_t ~ r^t`` for Picard).
 
     Args:
-      trace: ``stats.residual_trace`` of :func:`deqlab.solve`, shape ``(T + 1, B)``.
+      trace: ``stats.residual_trace`` of :func:`deqlab.solvers.solve`, shape ``(T + 1, B)``.
       steps: ``stats.steps``, shape ``(B,)`` (each ``<= T``).
     Returns:
       ``(B,)`` rates; NaN where ``steps < 2``.
@@ -325,7 +326,7 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
     parametrisation; 001 Eq. 94 for fixed ``v``), ``V = scale^2``.
 
     ``method="formula"``: from :func:`readout_gradient`, ``(V/N) (A A^T) * (Z Z^T)``.
-    ``method="autodiff"``: ``jax.jacrev`` of ``f`` through :func:`deqlab.fixed_point`'s implicit
+    ``method="autodiff"``: ``jax.jacrev`` of ``f`` through :func:`deqlab.implicit.fixed_point`'s implicit
     gradient (GMRES adjoint), the Gram matrix of the flattened gradients (``O(P N^2)`` memory).
     """
     where = "experiments.nonlinear.dynamics.empirical_ntk"
