@@ -285,17 +285,22 @@ def equilibrium(phi: str, W: Any, X: Any, tol: float = 1e-12, max_steps: int = 1
     return jnp.where(sol.converged[:, None], sol.value, jnp.nan)
 
 
-def readout_gradient(phi: str, W: Any, X: Any, v: Any, tol: float = 1e-12) -> tuple[jax.Array, jax.Array]:
-    """``(A, Z)`` with ``df(x_p) / dW = A[p] Z[p]^T`` for ``f(x) = v . z*(x) / sqrt(N)``: ``Z[p] = z*(x_p)``
-    and ``A[p] = D (I - W^T D)^{-1} v / sqrt(N)``, ``D = diag(phi'(W z*))`` (001 Eq. 93 corrected:
-    ``phi'`` at ``h* = W z*``, the diagonal on the adjoint side)."""
-    where = "experiments.nonlinear.dynamics.readout_gradient"
+def _readout_problem(phi: str, W: Any, X: Any, v: Any, tol: float, where: str):
+    """Checked ``(nonlinearity, W, v, Z)`` of a readout ``f(x) = v . z*(x) / sqrt(N)``, ``Z[p] = z*(x_p)``."""
     nl = _phi(phi, where)
     W, X = _matrix_input(W, X, where)
     v = jnp.asarray(v)
     if v.shape != (W.shape[0],):
         raise checks.fail("v", f"a readout vector of shape ({W.shape[0]},)", v.shape, where)
-    Z = equilibrium(nl.name, W, X, tol)
+    return nl, W, v, equilibrium(nl.name, W, X, tol)
+
+
+def readout_gradient(phi: str, W: Any, X: Any, v: Any, tol: float = 1e-12) -> tuple[jax.Array, jax.Array]:
+    """``(A, Z)`` with ``df(x_p) / dW = A[p] Z[p]^T`` for ``f(x) = v . z*(x) / sqrt(N)``: ``Z[p] = z*(x_p)``
+    and ``A[p] = D (I - W^T D)^{-1} v / sqrt(N)``, ``D = diag(phi'(W z*))`` (001 Eq. 93 corrected:
+    ``phi'`` at ``h* = W z*``, the diagonal on the adjoint side)."""
+    where = "experiments.nonlinear.dynamics.readout_gradient"
+    nl, W, v, Z = _readout_problem(phi, W, X, v, tol, where)
     D = nl.derivative_jax(Z @ W.T)
     eye = jnp.eye(W.shape[0], dtype=W.dtype)
     u = jax.vmap(lambda d: jnp.linalg.solve(eye - W.T * d[None, :], v))(D)
@@ -307,12 +312,7 @@ def paper_eq93_gradient(phi: str, W: Any, X: Any, v: Any, tol: float = 1e-12) ->
     ``(B, C)`` with ``df(x_p)/dW = B[p] C[p]^T``. Kept to show that it disagrees with autodiff
     (``phi'`` is evaluated at ``z*`` instead of ``h*``, and the diagonal sits on ``z*``)."""
     where = "experiments.nonlinear.dynamics.paper_eq93_gradient"
-    nl = _phi(phi, where)
-    W, X = _matrix_input(W, X, where)
-    v = jnp.asarray(v)
-    if v.shape != (W.shape[0],):
-        raise checks.fail("v", f"a readout vector of shape ({W.shape[0]},)", v.shape, where)
-    Z = equilibrium(nl.name, W, X, tol)
+    nl, W, v, Z = _readout_problem(phi, W, X, v, tol, where)
     Dz = nl.derivative_jax(Z)
     eye = jnp.eye(W.shape[0], dtype=W.dtype)
     B = jax.vmap(lambda d: jnp.linalg.solve((eye - d[:, None] * W).T, v))(Dz)
