@@ -141,7 +141,7 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     rows = []
     bar = tqdm(total=len(configs), desc=description, disable=not progress)

@@ -121,15 +121,17 @@ def _check_options(where, family, scale, seeds, options):
 
 
 @functools.lru_cache(maxsize=16)
-def _program(in_features, width, solver, tol, max_steps, learning_rate, batch_size, n_batches):
+def _program(in_features, width, solver, tol, max_steps, batch_size, n_batches):
     """The graph of the model and the compiled, seed-vmapped epoch, shared by every (family,
-    scale): they differ only in the initial parameters, so one compilation serves the whole grid.
-    The graph is taken from a template model (its initializer is never called again)."""
+    scale, learning rate): they differ only in the initial parameters and in a traced argument, so
+    one compilation serves the whole grid. The graph is taken from a template model (its
+    initializer is never called again). Adam is ``optax.scale_by_adam`` times ``-learning_rate``,
+    which is ``optax.adam(learning_rate)``."""
     template = EquilibriumClassifier(in_features, width=width, ensemble="gaussian", scale=1.0, solver=solver,
                                      tol=tol, max_steps=max_steps, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(template)
     treedef = jax.tree_util.tree_structure(state)
-    tx = optax.adam(learning_rate, b1=0.9)
+    tx = optax.scale_by_adam(b1=0.9)  # 001 §4.1: Adam with momentum 0.9
 
     def forward(params, x):
         return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, params))(x)
@@ -139,11 +141,12 @@ def _program(in_features, width, solver, tol, max_steps, learning_rate, batch_si
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
         return loss, (jnp.mean(sol.converged.astype(jnp.float32)), jnp.mean(sol.stats.steps.astype(jnp.float32)))
 
-    def epoch(params, opt_state, key_data, epoch_index, x_train, y_train, x_test, y_test):
+    def epoch(params, opt_state, key_data, epoch_index, learning_rate, x_train, y_train, x_test, y_test):
         def step(carry, idx):
             params, opt_state = carry
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x_train[idx], y_train[idx])
             updates, opt_state = tx.update(grads, opt_state, params)
+            updates = jax.tree_util.tree_map(lambda u: -learning_rate * u, updates)
             return (optax.apply_updates(params, updates), opt_state), (loss, *aux)
 
         key = jax.random.fold_in(jax.random.wrap_key_data(key_data), epoch_index)
@@ -154,7 +157,7 @@ def _program(in_features, width, solver, tol, max_steps, learning_rate, batch_si
         error = 1.0 - jnp.mean(jnp.argmax(logits, -1) == y_test)
         return params, opt_state, jnp.stack([jnp.mean(loss), error, jnp.mean(converged), jnp.mean(steps)])
 
-    run_epoch = jax.jit(jax.vmap(epoch, in_axes=(0, 0, 0, None, None, None, None, None)))
+    run_epoch = jax.jit(jax.vmap(epoch, in_axes=(0, 0, 0, None, None, None, None, None, None)))
     return graphdef, treedef, run_epoch, tx
 
 
@@ -203,8 +206,7 @@ def train_seeds(family: str, scale: float, seeds: Sequence[int], *, dataset: str
     n_batches = len(x_train) // o["batch_size"]
 
     _, treedef, run_epoch, tx = _program(
-        int(x_train.shape[1]), o["width"], o["solver"], o["tol"], o["max_steps"], o["learning_rate"],
-        o["batch_size"], n_batches)
+        int(x_train.shape[1]), o["width"], o["solver"], o["tol"], o["max_steps"], o["batch_size"], n_batches)
     keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
 
     def init(key_data):
@@ -230,11 +232,11 @@ def train_seeds(family: str, scale: float, seeds: Sequence[int], *, dataset: str
             params, opt_state = restored["params"], restored["opt_state"]
             history = np.asarray(restored["history"])
             start = ckpt.latest_step() + 1
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     try:
         for e in tqdm(range(start, o["epochs"]), desc=f"{family} {scale:g}", disable=not progress, leave=False):
-            params, opt_state, metrics = run_epoch(params, opt_state, keys, e, *data_args)
+            params, opt_state, metrics = run_epoch(params, opt_state, keys, e, jnp.float32(o["learning_rate"]), *data_args)
             history[e] = np.asarray(metrics)
             if ckpt is not None:
                 ckpt.save(e, {"params": params, "opt_state": opt_state, "history": history})
