@@ -18,20 +18,16 @@ from flax import nnx
 import deqlab
 from deqlab.nn import TanhCell
 from deqlab.theory import kglm
+from deqlab.theory.kglm import kernels
 
 EQUIV_TOL = 1e-8
 
 
-# A tiny test-local Gram builder (the package's kernels live in deqlab.theory.kglm.kernels).
-def squared_exponential(lengthscale):
-    def k(A, B):
-        d2 = np.sum((np.asarray(A)[:, None, :] - np.asarray(B)[None, :, :]) ** 2, axis=-1)
-        return np.exp(-d2 / (2 * lengthscale**2))
-    return k
+squared_exponential = kernels.squared_exponential
 
 
 def linear_plus_noise(A, B):
-    # x.x' + 1 (rank d + 1) plus a white-noise term on coinciding points: PSD.
+    # A tiny test-local Gram builder: x.x' + 1 (rank d + 1) plus white noise on coinciding points: PSD.
     A, B = np.asarray(A), np.asarray(B)
     same = np.all(A[:, None, :] == B[None, :, :], axis=-1)
     return A @ B.T + 1.0 + 0.1 * same
@@ -92,12 +88,13 @@ def test_deq_equals_kglm_with_log_concave_prior():
 @pytest.mark.slow
 @pytest.mark.parametrize("family_name", list(FAMILIES))
 def test_deq_equals_kglm_several_kernels_and_data(family_name):
-    # lam relative to ||K||_2 (the linear kernel's Gram matrix is ~10x larger than the others').
+    # lam relative to ||K||_2 (the linear kernel's Gram matrix is ~10x larger than the others', k_true's 10x smaller).
     # For Poisson, A'' = e^u is unbounded; 3 ||K|| keeps the DEQ's Jacobian at the fixed point small
     # enough for Anderson (at 0.5 ||K|| it diverges and deq_predict raises, as it must).
-    kernels = [squared_exponential(0.5), squared_exponential(2.0), linear_plus_noise]
+    grams = [squared_exponential(0.5), squared_exponential(2.0), kernels.k_true(),
+             kernels.periodic(period=3.0, length_scale=1.5), linear_plus_noise]
     rng = np.random.default_rng(9)
-    for kernel in kernels:
+    for kernel in grams:
         for seed in (3, 4):
             X = np.random.default_rng(seed).normal(size=(10, 2))
             norm = np.linalg.norm(kernel(X, X), 2)
@@ -259,3 +256,37 @@ def test_bad_input_raises_value_error_naming_argument():
         kglm.binomial(0)
     with pytest.raises(ValueError, match="`z0`"):
         kglm.deq_predict(X, [0, 1, 0], None, k, 1.0, "bernoulli", z0=[0.5, 1.5, 0.5])
+
+
+@pytest.mark.slow
+def test_poisson_non_convergence_is_reported_not_returned():
+    # Poisson's A'' = e^u is unbounded (Assumption 2 never holds on the whole line); at lam = ||K||/10
+    # the DEQ solve diverges here. deq_predict must raise, and with throw=False say so in `result`.
+    rng = np.random.default_rng(1)
+    X, Y = rng.normal(size=(10, 2)), rng.poisson(2.0, 10)
+    k = squared_exponential(1.0)
+    lam = np.linalg.norm(k(X, X), 2) / 10
+    with pytest.raises(deqlab.SolverError, match="poisson"):
+        kglm.deq_predict(X, Y, None, k, lam, "poisson")
+    fit = kglm.deq_predict(X, Y, None, k, lam, "poisson", throw=False)
+    assert not bool(fit.solution.converged)
+    kglm.kglm_predict(X, Y, None, k, lam, "poisson")  # Newton with line search still converges
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family_name", ["gaussian", "bernoulli", "spin"])
+def test_inpainting_with_the_image_kernel(family_name):
+    # 004 §1 / App. E: X the observed pixels of a 5 x 5 image, X~ the missing ones; with the image
+    # kernel K is a convolution (Cor. 11). The triangular taper keeps kappa PSD (Assumption 1 is
+    # not needed either way, but Eq. 5's minimiser must exist: K PSD).
+    coords = kernels.image_coordinates(5, 5)
+    rng = np.random.default_rng(11)
+    observed = rng.permutation(25)[:17]
+    missing = np.setdiff1d(np.arange(25), observed)
+    kernel = kernels.image_kernel(1, length_scale=1.0, truncation="triangular")
+    X, X_test = coords[observed], coords[missing]
+    Y = observations(family_name, rng, X.shape[0])
+    lam = np.linalg.norm(kernel(X, X), 2)
+    direct = kglm.kglm_predict(X, Y, X_test, kernel, lam, family_name)
+    deq = kglm.deq_predict(X, Y, X_test, kernel, lam, family_name)
+    assert float(np.max(np.abs(np.asarray(deq.prediction) - direct.prediction))) < EQUIV_TOL
