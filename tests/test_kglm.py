@@ -287,6 +287,8 @@ def test_bad_input_raises_value_error_naming_argument():
         kglm.initializer("random", np.eye(2), 1.0)
     with pytest.raises(ValueError, match="`trials`"):
         kglm.binomial(0)
+    with pytest.raises(ValueError, match="`tol`"):
+        kglm.deq_predict(X, [0, 1, 0], None, k, 1.0, "bernoulli", tol=0.0)
     with pytest.raises(ValueError, match="`z0`"):
         kglm.deq_predict(X, [0, 1, 0], None, k, 1.0, "bernoulli", z0=[0.5, 1.5, 0.5])
 

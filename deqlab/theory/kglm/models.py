@@ -328,10 +328,6 @@ def _preactivation(z, params, T, family):
 def _compiled_solve(family: Family, solver: Any, tol: float, max_steps: int) -> Callable:
     """``deqlab.solve`` of Eq. 7 under ``jit``, one per family and solver settings: an eager
     ``lax.while_loop`` is compiled anew at every call (about a second), a jitted one once per shape."""
-    checks.positive_number(tol, "tol", "deq_predict")
-    checks.positive_int(max_steps, "max_steps", "deq_predict")
-    solvers.get_solver(solver)  # a bad solver name fails here, outside jit, with its ValueError
-
     def H(z, params, T):
         return deq_map(z, params, T, family)
 
@@ -375,6 +371,9 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
                               f"{family.name!r}", z0, where)
         z0 = jnp.asarray(z0)
 
+    tol = checks.positive_number(tol, "tol", where)
+    max_steps = checks.positive_int(max_steps, "max_steps", where)
+    solvers.get_solver(solver)  # a bad solver fails here with its ValueError, before the cache
     solution = _compiled_solve(family, solver, tol, max_steps)(z0, params, T)
     if throw:
         solvers.raise_if_failed(solution, f"{where} ({family.name}, lam={lam:g})")
