@@ -208,7 +208,7 @@ def bernoulli() -> Family:
 @functools.lru_cache(maxsize=None)
 def poisson() -> Family:
     """Poisson: ``A = A' = A'' = e^eta``; ``A''`` is unbounded, so Assumption 2 never holds on the
-    whole line (only on a bounded set of pre-activations, see :func:`~deqlab.theory.kglm.assumption2`)."""
+    whole line (only on a bounded set of pre-activations, see :func:`~deqlab.theory.kglm.models.assumption2`)."""
     return Family(
         name="poisson",
         log_partition=jnp.exp,

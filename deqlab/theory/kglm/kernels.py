@@ -429,7 +429,7 @@ class ImageKernel:
 
         ``padding="zero"`` is Eq. 18 as written (the image has borders, 004 Def. 9);
         ``"circular"`` measures pixel offsets on the torus (minimum image), the kernel whose ``K``
-        is the circular convolution; it needs ``2 r + 1 <= `` the image size (no offset twice).
+        is the circular convolution; it needs ``2 r + 1`` at most the image size (no offset twice).
         """
         where = "kernels.ImageKernel.matrix"
         padding = checks.choice(padding, "padding", PADDINGS, where)

@@ -96,7 +96,7 @@ class DEQParameters(NamedTuple):
 class DEQFit(NamedTuple):
     """Result of :func:`deq_predict`: predictions at ``X_test`` (Eq. 8), the fitted values at ``X``
     (``sigma^{-1}(z*) = K alpha*``, no ``K^{-1}``), the fixed point ``z*`` and the solver's
-    :class:`deqlab.Solution` (its ``result`` says whether the solve converged)."""
+    :class:`deqlab.solvers.Solution` (its ``result`` says whether the solve converged)."""
 
     prediction: jax.Array
     fitted: jax.Array
@@ -260,7 +260,7 @@ def kglm_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, fami
         :class:`KGLMFit` with ``prediction = k(X~, X) alpha*`` (004 Thm. 7 / App. A.2).
 
     Raises:
-        deqlab.SolverError: Newton did not reach ``tol`` (never returns an unconverged ``alpha``).
+        deqlab.solvers.SolverError: Newton did not reach ``tol`` (never returns an unconverged ``alpha``).
     """
     where = "kglm_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
@@ -326,7 +326,7 @@ def _preactivation(z, params, T, family):
 
 @functools.lru_cache(maxsize=64)
 def _compiled_solve(family: Family, solver: Any, tol: float, max_steps: int) -> Callable:
-    """``deqlab.solve`` of Eq. 7 under ``jit``, one per family and solver settings: an eager
+    """``deqlab.solvers.solve`` of Eq. 7 under ``jit``, one per family and solver settings: an eager
     ``lax.while_loop`` is compiled anew at every call (about a second), a jitted one once per shape."""
     def H(z, params, T):
         return deq_map(z, params, T, family)
@@ -340,18 +340,18 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
                 throw: bool = True) -> DEQFit:
     """The kGLM predictions of :func:`kglm_predict` computed as a DEQ (004 Thm. 3, Eq. 7-8).
 
-    Solves ``z* = sigma(W1 z* + W2 T(Y) + W3 rho(z*))`` with :func:`deqlab.solve` and returns
+    Solves ``z* = sigma(W1 z* + W2 T(Y) + W3 rho(z*))`` with :func:`deqlab.solvers.solve` and returns
     ``f*(X~) = V1 (z* + rho(z*)) + V2 T(Y)`` (Eq. 8); with ``X_test=None`` the prediction at ``X`` is
     the pre-activation ``W1 z* + W2 T + W3 rho(z*) = K alpha*`` (004 §3.2), which never uses ``K^{-1}``.
 
     Args:
         X, Y, X_test, kernel, lam, family: as for :func:`kglm_predict`.
-        solver: a :func:`deqlab.solve` solver. Anderson (the default) converges also where
+        solver: a :func:`deqlab.solvers.solve` solver. Anderson (the default) converges also where
             Assumption 2 fails and plain Picard iteration does not (see :func:`assumption2`).
         z0: initial state; default ``A'(0)`` (the state of ``alpha = 0``).
         tol: relative-residual tolerance of the solve (1e-12: predictions to ~1e-10 of their size).
         max_steps: iteration limit.
-        throw: raise :class:`deqlab.SolverError` if the solve fails (default). With False the
+        throw: raise :class:`deqlab.solvers.SolverError` if the solve fails (default). With False the
             returned :attr:`DEQFit.solution` carries the failure in ``result``.
     """
     where = "deq_predict"
