@@ -1,0 +1,199 @@
+"""Experiment 2 of 004 (§4, Fig. 6): the denoising DEQ, its two initialisations, noise, training."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from deqlab.experiments.kglm import denoising as dn
+from deqlab.theory.kglm import kernels
+
+jax.config.update("jax_enable_x64", True)
+
+SMALL = dict(train_size=32, test_size=16, image_size=8, batch_size=16, max_steps=10)
+
+
+@pytest.mark.parametrize("C", [0.05, 1.0, 7.5])
+def test_kglm_layer_spectral_norm_is_C(C):
+    """004 §4: lam = ||K|| / C makes each kGLM layer's spectral norm exactly C."""
+    h, w = 8, 9
+    weights = dn.init_weights("kglm", C, jax.random.key(3), (h, w))
+    for name in dn.LAYERS:
+        fft_norm = float(kernels.conv_spectral_norm(weights[name].astype(np.float64), (h, w)))
+        dense = np.asarray(kernels.conv_matrix(weights[name].astype(np.float64), (3, h, w), padding="circular"))
+        svd_norm = np.linalg.svd(dense, compute_uv=False)[0]
+        # float32 weights: relative rounding ~ 6e-8 per entry, far below 1e-5
+        assert fft_norm == pytest.approx(C, rel=1e-5)
+        assert svd_norm == pytest.approx(C, rel=1e-5)
+    norms = dn.layer_norms(weights, (h, w))
+    assert norms["mean"] == pytest.approx(C, rel=1e-5)
+
+
+def test_kglm_layers_are_the_scaled_periodic_kernel_matrix():
+    """Cor. 11: W2 = K / lam, W1 = -K / lam, with K the (periodic) Gram matrix of App. F's kernel."""
+    h = w = 8
+    key = jax.random.key(5)
+    weights = dn.init_weights("kglm", 0.7, key, (h, w))
+    ell = dn.sample_length_scales(key)
+    assert np.allclose(ell, ell.T) and np.all((ell > 0) & (ell <= 2.0))  # squared length scales in (0, 4]
+    K = np.asarray(kernels.image_kernel(dn.RADIUS, length_scale=ell, channels=3).matrix(h, w, padding="circular"))
+    expected = 0.7 * K / np.linalg.norm(K, 2)
+    W2 = np.asarray(kernels.conv_matrix(weights["W2"].astype(np.float64), (3, h, w), padding="circular"))
+    W1 = np.asarray(kernels.conv_matrix(weights["W1"].astype(np.float64), (3, h, w), padding="circular"))
+    np.testing.assert_allclose(W2, expected, atol=1e-7)
+    np.testing.assert_allclose(W1, -expected, atol=1e-7)
+    np.testing.assert_array_equal(weights["V1"], weights["W1"])
+    np.testing.assert_array_equal(weights["V2"], weights["W2"])
+
+
+def test_random_init_variance_and_common_draw():
+    a = dn.init_weights("random", 0.01, jax.random.key(1))
+    b = dn.init_weights("random", 0.04, jax.random.key(1))
+    for name in dn.LAYERS:
+        np.testing.assert_allclose(b[name], 2.0 * a[name], rtol=1e-6)  # one draw, times sqrt(Var)
+    entries = np.concatenate([a[n].ravel() for n in dn.LAYERS])  # 4 * 3 * 3 * 49 = 1764 entries
+    # sample variance of n = 1764 normals: relative standard error sqrt(2 / n) = 3.4 %; 5 SE
+    assert np.var(entries) == pytest.approx(0.01, rel=5 * math.sqrt(2 / entries.size))
+    assert abs(np.mean(entries)) < 5 * 0.1 / math.sqrt(entries.size)
+
+
+def test_circular_conv_matches_kernels_conv2d():
+    key1, key2 = jax.random.split(jax.random.key(0))
+    weights = jax.random.normal(key1, (3, 3, 7, 7))
+    images = jax.random.uniform(key2, (2, 3, 8, 10))
+    out = dn.circular_conv(weights, images)
+    for i in range(2):
+        np.testing.assert_allclose(out[i], kernels.conv2d(weights, images[i], padding="circular"), atol=1e-10)
+    with pytest.raises(ValueError, match=r"circular_conv: `images` must be an array of shape \(\.\.\., c_in=3"):
+        dn.circular_conv(weights, images[:, :2])
+
+
+def test_noise_model_statistics():
+    """clip(x + e, 0, 1), e ~ N(0, 0.2) read as the variance: moments of the clipped normal."""
+    sigma = math.sqrt(dn.NOISE_VARIANCE)
+    n = 10**6
+    x = jnp.full((n,), 0.3)
+    y = np.asarray(dn.corrupt(jax.random.key(7), x), np.float64)
+    assert y.min() == 0.0 and y.max() == 1.0
+    p0, p1 = stats.norm.cdf(-0.3 / sigma), stats.norm.sf(0.7 / sigma)
+    clipped = integrate.quad(lambda t: t * stats.norm.pdf(t, 0.3, sigma), 0, 1)[0]
+    mean = clipped + p1
+    second = integrate.quad(lambda t: t * t * stats.norm.pdf(t, 0.3, sigma), 0, 1)[0] + p1
+    var = second - mean**2
+    for observed, p in ((np.mean(y == 0.0), p0), (np.mean(y == 1.0), p1)):
+        assert abs(observed - p) < 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(y.mean() - mean) < 5 * math.sqrt(var / n)
+    # variance of the sample variance ~ (m4 - var^2) / n; m4 <= 1 for values in [0, 1]
+    assert abs(y.var() - var) < 5 * math.sqrt(1.0 / n)
+    # the unclipped noise has variance 0.2 (not standard deviation 0.2): at x = 0.5 far from the
+    # edges the clipped variance would be 0.04 * (1 - small) under the other reading
+    assert var > 0.1
+    # independent across pixels: neighbouring noise values are uncorrelated (SE 1/sqrt(n))
+    assert abs(np.corrcoef(y[:-1], y[1:])[0, 1]) < 5 / math.sqrt(n)
+
+
+def test_untrained_kglm_deq_is_kernel_ridge_smoothing():
+    """004 Thm. 3 / Cor. 11 with X~ = X: where the fixed point is positive, ReLU acts as the
+    identity and the kGLM-initialised DEQ outputs K (K + lam I)^-1 y (kernel ridge regression)."""
+    h = w = 8
+    weights = dn.init_weights("kglm", 0.8, jax.random.key(2), (h, w))
+    y = 0.4 + 0.2 * jax.random.uniform(jax.random.key(9), (1, 3, h, w), jnp.float64)
+    w64 = {k: jnp.asarray(v, jnp.float64) for k, v in weights.items()}
+    out, sol = dn.denoise(w64, y, tol=1e-12, max_steps=200)
+    assert bool(sol.converged.all()) and float(sol.value.min()) > 0.0
+    A = np.asarray(kernels.conv_matrix(w64["W2"], (3, h, w), padding="circular"))  # K / lam
+    expected = A @ np.linalg.solve(np.eye(A.shape[0]) + A, np.asarray(y).ravel())
+    np.testing.assert_allclose(np.asarray(out).ravel(), expected, atol=1e-9)
+
+
+def test_vmapped_seeds_equal_one_at_a_time():
+    together = dn.train_seeds("kglm", 0.5, [0, 4], epochs=2, **SMALL)
+    for i, seed in enumerate([0, 4]):
+        alone = dn.train_seeds("kglm", 0.5, [seed], epochs=2, **SMALL)
+        np.testing.assert_allclose(together["test_mse_curve"][i], alone["test_mse_curve"][0], rtol=2e-5)
+        assert together["norms"][i] == alone["norms"][0]
+    curves = np.asarray(together["test_mse_curve"])
+    assert curves.shape == (2, 3) and np.all(np.isfinite(curves))
+    assert not np.allclose(curves[0], curves[1])  # different seeds, different kernels
+    assert np.all(curves[:, -1] < curves[:, 0])  # training lowers the test error from C = 0.5
+
+
+def test_sweep_resumes_and_summaries(tmp_path, monkeypatch):
+    kwargs = dict(variances=[1e-3], cs=[0.3, 1.0], seeds=[0, 1], epochs=1, progress=False, **SMALL)
+    rows = dn.run_denoising_sweep(tmp_path, **kwargs)
+    assert len(rows) == 6 and {r["scheme"] for r in rows} == {"random", "kglm"}
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished unit was run again")
+
+    monkeypatch.setattr(dn, "train_seeds", fail)
+    again = dn.run_denoising_sweep(tmp_path, **kwargs)
+    assert [r["test_mse_curve"] for r in again] == [r["test_mse_curve"] for r in rows]
+    with pytest.raises(AssertionError, match="run again"):  # a new grid point is run
+        dn.run_denoising_sweep(tmp_path, **{**kwargs, "cs": [0.3, 2.0]})
+
+    table = dn.summarize(rows)
+    assert len(table) == 3 * 2  # 3 grid points x epochs 0, 1
+    best = dn.best_by_epoch(rows)
+    assert [(b["scheme"], b["epoch"]) for b in best] == [("random", 0), ("random", 1), ("kglm", 0), ("kglm", 1)]
+    k1 = min((r for r in table if r["scheme"] == "kglm" and r["epoch"] == 1), key=lambda r: r["median"])
+    assert best[3]["median"] == k1["median"] and best[3]["scale"] == k1["scale"]
+
+
+def _rows(scheme, scale, values):
+    return [{"scheme": scheme, "scale": scale, "seed": i, "norm": scale, "test_mse_curve": [v]}
+            for i, v in enumerate(values)]
+
+
+def test_summaries_count_failures_and_compare():
+    rows = (_rows("random", 0.1, [0.5, 0.6, np.nan, 0.7]) + _rows("random", 1.0, [np.inf, 2.0, 3.0, 4.0])
+            + _rows("kglm", 0.1, [0.1, 0.2, 0.3, 0.4]) + _rows("kglm", 1.0, [0.9, 0.8, 0.7, 0.6]))
+    table = {(r["scheme"], r["scale"]): r for r in dn.summarize(rows)}
+    assert table["random", 0.1]["failed"] == 1 and table["random", 0.1]["median"] == pytest.approx(0.65)
+    assert table["random", 0.1]["q75"] == np.inf and table["random", 0.1]["q25"] == 0.5
+    best = {b["scheme"]: b for b in dn.best_by_epoch(rows)}
+    assert best["random"]["scale"] == 0.1 and best["random"]["failed"] == 2
+    assert best["kglm"]["scale"] == 0.1 and best["kglm"]["median"] == pytest.approx(0.25)
+    c = dn.compare_schemes(rows, 0)
+    assert c["kglm_wins"] == 1.0 and c["p_value"] == pytest.approx(c["p_floor"]) == pytest.approx(1 / 70)
+    assert c["ratio"] == pytest.approx(0.65 / 0.25)
+    swapped = [{**r, "scheme": {"random": "kglm", "kglm": "random"}[r["scheme"]]} for r in rows]
+    assert dn.compare_schemes(swapped, 0)["p_value"] > 0.9
+    with pytest.raises(ValueError, match=r"compare_schemes: `epoch` must be an epoch evaluated for both"):
+        dn.compare_schemes(rows, 3)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: dn.train_seeds("xavier", 1.0, [0]), r"train_seeds: `scheme` must be one of 'random', 'kglm'"),
+    (lambda: dn.train_seeds("kglm", 0.0, [0]), r"train_seeds: `scale` must be a finite real number > 0, got 0.0"),
+    (lambda: dn.train_seeds("kglm", 1.0, []), r"`seeds` must be a non-empty list of distinct integers >= 0"),
+    (lambda: dn.train_seeds("kglm", 1.0, [1, 1]), r"`seeds` must be a non-empty list of distinct"),
+    (lambda: dn.train_seeds("kglm", 1.0, 3), r"`seeds` must be a non-empty list"),
+    (lambda: dn.train_seeds("kglm", 1.0, [0], lr=1), r"unknown option\(s\) \['lr'\]; valid options are"),
+    (lambda: dn.train_seeds("kglm", 1.0, [0], epochs=-1), r"`epochs` must be an integer >= 0, got -1"),
+    (lambda: dn.train_seeds("kglm", 1.0, [0], noise_std=-0.1), r"`noise_std` must be a finite real number >= 0"),
+    (lambda: dn.train_seeds("kglm", 1.0, [0], **{**SMALL, "batch_size": 64}),
+     r"`batch_size` must be at most the number of training images \(32\), got 64"),
+    (lambda: dn.train_seeds("kglm", 1.0, [0], **{**SMALL, "test_size": 20}),
+     r"`test_size` must be a multiple of batch_size = 16"),
+    (lambda: dn.load_images("mnist"), r"load_images: `dataset` must be one of 'image_patches', 'cifar10'"),
+    (lambda: dn.load_images("cifar10", image_size=16), r"`image_size` must be None or 32 for 'cifar10'"),
+    (lambda: dn.load_images(image_size=6), r"`image_size` must be an integer >= 7"),
+    (lambda: dn.load_images(train_size=10**6), r"`train_size` must be an integer >= 1 and <= 416"),
+    (lambda: dn.init_weights("kglm", 1.0, jax.random.key(0), (6, 32)), r"`image_shape` must be an integer >= 7"),
+    (lambda: dn.init_weights("kglm", 1.0, 0), r"init_weights: `key`"),
+    (lambda: dn.corrupt(jax.random.key(0), jnp.zeros(3), noise_std=-1.0), r"corrupt: `noise_std` must be"),
+    (lambda: dn.run_denoising_sweep("/tmp/x", variances=0.1), r"run_denoising_sweep: `variances` must be a list"),
+    (lambda: dn.run_denoising_sweep("/tmp/x", cs=[1.0, -1.0]), r"`cs` must be a finite real number > 0"),
+])
+def test_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_cifar10_missing_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="CIFAR-10 batch 'data_batch_1' not found"):
+        dn.load_images("cifar10", data_path=tmp_path)
