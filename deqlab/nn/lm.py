@@ -1,0 +1,286 @@
+"""Equilibrium language models and their data-parallel training step (003 §3-5).
+
+- :class:`EquilibriumBlock`: a sequence cell (:class:`deqlab.nn.TransformerCell`,
+  :class:`deqlab.nn.TrellisCell`) solved to its equilibrium by :class:`deqlab.nn.DEQ`, or,
+  with ``depth=L``, the same cell unrolled L times (the weight-tied deep network of 003 Eq. 3,
+  z[0] = 0). One flag, the same parameters: ``block(x, depth=12)`` runs the deep network of the
+  DEQ it holds.
+- :class:`LanguageModel`: token embedding, equilibrium block, projection to the vocabulary.
+- :func:`train_step`: one optax step on a batch, with the solver statistics of the step.
+
+**Devices.** The step is written once for one CPU, simulated CPU devices, a GPU or a TPU: a 1-D
+mesh (:func:`data_mesh`, ``jax.make_mesh`` with a ``"data"`` axis) shards the batch
+(:func:`shard_batch`, ``NamedSharding(mesh, P("data"))``) and replicates the parameters and
+optimiser state (:func:`replicate`, ``P()``); ``jax.jit`` then partitions the step and inserts the
+gradient all-reduce. Each sequence is solved on the device that holds it: the solvers treat samples
+independently, and only the loop's stopping test ("is any sample still running?") is a
+cross-device reduction. No ``pmap``.
+
+**Several hosts.** Call ``jax.distributed.initialize()`` (coordinator address, process count and
+id from the cluster's environment, or as arguments) first on every host; then ``jax.devices()`` is
+the global device list and :func:`data_mesh` spans all hosts. Each host passes its own slice of
+the global batch to :func:`shard_batch`, which assembles the global array with
+``jax.make_array_from_process_local_data``. This path cannot be tested on one machine.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from deqlab import checks
+from deqlab.nn.deq import DEQ
+from deqlab.solvers import Result, relative_residual
+
+__all__ = [
+    "EquilibriumBlock",
+    "LanguageModel",
+    "unroll",
+    "solver_stats",
+    "lm_loss",
+    "train_step",
+    "eval_step",
+    "train",
+    "data_mesh",
+    "shard_batch",
+    "replicate",
+    "STAT_NAMES",
+]
+
+STAT_NAMES = ("steps_mean", "steps_max", "residual_max", "converged_fraction", "nfe")
+"""Solver statistics of one forward pass, as returned by :func:`solver_stats`."""
+
+
+def _per_sample_residual(fz, z, batch_axis):
+    if batch_axis is None:
+        return relative_residual(fz.reshape(1, -1), z.reshape(1, -1))[0]
+    fz, z = jnp.moveaxis(fz, batch_axis, 0), jnp.moveaxis(z, batch_axis, 0)
+    return relative_residual(fz.reshape(fz.shape[0], -1), z.reshape(z.shape[0], -1))
+
+
+def unroll(cell: nnx.Module, x: jax.Array, depth: int, *, z0: jax.Array | None = None,
+           batch_axis: int | None = 0) -> tuple[jax.Array, jax.Array]:
+    """The weight-tied deep network z[i+1] = f(z[i]; x), i < depth, z[0] = z0 or 0 (003 Eq. 3).
+
+    Runs as one ``lax.scan`` over the split parameters, so reverse-mode differentiation stores one
+    set of activations per layer: the O(L) memory that 003 §3.2 contrasts with the DEQ.
+
+    Returns:
+        ``(z[depth], trace)``; ``trace[i]`` is the relative residual
+        ``||f(z[i]) - z[i]|| / ||f(z[i])||`` of each sample at layer i, the quantity the
+        solvers stop on (:mod:`deqlab.solvers`), so that layer i is comparable with solver
+        evaluation i.
+    """
+    checks.positive_int(depth, "depth", "nn.unroll")
+    z = jnp.zeros(x.shape[:-1] + (cell.width,), x.dtype) if z0 is None else z0
+    graphdef, state = nnx.split(cell)
+
+    def layer(z, _):
+        fz = nnx.merge(graphdef, state)(z, x)
+        return fz, _per_sample_residual(fz, z, batch_axis)
+
+    return jax.lax.scan(layer, z, None, length=depth)
+
+
+def solver_stats(solution=None, *, trace=None) -> dict[str, jax.Array]:
+    """The statistics logged per training step (:data:`STAT_NAMES`), from a DEQ's
+    :class:`~deqlab.solvers.Solution` or from the residual trace of :func:`unroll`.
+
+    ``steps_*`` are iterations per sequence (for the unrolled network, its depth);
+    ``residual_max`` the worst final relative residual; ``converged_fraction`` the fraction of
+    sequences whose solve met its tolerance (unrolled: NaN, it has none); ``nfe`` evaluations of f.
+    """
+    if solution is not None:
+        steps = jax.lax.stop_gradient(solution.stats.steps).astype(jnp.float32)
+        return {
+            "steps_mean": jnp.mean(steps),
+            "steps_max": jnp.max(steps),
+            "residual_max": jnp.max(jax.lax.stop_gradient(solution.stats.best_residual)).astype(jnp.float32),
+            "converged_fraction": jnp.mean((solution.result == Result.SUCCESS).astype(jnp.float32)),
+            "nfe": jnp.asarray(solution.stats.nfe, jnp.float32),
+        }
+    depth = float(trace.shape[0])
+    return {
+        "steps_mean": jnp.asarray(depth, jnp.float32),
+        "steps_max": jnp.asarray(depth, jnp.float32),
+        "residual_max": jnp.max(trace[-1]).astype(jnp.float32),
+        "converged_fraction": jnp.asarray(jnp.nan, jnp.float32),
+        "nfe": jnp.asarray(depth, jnp.float32),
+    }
+
+
+class EquilibriumBlock(nnx.Module):
+    """A sequence cell as a DEQ (003 §3.1) or as its weight-tied deep network (003 Eq. 3).
+
+    Args:
+        cell: a cell ``f(z, x)`` with ``width`` and ``readout`` (:class:`deqlab.nn.TransformerCell`,
+            :class:`deqlab.nn.TrellisCell`).
+        depth: None: solve for the equilibrium; an int L: unroll L weight-tied layers from z = 0.
+        solver, tol, max_steps, backward, precision: of the :class:`deqlab.nn.DEQ` (003 §5 uses
+            Broyden; the default ``max_steps`` 30 is 003 §5's "iteration limit of 30").
+        batch_axis: the axis of independent sequences (0), or None for one sequence.
+
+    Call ``block(x, depth=...)`` to override the mode for one call (``depth=None`` there keeps the
+    block's own). ``block.cell`` is the cell, whatever the mode: the parameters are the same.
+    """
+
+    def __init__(self, cell: nnx.Module, *, depth: int | None = None, solver: Any = "broyden",
+                 tol: float | None = None, max_steps: int | None = 30, backward: Any = "implicit",
+                 batch_axis: int | None = 0, precision: Any = None):
+        if depth is not None:
+            checks.positive_int(depth, "depth", "nn.EquilibriumBlock")
+        if not hasattr(cell, "readout"):
+            raise ValueError("nn.EquilibriumBlock: `cell` must have a `readout(z)` method (what the head "
+                             "reads from z), as TransformerCell and TrellisCell do.")
+        self.deq = DEQ(cell, solver=solver, tol=tol, max_steps=max_steps, backward=backward,
+                       batch_axis=batch_axis, precision=precision)
+        self.depth = depth
+        self.batch_axis = batch_axis
+
+    @property
+    def cell(self) -> nnx.Module:
+        return self.deq.cell
+
+    def __call__(self, x: jax.Array, *, depth: int | None = None, z0: jax.Array | None = None):
+        """``(features, stats)``: the cell's readout of z* (or of z[L]) and :func:`solver_stats`."""
+        depth = self.depth if depth is None else depth
+        if depth is None:
+            z, sol = self.deq(x, z0, return_solution=True)
+            return self.cell.readout(z), solver_stats(sol)
+        z, trace = unroll(self.cell, x, depth, z0=z0, batch_axis=self.batch_axis)
+        return self.cell.readout(z), solver_stats(trace=trace)
+
+
+class LanguageModel(nnx.Module):
+    """Token embedding, equilibrium block, projection to the vocabulary (003 §5).
+
+    Args:
+        vocab_size: number of tokens.
+        cell: the sequence cell; the embedding has its ``in_features``, the head reads its
+            ``features``.
+        depth, solver, tol, max_steps, backward, precision: of the :class:`EquilibriumBlock`.
+        rngs: ``nnx.Rngs`` of the embedding and head.
+
+    ``model(tokens)`` with int tokens (B, T) returns ``(logits (B, T, vocab), stats)``.
+    """
+
+    def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
+                 solver: Any = "broyden", tol: float | None = None, max_steps: int | None = 30,
+                 backward: Any = "implicit", precision: Any = None, rngs: nnx.Rngs):
+        where = "nn.LanguageModel"
+        checks.positive_int(vocab_size, "vocab_size", where)
+        if not isinstance(rngs, nnx.Rngs):
+            raise checks.fail("rngs", "an nnx.Rngs such as nnx.Rngs(0)", rngs, where)
+        param_dtype = jax.tree_util.tree_leaves(nnx.state(cell, nnx.Param))[0].dtype
+        self.vocab_size = vocab_size
+        self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs)
+        self.block = EquilibriumBlock(cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
+                                      backward=backward, precision=precision)
+        self.head = nnx.Linear(cell.features, vocab_size, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array, *, depth: int | None = None):
+        if not jnp.issubdtype(jnp.asarray(tokens).dtype, jnp.integer) or jnp.ndim(tokens) != 2:
+            raise ValueError(f"nn.LanguageModel: `tokens` must be integer token ids of shape (batch, T), got "
+                             f"{jnp.asarray(tokens).dtype} of shape {tuple(jnp.shape(tokens))}.")
+        features, stats = self.block(self.embed(tokens), depth=depth)
+        return self.head(features), stats
+
+
+def lm_loss(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int | None = None):
+    """Mean next-token cross-entropy (nats per token) and the forward pass's solver statistics."""
+    logits, stats = model(tokens, depth=depth)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    return loss, stats
+
+
+@nnx.jit(static_argnames=("depth",))
+def train_step(model: LanguageModel, optimizer: nnx.Optimizer, tokens: jax.Array, targets: jax.Array,
+               *, depth: int | None = None) -> dict[str, jax.Array]:
+    """One optimiser step on the batch ``(tokens, targets)`` (int (B, T) each); updates ``model``
+    and ``optimizer`` in place.
+
+    Returns the step's ``loss`` (before the update) and the forward solve's statistics
+    (:data:`STAT_NAMES`). Runs unchanged on one device or a data mesh: place the batch with
+    :func:`shard_batch` and the model and optimiser with :func:`replicate` first.
+    """
+    (loss, stats), grads = nnx.value_and_grad(lambda m: lm_loss(m, tokens, targets, depth=depth),
+                                              has_aux=True)(model)
+    optimizer.update(model, grads)
+    return {"loss": loss, **stats}
+
+
+@nnx.jit(static_argnames=("depth",))
+def eval_step(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *,
+              depth: int | None = None) -> dict[str, jax.Array]:
+    """Loss and solver statistics on a batch, without updating anything."""
+    loss, stats = lm_loss(model, tokens, targets, depth=depth)
+    return {"loss": loss, **stats}
+
+
+def data_mesh(devices: Any = None) -> jax.sharding.Mesh:
+    """A 1-D mesh with axis ``"data"`` over ``devices`` (default: all of ``jax.devices()``)."""
+    devices = jax.devices() if devices is None else list(devices)
+    if not devices:
+        raise ValueError("data_mesh: `devices` must be a non-empty list of devices.")
+    options = {}
+    if hasattr(jax.sharding, "AxisType"):  # pin the default across JAX versions
+        options["axis_types"] = (jax.sharding.AxisType.Auto,)
+    return jax.make_mesh((len(devices),), ("data",), devices=devices, **options)
+
+
+def shard_batch(mesh: jax.sharding.Mesh, *arrays: Any):
+    """Place arrays with their leading (batch) axis split over the mesh's ``"data"`` axis.
+
+    On several hosts each passes its local slice of the batch; the global array is assembled with
+    ``jax.make_array_from_process_local_data``. The global batch must divide by the mesh size.
+    """
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    size = mesh.shape["data"]
+    out = []
+    for a in arrays:
+        a = np.asarray(a) if not isinstance(a, jax.Array) else a
+        if jax.process_count() > 1:
+            out.append(jax.make_array_from_process_local_data(sharding, np.asarray(a)))
+            continue
+        if a.shape[0] % size:
+            raise ValueError(f"shard_batch: the batch size {a.shape[0]} must be a multiple of the number "
+                             f"of devices on the 'data' axis ({size}).")
+        out.append(jax.device_put(a, sharding))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def replicate(mesh: jax.sharding.Mesh, *modules: Any) -> None:
+    """Replicate every array of the given NNX objects (model, optimiser) over ``mesh``, in place."""
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    for module in modules:
+        state = nnx.state(module)
+        nnx.update(module, jax.device_put(state, sharding))
+
+
+def train(model: LanguageModel, optimizer: nnx.Optimizer, batches: Iterable[tuple[Any, Any]], *,
+          depth: int | None = None, mesh: jax.sharding.Mesh | None = None) -> dict[str, list[float]]:
+    """Run :func:`train_step` over ``batches`` of ``(tokens, targets)``; return the per-step log:
+    ``loss`` and every solver statistic of :data:`STAT_NAMES`, one entry per step.
+
+    With a ``mesh``, the model and optimiser are replicated on it and each batch is sharded.
+    """
+    if mesh is not None:
+        replicate(mesh, model, optimizer)
+    log: dict[str, list[float]] = {k: [] for k in ("loss",) + STAT_NAMES}
+    for tokens, targets in batches:
+        if mesh is not None:
+            tokens, targets = shard_batch(mesh, tokens, targets)
+        metrics = train_step(model, optimizer, jnp.asarray(tokens), jnp.asarray(targets), depth=depth)
+        for k, v in jax.device_get(metrics).items():
+            log[k].append(float(v))
+        if not math.isfinite(log["loss"][-1]):
+            raise FloatingPointError(f"train: the loss is {log['loss'][-1]} at step {len(log['loss'])}; "
+                                     "lower the learning rate or the initial scale of the cell.")
+    return log

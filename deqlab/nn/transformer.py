@@ -1,0 +1,183 @@
+"""The weight-tied transformer cell of the DEQ-Transformer (003 §4, "Weight-tied transformers").
+
+003 writes one layer of a weight-tied (universal) transformer in DEQ form as
+
+.. math:: f_\\theta(z_{1:T}; x_{1:T}) = \\mathrm{LN}(\\phi(\\mathrm{LN}(
+          \\mathrm{SelfAttention}(z_{1:T} W_{QKV} + \\tilde x_{1:T}; \\mathrm{PE}_{1:T})))),
+          \\qquad \\tilde x_{1:T} = x_{1:T} W_x ,
+
+with the input injection added to the queries, keys and values, and phi a 2-layer position-wise
+feed-forward residual block. :class:`TransformerCell` implements it with these choices:
+
+- **No residual around the attention (by default).** The first LayerNorm acts on
+  ``Attention(...)`` itself, exactly 003's formula; the second on the feed-forward residual block
+  ``a + W2 relu(W1 a)``. The post-norm layers of Transformer-XL, which 003's code builds on (Dai et
+  al. 2019; locuslab/deq), normalise ``z + Attention(...)`` instead (``attention_residual=True``).
+  That skip puts the identity into the Jacobian: without attention and feed-forward,
+  f(z) = LN(z) fixes every normalised z, and with them ``J_f`` keeps eigenvalues near 1, so the
+  plain iteration barely contracts and the equilibrium is pinned only by the small remainder.
+- **Positions: a learned relative bias.** Each head adds ``b_h[t - s]`` to the logit of query t
+  and key s (``t - s >= 0``; distances at or beyond ``max_distance`` share the last entry). It is
+  relative, as 003's relative positional embedding (§4-5, after Dai et al. 2019): f then commutes
+  with a shift of the sequence, and one set of parameters serves every length, which a learned
+  absolute embedding does not. It is a bias on the logits (Shaw et al. 2018; Raffel et al. 2020)
+  rather than Transformer-XL's sinusoid-projected embedding, for the cost: H x max_distance
+  numbers. It starts as ALiBi's linear recency penalty ``-m_h (t - s)`` with head slopes
+  ``m_h = 2^(-8h/H)`` (Press et al. 2022), so that positions are told apart from the first step.
+- **Causal.** Query t attends to keys s <= t only; masked logits are a large finite negative, so
+  their weights are exactly 0 and the output at t never depends on the inputs after t (tested).
+- **Initialisation from an ensemble.** The feed-forward matrices W1 (width x hidden) and W2
+  (hidden x width) are drawn by :func:`deqlab.ensembles.initializer` ``(ensemble, scale)``: the
+  dense layers 001 App. D varies. GOE and antisymmetric matrices exist only square, so for them
+  ``hidden`` stays ``width`` (001 App. D keeps 700 for GOE, where the others expand to 4 x 700).
+  The attention matrices W_Q, W_K, W_V, W_O are square blocks drawn from
+  ``attention_ensemble`` at ``attention_scale`` (any ensemble works for them, being square).
+
+Shapes: ``z`` is ``(..., T, width)``, ``x`` is ``(..., T, in_features)``; the leading axes are
+batch axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from deqlab import checks, ensembles
+from deqlab import precision as precision_module
+from deqlab.nn.cells import _check_cell, _linear
+
+__all__ = ["TransformerCell", "alibi_slopes"]
+
+SQUARE_ENSEMBLES = ("goe", "antisymmetric")
+"""Ensembles with square matrices only: their feed-forward keeps ``hidden == width``."""
+
+
+def alibi_slopes(heads: int) -> jax.Array:
+    """ALiBi head slopes ``m_h = 2^(-8 h / H)``, h = 1..H (Press et al. 2022)."""
+    return 2.0 ** (-8.0 * jnp.arange(1, heads + 1) / heads)
+
+
+class TransformerCell(nnx.Module):
+    """One weight-tied causal transformer layer with input injection, as a DEQ cell (003 §4).
+
+    Args:
+        width: model width d (size of z's last axis); a multiple of ``heads``.
+        in_features: size of the input x (its injection ``x W_x`` has 3 x width outputs: Q, K, V).
+        heads: number of attention heads.
+        hidden: width of the feed-forward layer; default 4 x width (001 App. D: 700 -> 2800), and
+            width itself for the square ``"goe"`` / ``"antisymmetric"`` ensembles (required).
+        ensemble, scale: law and scale sqrt(V) of the feed-forward matrices W1, W2
+            (:data:`deqlab.ensembles.ENSEMBLES`); scale defaults to half the ensemble's critical
+            scale, the middle of 001's range sqrt(V) in [0.1, 1] for Gaussian weights.
+        attention_ensemble, attention_scale: law and scale of W_Q, W_K, W_V, W_O; the scale
+            defaults to the ensemble's critical scale (variance preserving, like LeCun's).
+        max_distance: number of learned relative-position biases per head (distances beyond
+            share the last one).
+        attention_residual: normalise ``z + Attention(...)`` as Transformer-XL does, instead of
+            003's ``Attention(...)`` (module docstring).
+        dtype, param_dtype, precision: as for :class:`deqlab.nn.TanhCell`.
+        rngs: ``nnx.Rngs``.
+
+    ``width`` and ``features`` (what a readout sees) are both d; :meth:`readout` is the
+    identity.
+    """
+
+    def __init__(self, width: int, in_features: int, *, heads: int = 4, hidden: int | None = None,
+                 ensemble: str = "gaussian", scale: float | None = None,
+                 attention_ensemble: str = "gaussian", attention_scale: float | None = None,
+                 max_distance: int = 64, attention_residual: bool = False, dtype: Any = None, param_dtype: Any = jnp.float32,
+                 precision: Any = None, rngs: nnx.Rngs):
+        where = "nn.TransformerCell"
+        precision = _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        checks.choice(attention_ensemble, "attention_ensemble", ensembles.ENSEMBLES, where)
+        checks.positive_int(heads, "heads", where)
+        checks.positive_int(max_distance, "max_distance", where)
+        if width % heads:
+            raise checks.fail("heads", f"a divisor of width ({width})", heads, where)
+        square = ensemble in SQUARE_ENSEMBLES
+        hidden = (width if square else 4 * width) if hidden is None else hidden
+        checks.positive_int(hidden, "hidden", where)
+        if square and hidden != width:
+            raise checks.fail("hidden", f"equal to width ({width}) for the square {ensemble!r} ensemble "
+                              "(001 App. D)", hidden, where)
+        scale = 0.5 * ensembles.critical_scale(ensemble) if scale is None else scale
+        if attention_scale is None:
+            attention_scale = ensembles.critical_scale(attention_ensemble)
+        checks.number(scale, "scale", where, lower=0.0)
+        checks.number(attention_scale, "attention_scale", where, lower=0.0)
+        if not isinstance(attention_residual, bool):
+            raise checks.fail("attention_residual", "True or False", attention_residual, where)
+        self.attention_residual = attention_residual
+        self.width = width
+        self.features = width
+        self.in_features = in_features
+        self.heads = heads
+        self.hidden = hidden
+        self.max_distance = max_distance
+        self.dtype = dtype
+        self.precision = precision
+        common = dict(dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+        attn = ensembles.initializer(attention_ensemble, attention_scale)
+        self.query = _linear(width, width, use_bias=False, kernel_init=attn, **common)
+        self.key = _linear(width, width, use_bias=False, kernel_init=attn, **common)
+        self.value = _linear(width, width, use_bias=False, kernel_init=attn, **common)
+        self.out = _linear(width, width, kernel_init=attn, **common)
+        # x~ = x W_x, one block for each of Q, K, V (003 §4: "we add input injection to Q, K, V")
+        self.inject = _linear(in_features, 3 * width, **common)
+        ff = ensembles.initializer(ensemble, scale)
+        self.expand = _linear(width, hidden, kernel_init=ff, **common)
+        self.contract = _linear(hidden, width, kernel_init=ff, **common)
+        norms = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention_norm = nnx.LayerNorm(width, **norms)
+        self.output_norm = nnx.LayerNorm(width, **norms)
+        distances = jnp.arange(max_distance, dtype=param_dtype)
+        self.position_bias = nnx.Param(-alibi_slopes(heads).astype(param_dtype)[:, None] * distances)
+
+    def readout(self, z: jax.Array) -> jax.Array:
+        """What a head reads from the equilibrium: all of z."""
+        return z
+
+    def attention(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        """Causal multi-head self-attention on ``z W_QKV + x W_x`` (before the residual)."""
+        length = z.shape[-2]
+        xq, xk, xv = jnp.split(self.inject(x), 3, axis=-1)
+        dh = self.width // self.heads
+
+        def heads(u):  # (..., T, d) -> (..., H, T, dh)
+            return jnp.swapaxes(u.reshape(u.shape[:-1] + (self.heads, dh)), -2, -3)
+
+        q, k, v = heads(self.query(z) + xq), heads(self.key(z) + xk), heads(self.value(z) + xv)
+        logits = self._batched(q, k, contract=(-1, -1)) / jnp.sqrt(jnp.asarray(dh, q.dtype))
+        t = jnp.arange(length)
+        distance = t[:, None] - t[None, :]
+        bias = self.position_bias[...][:, jnp.clip(distance, 0, self.max_distance - 1)]
+        logits = logits + bias.astype(logits.dtype)
+        # finite, not -inf: a fully masked row cannot occur (s = t is always allowed), and a finite
+        # value keeps gradients NaN-free; exp underflows to exactly 0, so the masked keys get 0
+        logits = jnp.where(distance >= 0, logits, jnp.finfo(logits.dtype).min / 2)
+        weights = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+        mixed = self._batched(weights.astype(v.dtype), v, contract=(-1, -2))
+        mixed = jnp.swapaxes(mixed, -2, -3)
+        return self.out(mixed.reshape(mixed.shape[:-2] + (self.width,)))
+
+    def _batched(self, a, b, contract):
+        """Batched matmul over all leading axes, through :func:`deqlab.precision.dot_general` so
+        that the attention products honour the solve's precision (and its CPU emulation)."""
+        batch = tuple(range(a.ndim - 2))
+        ca, cb = (c % a.ndim for c in contract)
+        return precision_module.dot_general(a, b, (((ca,), (cb,)), (batch, batch)), precision=self.precision)
+
+    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        if z.ndim < 2 or z.shape[-1] != self.width:
+            raise ValueError(f"nn.TransformerCell: `z` must have shape (..., T, {self.width}), got "
+                             f"{tuple(z.shape)}.")
+        if x.shape[:-1] != z.shape[:-1] or x.shape[-1] != self.in_features:
+            raise ValueError(f"nn.TransformerCell: `x` must have shape {tuple(z.shape[:-1])} + "
+                             f"({self.in_features},) to match z, got {tuple(x.shape)}.")
+        attended = self.attention(z, x)
+        a = self.attention_norm(z + attended if self.attention_residual else attended)
+        phi = a + self.contract(jax.nn.relu(self.expand(a)))  # 2-layer position-wise residual block
+        return self.output_norm(phi)

@@ -1,0 +1,127 @@
+"""The TrellisNet cell of DEQ-TrellisNet (003 §4, "Trellis networks"; Bai et al. 2019, TrellisNet).
+
+A trellis network is a temporal convolutional network whose kernel is shared by every layer and
+whose input is injected at every layer. In DEQ form (003 §4):
+
+.. math:: f_\\theta(z_{1:T}; x_{1:T}) = \\psi(\\mathrm{Conv1D}([u_{-(k-1)s:}, z_{1:T}]; W_z)
+          + \\tilde x_{1:T}), \\qquad \\tilde x_{1:T} = \\mathrm{Conv1D}(x_{1:T}; W_x),
+
+a causal convolution of kernel size k and dilation s over z with its (k - 1) s steps of left
+padding u, and psi the LSTM-style gated activation of TrellisNet. The hidden state of each time
+step is a pair (h_t, c_t), so ``z = [h, c]`` has width 2 x hidden. The convolution of h (plus the
+injection) gives four gate pre-activations (i, f, o, g) per step, and
+
+.. math:: c'_t = \\sigma(f_t) \\odot c_{t-1} + \\sigma(i_t) \\odot \\tanh(g_t), \\qquad
+          h'_t = \\sigma(o_t) \\odot \\tanh(c'_t),
+
+with c_{t-1} the previous step's cell state of the same iterate (TrellisNet's "mixed group
+convolution": the cell state travels one step in time per layer). The gates bound the output,
+the property 003 §3.2 credits for a stable equilibrium.
+
+**Padding.** u is zeros (003's option 2). History padding (option 1, the last (k - 1) s states of
+the previous segment) is for streaming a corpus across segments; the book trains on independent
+segments, where it has nothing to carry.
+
+Shapes: ``z`` is ``(..., T, 2 hidden)``, ``x`` is ``(..., T, in_features)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from deqlab import checks, ensembles
+from deqlab import precision as precision_module
+from deqlab.nn.cells import _check_cell
+
+__all__ = ["TrellisCell", "causal_conv"]
+
+
+def causal_conv(u: jax.Array, kernel: jax.Array, dilation: int, precision: Any = None) -> jax.Array:
+    """Causal dilated 1-D convolution over the time axis -2 of ``u`` (..., T, C_in) with
+    ``kernel`` (k, C_in, C_out): out_t = sum_j u_{t - j s} K_j, zero for t - j s < 0."""
+    k = kernel.shape[0]
+    length = u.shape[-2]
+    out = 0.0
+    for j in range(k):
+        shift = j * dilation
+        if shift >= length:
+            break
+        shifted = u if shift == 0 else jnp.concatenate(
+            [jnp.zeros(u.shape[:-2] + (shift, u.shape[-1]), u.dtype), u[..., : length - shift, :]], axis=-2)
+        out = out + precision_module.dot_general(
+            shifted, kernel[j].astype(u.dtype), (((u.ndim - 1,), (0,)), ((), ())), precision=precision)
+    return out
+
+
+class TrellisCell(nnx.Module):
+    """Weight-tied temporal convolution with input injection and gated activation (003 §4).
+
+    Args:
+        hidden: size of h (and of c); the state z has width 2 x hidden.
+        in_features: size of the input x.
+        kernel_size: k >= 1, taps of both convolutions.
+        dilation: s >= 1.
+        ensemble, scale: law and scale sqrt(V) of the recurrent kernel W_z. Each of its k taps and
+            each of the four gates is a square hidden x hidden block from the ensemble, drawn at
+            ``scale / sqrt(k)`` so that the whole convolution (fan-in k x hidden) has scale
+            ``scale``; default half the ensemble's critical scale.
+        dtype, param_dtype, precision: as for :class:`deqlab.nn.TanhCell`.
+        rngs: ``nnx.Rngs``.
+
+    ``features`` (what :meth:`readout` returns) is ``hidden``: a head reads h, not c.
+    """
+
+    def __init__(self, hidden: int, in_features: int, *, kernel_size: int = 2, dilation: int = 1,
+                 ensemble: str = "gaussian", scale: float | None = None, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
+        where = "nn.TrellisCell"
+        precision = _check_cell(where, hidden, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        checks.positive_int(kernel_size, "kernel_size", where)
+        checks.positive_int(dilation, "dilation", where)
+        scale = 0.5 * ensembles.critical_scale(ensemble) if scale is None else scale
+        checks.number(scale, "scale", where, lower=0.0)
+        self.hidden = hidden
+        self.width = 2 * hidden
+        self.features = hidden
+        self.in_features = in_features
+        self.kernel_size = kernel_size
+        self.dilation = dilation
+        self.dtype = dtype
+        self.precision = precision
+        init = ensembles.initializer(ensemble, scale / kernel_size**0.5)
+        keys = jax.random.split(rngs.params(), kernel_size * 4)
+        blocks = jnp.stack([init(key, (hidden, hidden), param_dtype) for key in keys])
+        # (k, 4, hidden_in, hidden_out) -> (k, hidden_in, 4 hidden_out): gate blocks side by side
+        blocks = blocks.reshape(kernel_size, 4, hidden, hidden).transpose(0, 2, 1, 3)
+        self.kernel = nnx.Param(blocks.reshape(kernel_size, hidden, 4 * hidden))
+        lecun = nnx.initializers.lecun_normal()
+        inject = lecun(rngs.params(), (kernel_size * in_features, 4 * hidden), param_dtype)
+        self.inject_kernel = nnx.Param(inject.reshape(kernel_size, in_features, 4 * hidden))
+        self.bias = nnx.Param(jnp.zeros((4 * hidden,), param_dtype))
+
+    def readout(self, z: jax.Array) -> jax.Array:
+        """The h half of the state, what TrellisNet's decoder reads."""
+        return z[..., : self.hidden]
+
+    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        where = "nn.TrellisCell"
+        if z.ndim < 2 or z.shape[-1] != self.width:
+            raise ValueError(f"{where}: `z` must have shape (..., T, {self.width}) ([h, c]), got {tuple(z.shape)}.")
+        if x.shape[:-1] != z.shape[:-1] or x.shape[-1] != self.in_features:
+            raise ValueError(f"{where}: `x` must have shape {tuple(z.shape[:-1])} + ({self.in_features},) "
+                             f"to match z, got {tuple(x.shape)}.")
+        dtype = self.dtype or jnp.result_type(z, x, self.kernel[...])
+        z, x = z.astype(dtype), x.astype(dtype)
+        h, c = z[..., : self.hidden], z[..., self.hidden:]
+        pre = (causal_conv(h, self.kernel[...], self.dilation, self.precision)
+               + causal_conv(x, self.inject_kernel[...], self.dilation, self.precision)
+               + self.bias[...].astype(dtype))
+        i, f, o, g = jnp.split(pre, 4, axis=-1)
+        c_prev = jnp.concatenate([jnp.zeros_like(c[..., :1, :]), c[..., :-1, :]], axis=-2)
+        c_new = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
+        return jnp.concatenate([h_new, c_new], axis=-1)
