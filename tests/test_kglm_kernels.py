@@ -290,3 +290,27 @@ def test_conv_argument_checks():
         kernels.conv2d(W, np.ones((2, 4, 4)))
     with pytest.raises(ValueError, match="`input_shape \\(height\\)` must be"):
         kernels.conv_matrix(W, (0, 4))
+
+
+@pytest.mark.parametrize("padding", ["zero", "circular"])
+def test_conv_power_iteration_is_a_lower_bound_that_reaches_the_dense_norm(padding):
+    rng = np.random.default_rng(7)
+    W = rng.normal(size=(2, 3, 3, 3))
+    M = np.asarray(kernels.conv_matrix(W, (3, 5, 6), padding))
+    dense = np.linalg.norm(M, 2)
+    few = float(kernels.conv_power_iteration(W, (5, 6), padding, steps=2))
+    many = float(kernels.conv_power_iteration(W, (3, 5, 6), padding, steps=400, key=jax.random.PRNGKey(3)))
+    assert few <= dense * (1 + 1e-12)  # a Rayleigh quotient never exceeds the norm
+    np.testing.assert_allclose(many, dense, rtol=1e-9)
+    if padding == "zero":
+        assert many <= float(kernels.zero_padded_conv_norm_bound(W, (5, 6))) * (1 + 1e-12)
+
+
+def test_conv_power_iteration_argument_checks():
+    W = np.ones((1, 1, 3, 3))
+    with pytest.raises(ValueError, match="steps"):
+        kernels.conv_power_iteration(W, (4, 4), steps=0)
+    with pytest.raises(ValueError, match="padding"):
+        kernels.conv_power_iteration(W, (4, 4), padding="reflect")
+    with pytest.raises(ValueError, match="input_shape"):
+        kernels.conv_power_iteration(W, (2, 4, 4))

@@ -8,7 +8,7 @@
   004 Thm. 3 (Eq. 7-8) that computes it, Assumption 2 / Prop. 4, and kGLM initialisers (004 §4).
 """
 
-from deqlab.theory.kglm import kernels
+from deqlab.theory.kglm import examples, kernels
 from deqlab.theory.kglm.families import (
     FAMILIES,
     Family,
@@ -16,6 +16,7 @@ from deqlab.theory.kglm.families import (
     binomial,
     gaussian,
     get_family,
+    log_cosh_prior,
     poisson,
     spin,
 )
@@ -26,6 +27,7 @@ from deqlab.theory.kglm.kernels import (
     Kernel,
     conv2d,
     conv_matrix,
+    conv_power_iteration,
     conv_spectral_norm,
     image_coordinates,
     image_kernel,
@@ -55,6 +57,7 @@ from deqlab.theory.kglm.models import (
 )
 
 __all__ = [
+    "examples",
     "kernels",
     "K_TRUE",
     "PADDINGS",
@@ -62,6 +65,7 @@ __all__ = [
     "Kernel",
     "conv2d",
     "conv_matrix",
+    "conv_power_iteration",
     "conv_spectral_norm",
     "image_coordinates",
     "image_kernel",
@@ -76,6 +80,7 @@ __all__ = [
     "binomial",
     "gaussian",
     "get_family",
+    "log_cosh_prior",
     "poisson",
     "spin",
     "NAIVE_INTERVAL",

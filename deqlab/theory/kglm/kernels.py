@@ -84,6 +84,7 @@ __all__ = [
     "conv_matrix",
     "conv_spectral_norm",
     "zero_padded_conv_norm_bound",
+    "conv_power_iteration",
 ]
 
 K_TRUE: dict[str, float] = {
@@ -353,6 +354,49 @@ def zero_padded_conv_norm_bound(kernel_weights: Any, input_shape: Any) -> jax.Ar
     c_out, c_in, kh, kw = weights.shape
     h, w = _spatial_shape(input_shape, c_in, where)
     return conv_spectral_norm(weights, (h + kh - 1, w + kw - 1))
+
+
+def conv_power_iteration(kernel_weights: Any, input_shape: Any, padding: str = "zero", *, steps: int = 500,
+                         key: Any = None) -> jax.Array:
+    """A lower bound on the spectral norm of :func:`conv2d` by power iteration on ``M^T M``.
+
+    ``M`` is never formed: ``M^T`` is the transpose of :func:`conv2d` (``jax.linear_transpose``),
+    so the cost per step is two convolutions, and any padding and image size work (004 App. F
+    uses the exact FFT method, which is exact only for circular padding: see
+    :func:`conv_spectral_norm`). Returns ``sqrt(v^T M^T M v)`` for the final unit vector ``v``,
+    which never exceeds the norm and tends to it as ``steps`` grows, at a rate set by the gap
+    between the two largest singular values. With :func:`zero_padded_conv_norm_bound` it brackets
+    the zero-padded norm.
+
+    Args:
+        kernel_weights: ``(c_out, c_in, kh, kw)``.
+        input_shape: ``(h, w)`` or ``(c_in, h, w)``.
+        padding: ``"zero"`` or ``"circular"``.
+        steps: number of power steps, an integer >= 1.
+        key: a ``jax.random`` key for the random start (default ``PRNGKey(0)``).
+    """
+    where = "kernels.conv_power_iteration"
+    weights = _weights(kernel_weights, where)
+    c_out, c_in = weights.shape[:2]
+    h, w = _spatial_shape(input_shape, c_in, where)
+    padding = checks.choice(padding, "padding", PADDINGS, where)
+    steps = checks.positive_int(steps, "steps", where)
+    key = jax.random.PRNGKey(0) if key is None else checks.prng_key(key, "key", where)
+    v0 = jax.random.normal(key, (c_in, h, w), dtype=weights.dtype)
+    return _power_iteration(weights, v0, steps, padding)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "padding"))
+def _power_iteration(weights, v0, steps, padding):
+    forward = functools.partial(_conv2d, weights, padding=padding)
+    transpose = jax.linear_transpose(forward, v0)
+
+    def step(_, v):
+        u = transpose(forward(v))[0]
+        return u / jnp.linalg.norm(u)
+
+    v = jax.lax.fori_loop(0, steps, step, v0 / jnp.linalg.norm(v0))
+    return jnp.linalg.norm(forward(v))
 
 
 # --------------------------------------------------------------------------------------------
