@@ -161,7 +161,9 @@ def test_summaries_count_failures_and_compare():
     assert c["kglm_wins"] == 1.0 and c["p_value"] == pytest.approx(c["p_floor"]) == pytest.approx(1 / 70)
     assert c["ratio"] == pytest.approx(0.65 / 0.25)
     swapped = [{**r, "scheme": {"random": "kglm", "kglm": "random"}[r["scheme"]]} for r in rows]
-    assert dn.compare_schemes(swapped, 0)["p_value"] > 0.9
+    assert c["p_value_reverse"] == pytest.approx(1.0)
+    reverse = dn.compare_schemes(swapped, 0)
+    assert reverse["p_value"] > 0.9 and reverse["p_value_reverse"] == pytest.approx(1 / 70)
     with pytest.raises(ValueError, match=r"compare_schemes: `epoch` must be an epoch evaluated for both"):
         dn.compare_schemes(rows, 3)
 

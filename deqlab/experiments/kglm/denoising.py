@@ -559,6 +559,7 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int) -> dict[str, Any
 
     Returns:
         ``kglm_median``, ``random_median``, ``ratio`` (random / kGLM medians), ``p_value``,
+        ``p_value_reverse`` (the same test with the alternative "random's are smaller"),
         ``p_floor`` (the smallest attainable p-value), ``n_kglm``, ``n_random``, ``kglm_scale``,
         ``random_scale``, ``kglm_wins`` (fraction of (kGLM, random) seed pairs where kGLM is lower).
     """
@@ -574,9 +575,12 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int) -> dict[str, Any
         chosen = [r for r in rows if r["scheme"] == scheme and r["scale"] == best[scheme]["scale"]]
         values[scheme] = _finite_or_inf([r["test_mse_curve"][epoch] for r in chosen])
     k, r = values["kglm"], values["random"]
-    test = stats.mannwhitneyu(k, r, alternative="less", method="exact" if len(k) + len(r) <= 40 else "auto")
+    method = "exact" if len(k) + len(r) <= 40 else "auto"
+    test = stats.mannwhitneyu(k, r, alternative="less", method=method)
+    reverse = stats.mannwhitneyu(k, r, alternative="greater", method=method)
     wins = float(np.mean(k[:, None] < r[None, :]) + 0.5 * np.mean(k[:, None] == r[None, :]))
     return {"epoch": epoch, "kglm_median": float(np.median(k)), "random_median": float(np.median(r)),
             "ratio": float(np.median(r) / np.median(k)), "p_value": float(test.pvalue),
+            "p_value_reverse": float(reverse.pvalue),
             "p_floor": 1.0 / math.comb(len(k) + len(r), len(k)), "n_kglm": len(k), "n_random": len(r),
             "kglm_scale": best["kglm"]["scale"], "random_scale": best["random"]["scale"], "kglm_wins": wins}
