@@ -325,3 +325,20 @@ def test_inpainting_with_the_image_kernel(family_name):
     direct = kglm.kglm_predict(X, Y, X_test, kernel, lam, family_name)
     deq = kglm.deq_predict(X, Y, X_test, kernel, lam, family_name)
     assert float(np.max(np.abs(np.asarray(deq.prediction) - direct.prediction))) < EQUIV_TOL
+
+
+def test_log_cosh_prior_derivatives_and_deq_equivalence():
+    Q = kglm.log_cosh_prior(0.5)
+    u = jnp.linspace(-30.0, 30.0, 121)
+    fam = kglm.bernoulli().with_prior(Q)
+    np.testing.assert_allclose(fam.prior_gradient(u), 0.5 * np.tanh(u), atol=1e-14)
+    assert np.all(np.asarray(fam.prior_curvature(u)) <= 0.5 + 1e-15)
+    np.testing.assert_allclose(Q(jnp.asarray([0.0, 40.0])), [0.0, 0.5 * (40.0 - np.log(2.0))], atol=1e-12)
+    X = np.linspace(-2.0, 2.0, 15)
+    Y = (np.sin(2 * X) > 0).astype(float)
+    k = kglm.squared_exponential(0.7)
+    direct = kglm.kglm_predict(X, Y, X + 0.1, k, 2.0, fam)
+    deq = kglm.deq_predict(X, Y, X + 0.1, k, 2.0, fam)
+    np.testing.assert_allclose(np.asarray(deq.prediction), direct.prediction, atol=1e-10)
+    with pytest.raises(ValueError, match="scale"):
+        kglm.log_cosh_prior(0.0)
