@@ -1,0 +1,242 @@
+"""A small DEQ-Transformer language model (003 §5.2; the setup of 001 App. D), resumable.
+
+001 App. D trains a DEQ transformer on Wikitext-103 with a pre-trained SentencePiece tokenizer,
+batch 512 and context 128, for 20 Broyden steps per solve; 003 §5.2 trains DEQ-Transformers on
+Wikitext-103 with sequences of 150 tokens. This module runs that pipeline at any size:
+
+- :func:`prepare_corpus`: :func:`deqlab.data.load_text` (the bundled *Pride and Prejudice* by
+  default, or Wikitext-103), a tokenizer trained on the training split and cached on disk
+  (:func:`deqlab.data.text_tokenizer`), and the 128-token windows of each split
+  (:func:`deqlab.data.lm_windows`);
+- :func:`train_language_model`: :class:`deqlab.nn.lm.LanguageModel` over a
+  :class:`deqlab.nn.transformer.TransformerCell`, trained with :func:`deqlab.nn.lm.train_step`
+  (which returns the forward solve's statistics each step) on shuffled batches
+  (:func:`deqlab.data.lm_batches`), with a tqdm bar, orbax checkpoints every
+  ``checkpoint_every`` steps (:class:`deqlab.experiments.sweep.Checkpoints`) and resumption from
+  the newest one; then the validation loss;
+- :func:`run_language_model`: configurations through :func:`deqlab.experiments.sweep.run_sweep`
+  with checkpoints, so that an interrupted run resumes within its configuration.
+
+On several devices the batch is sharded over a data mesh (:func:`deqlab.nn.lm.data_mesh`): the
+same code runs on one CPU, a GPU or a TPU slice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from deqlab import checks, data
+
+__all__ = ["prepare_corpus", "make_model", "train_language_model", "run_language_model", "LOGGED",
+           "FULL_SCALE_COMMAND"]
+
+LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
+"""Per-step quantities a run records: training loss and the forward solve's statistics."""
+
+FULL_SCALE_COMMAND = (
+    "DEQLAB_SCALE=full python -c \"from deqlab.experiments.sequence import language_model as lm; "
+    "print(lm.run_language_model('runs/wt103', [dict(corpus='wikitext-103', tokenizer='sentencepiece', "
+    "vocab_size=32000, context=128, width=700, heads=10, steps=200000, batch_size=512, learning_rate=2.5e-4, "
+    "max_steps=20, seed=0, eval_batches=200)], progress=True))\""
+)
+"""The full-scale run of 001 App. D (Wikitext-103, batch 512, context 128, width 700, 20 Broyden
+steps) on a GPU or TPU; the vocabulary size, step count and learning rate are ours (the paper's
+pre-trained tokenizer and schedule are not given)."""
+
+
+def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vocab_size: int = 1000,
+                   context: int = data.LM_CONTEXT, source: str | None = None, path: Any = None,
+                   cache_dir: Any = None) -> dict:
+    """Text, tokenizer and windows of a corpus.
+
+    Returns:
+        a dict with ``tokenizer``, and ``train`` / ``validation`` / ``test``: int32 windows
+        ``(n, context + 1)`` of each split, and ``tokens``: the number of tokens of each split.
+    """
+    train = data.load_text(name, split="train", source=source, path=path)
+    tok = data.text_tokenizer(train, tokenizer, vocab_size=vocab_size, cache_dir=cache_dir)
+    out = {"tokenizer": tok, "tokens": {}}
+    for split in data.TEXT_SPLITS:
+        paragraphs = train if split == "train" else data.load_text(name, split=split, source=source, path=path)
+        ids = data.encode_text(tok, paragraphs)
+        out["tokens"][split] = int(len(ids))
+        out[split] = data.lm_windows(ids, context)
+    return out
+
+
+def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps: int = 20,
+               tol: float | None = None, depth: int | None = None) -> nnx.Module:
+    """The DEQ-Transformer language model: :class:`deqlab.nn.lm.LanguageModel` over a
+    :class:`deqlab.nn.transformer.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20)."""
+    from deqlab.implicit import Implicit
+    from deqlab.nn.lm import LanguageModel
+    from deqlab.nn.transformer import TransformerCell
+
+    cell = TransformerCell(width, width, heads=heads, rngs=nnx.Rngs(seed))
+    # a failed solve is recorded in the per-step statistics (converged_fraction), not warned about
+    return LanguageModel(vocab_size, cell, depth=depth, solver="broyden", max_steps=max_steps, tol=tol,
+                         backward=Implicit(on_failure="ignore"), rngs=nnx.Rngs(seed + 1))
+
+
+def _pure(state):
+    return state.to_pure_dict()
+
+
+def _load(module, pure, *filters):
+    state = nnx.state(module, *filters)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(module, state)
+
+
+_REQUIRED = ("corpus", "tokenizer", "vocab_size", "context", "width", "heads", "steps", "batch_size",
+             "learning_rate", "seed")
+
+
+def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: bool = False,
+                         stop_after: int | None = None, corpus: dict | None = None) -> dict:
+    """Train one DEQ-Transformer language model; the function a sweep row runs.
+
+    ``config`` keys: ``corpus`` (:data:`deqlab.data.TEXT_DATASETS`), ``tokenizer``, ``vocab_size``,
+    ``context``, ``width``, ``heads``, ``steps``, ``batch_size``, ``learning_rate`` (Adam with a
+    cosine decay to 0 and gradients clipped to norm 1), ``seed``; optional ``max_steps`` and
+    ``tol`` (the Broyden solve), ``eval_batches`` (validation batches, default 8),
+    ``checkpoint_every`` (default ``steps // 4``), ``source`` and ``path`` (of the corpus).
+
+    With a ``checkpoint_dir``, the model, the optimiser, the step and the log so far are saved
+    every ``checkpoint_every`` steps and at the end, and a call that finds a checkpoint there
+    resumes after its step (the batches are a function of the seed and the step, so a resumed run
+    sees the batches the uninterrupted one would). ``stop_after`` ends the call after that many
+    steps of the run, with a checkpoint and without a result (it simulates an interruption; the
+    return value is then None). ``corpus`` reuses a :func:`prepare_corpus` result.
+
+    Returns:
+        ``loss``, ``steps_mean``, ``converged_fraction``, ``residual_max``: one entry per step;
+        ``validation_loss`` (nats per token) and ``validation_perplexity``;
+        ``validation_steps_mean`` and ``validation_converged_fraction`` (the solve at evaluation);
+        ``parameters``, ``train_tokens``, ``seconds`` (this call's training time),
+        ``resumed_from`` (the step a checkpoint gave, 0 if none).
+    """
+    from tqdm.auto import tqdm
+
+    from deqlab.nn import lm
+    from deqlab.nn.baselines import parameter_count
+
+    where = "sequence.language_model.train_language_model"
+    missing = [k for k in _REQUIRED if k not in config]
+    if missing:
+        raise checks.fail("config", f"a dict with the keys {', '.join(_REQUIRED)}", f"one missing {missing}", where)
+    steps = checks.positive_int(config["steps"], "config['steps']", where)
+    batch_size = checks.positive_int(config["batch_size"], "config['batch_size']", where)
+    seed = checks.integer(config["seed"], "config['seed']", where, minimum=0)
+    rate = checks.positive_number(config["learning_rate"], "config['learning_rate']", where)
+    every = checks.positive_int(config.get("checkpoint_every", max(1, steps // 4)), "config['checkpoint_every']", where)
+    eval_batches = checks.positive_int(config.get("eval_batches", 8), "config['eval_batches']", where)
+    if stop_after is not None:
+        stop_after = checks.positive_int(stop_after, "stop_after", where)
+    if corpus is None:
+        corpus = prepare_corpus(config["corpus"], tokenizer=config["tokenizer"], vocab_size=config["vocab_size"],
+                                context=config["context"], source=config.get("source"), path=config.get("path"))
+    train_windows = corpus["train"]
+    per_epoch = len(train_windows) // batch_size
+    if per_epoch < 1:
+        raise checks.fail("config['batch_size']", f"at most the number of training windows ({len(train_windows)})",
+                          batch_size, where)
+    vocab = corpus["tokenizer"].vocab_size
+    model = make_model(vocab, width=config["width"], heads=config["heads"], seed=seed,
+                       max_steps=config.get("max_steps", 20), tol=config.get("tol"))
+    schedule = optax.cosine_decay_schedule(rate, steps)
+    optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule)),
+                              wrt=nnx.Param)
+    log = {k: np.full(steps, np.nan, np.float32) for k in LOGGED}
+    start_step = 0
+    ckpt = None
+    if checkpoint_dir is not None:
+        from deqlab.experiments.sweep import Checkpoints
+
+        ckpt = Checkpoints(checkpoint_dir)
+        if ckpt.latest_step() is not None:
+            template = {"model": _pure(nnx.state(model, nnx.Param)), "optimizer": _pure(nnx.state(optimizer)),
+                        "log": log}
+            restored = ckpt.restore(template)
+            _load(model, restored["model"], nnx.Param)
+            _load(optimizer, restored["optimizer"])
+            log = {k: np.asarray(v, np.float32) for k, v in restored["log"].items()}
+            start_step = ckpt.latest_step()
+
+    def save(step):
+        if ckpt is not None:
+            ckpt.save(step, {"model": _pure(nnx.state(model, nnx.Param)), "optimizer": _pure(nnx.state(optimizer)),
+                             "log": log})
+
+    key = jax.random.key(seed)
+    epoch_batches, epoch_of = None, None
+    began = time.perf_counter()
+    bar = tqdm(total=steps, initial=start_step, desc="DEQ-Transformer LM", disable=not progress)
+    try:
+        for step in range(start_step, steps):
+            epoch, index = divmod(step, per_epoch)
+            if epoch != epoch_of:  # batches of an epoch depend on (seed, epoch) only: resumable
+                epoch_batches = data.lm_batches(train_windows, batch_size, jax.random.fold_in(key, epoch))
+                epoch_of = epoch
+            batch = epoch_batches[index]
+            metrics = jax.device_get(lm.train_step(model, optimizer, jnp.asarray(batch[:, :-1]),
+                                                   jnp.asarray(batch[:, 1:])))
+            for k in LOGGED:
+                log[k][step] = metrics[k]
+            if not math.isfinite(float(metrics["loss"])):
+                raise FloatingPointError(f"{where}: the loss became {float(metrics['loss'])} at step {step}; lower "
+                                         "the learning rate.")
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", solver_steps=f"{float(metrics['steps_mean']):.1f}")
+            done = step + 1
+            if done % every == 0 or done == steps:
+                save(done)
+            if stop_after is not None and done - start_step >= stop_after and done < steps:
+                if done % every:
+                    save(done)
+                return None
+    finally:
+        bar.close()
+        if ckpt is not None:
+            ckpt.close()
+    seconds = time.perf_counter() - began
+    valid = corpus["validation"]
+    n_eval = min(eval_batches, max(1, len(valid) // batch_size))
+    eval_size = min(batch_size, len(valid))
+    losses, v_steps, v_conv = [], [], []
+    for i in range(n_eval):
+        batch = valid[i * eval_size:(i + 1) * eval_size]
+        metrics = jax.device_get(lm.eval_step(model, jnp.asarray(batch[:, :-1]), jnp.asarray(batch[:, 1:])))
+        losses.append(float(metrics["loss"]))
+        v_steps.append(float(metrics["steps_mean"]))
+        v_conv.append(float(metrics["converged_fraction"]))
+    validation_loss = float(np.mean(losses))
+    return {
+        **{k: [float(v) for v in log[k]] for k in LOGGED},
+        "validation_loss": validation_loss,
+        "validation_perplexity": float(np.exp(validation_loss)),
+        "validation_steps_mean": float(np.mean(v_steps)),
+        "validation_converged_fraction": float(np.mean(v_conv)),
+        "parameters": parameter_count(model),
+        "vocab_size": int(vocab),
+        "train_tokens": int(corpus["tokens"]["train"]),
+        "seconds": seconds,
+        "resumed_from": int(start_step),
+    }
+
+
+def run_language_model(directory: Any, configs: Sequence[dict], *, progress: bool = False) -> list[dict]:
+    """Each configuration of ``configs`` through the resumable sweep in ``directory``, with
+    checkpoints: an interrupted sweep resumes at the newest checkpoint of the unfinished run."""
+    from deqlab.experiments.sweep import run_sweep
+
+    return run_sweep(lambda config, ckpt: train_language_model(config, ckpt, progress=progress), list(configs),
+                     directory, checkpoints=True, progress=False, description="language model")
