@@ -22,6 +22,15 @@ Backward modes of :func:`fixed_point` are objects, like the forward solvers (the
 - :class:`Phantom` ``(steps, damping, on_failure)``: solve without gradient, then take ``steps``
   damped steps z <- (1 - d) z + d f(z, a) from z* with gradient (Geng et al. 2021), an inexpensive
   approximation.
+- :class:`JacobianFree` ``(on_failure)``: one undamped step ``f(z*, a)`` from the detached z*, i.e.
+  the implicit gradient with ``(I - J^T)^{-1}`` replaced by the identity (Fung et al. 2022,
+  "JFB: Jacobian-free backpropagation for implicit networks", §3); the phantom gradient with no
+  Neumann terms. One vector-Jacobian product; a descent direction when ``||J|| < 1`` (their Thm. 3.1).
+- :class:`SHINE` ``(refine, on_failure)``: the adjoint solve replaced by the forward Broyden
+  solve's own inverse-Jacobian estimate, ``u = -B^T g`` with ``B ~ (J_f - I)^{-1}`` (Ramzi et al.
+  2022, "SHINE: SHaring the INverse Estimate from the forward pass for bi-level optimization and
+  implicit models", Eq. 3-4), optionally followed by ``refine`` fixed-point steps of the adjoint
+  iteration from there (their "refine" variant). Needs ``solver="broyden"``.
 
 Failures are never silent. ``on_failure`` is one policy for both solves behind a gradient: a
 sample whose forward solve failed (its value, hence its gradient, is not the equilibrium's) and a
@@ -47,6 +56,7 @@ import numpy as np
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.solvers import (
+    Broyden,
     Flattener,
     Result,
     Solution,
@@ -65,6 +75,8 @@ __all__ = [
     "Implicit",
     "Unrolled",
     "Phantom",
+    "JacobianFree",
+    "SHINE",
     "get_backward",
     "BACKWARDS",
     "FAILURE_POLICIES",
@@ -150,13 +162,65 @@ class Phantom:
         _check_policy(self.on_failure, "implicit.Phantom")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JacobianFree(Phantom):
+    """Jacobian-free backpropagation (Fung et al. 2022, §3): ``dL/da ~ g^T df/da (z*, a)``.
+
+    The phantom gradient with one undamped step (``steps=1``, ``damping=1``, fixed): the inverse
+    ``(I - J_f^T)^{-1}`` of the implicit gradient (003 Eq. 11) is replaced by the identity. Its
+    error against the implicit gradient is of the order of ``||J_f||`` (the first Neumann term
+    dropped); Fung et al. (Thm. 3.1) show it is still a descent direction when f is a contraction.
+
+    Args:
+        on_failure: policy for samples whose forward solve failed (module docstring).
+    """
+
+    steps: int = 1
+    damping: float = 1.0
+    on_failure: str = "warn"
+    name = "jacobian_free"
+
+    def __post_init__(self):
+        if self.steps != 1 or self.damping != 1.0:
+            raise ValueError("implicit.JacobianFree: `steps` and `damping` are fixed at 1 (use "
+                             f"deqlab.implicit.Phantom for other values), got steps={self.steps!r}, "
+                             f"damping={self.damping!r}.")
+        _check_policy(self.on_failure, "implicit.JacobianFree")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SHINE:
+    """SHINE (Ramzi et al. 2022, Eq. 3-4): the adjoint from the forward Broyden estimate.
+
+    The forward solve must be :class:`deqlab.solvers.Broyden`; its final inverse-Jacobian estimate
+    ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is kept, and the adjoint of 003 Eq. 11,
+    ``u = (I - J_f^T)^{-1} g``, is approximated by ``-B^T g``: no adjoint solve. ``refine`` > 0
+    then takes that many steps ``u <- g + J_f^T u`` from this estimate (one vector-Jacobian product
+    each; SHINE's "refine" variant, which uses the estimate as the adjoint solve's start). The
+    estimate is only as good as Broyden's secant updates along the forward path: Ramzi et al. add
+    extra "outer-problem" updates (OPA) to improve it in the direction of ``g``; we do not.
+
+    Args:
+        refine: adjoint fixed-point steps after the estimate (>= 0).
+        on_failure: policy for samples whose forward solve failed (module docstring).
+    """
+
+    refine: int = 0
+    on_failure: str = "warn"
+    name = "shine"
+
+    def __post_init__(self):
+        checks.integer(self.refine, "refine", "implicit.SHINE", minimum=0)
+        _check_policy(self.on_failure, "implicit.SHINE")
+
+
 #: The backward modes by name (each name is a shortcut for the object with its defaults).
-BACKWARDS = {cls.name: cls for cls in (Implicit, Unrolled, Phantom)}
+BACKWARDS = {cls.name: cls for cls in (Implicit, Unrolled, Phantom, JacobianFree, SHINE)}
 
 
-def get_backward(backward: Any) -> Implicit | Unrolled | Phantom:
+def get_backward(backward: Any) -> Implicit | Unrolled | Phantom | SHINE:
     """A backward object from a name (its defaults) or an object (unchanged)."""
-    if isinstance(backward, (Implicit, Unrolled, Phantom)):
+    if isinstance(backward, (Implicit, Unrolled, Phantom, SHINE)):
         return backward
     if isinstance(backward, str) and backward in BACKWARDS:
         return BACKWARDS[backward]()
@@ -393,8 +457,9 @@ def fixed_point(
         solver, tol, max_steps, batch_axis, precision, init_state: forward solve, as in
             :func:`deqlab.solvers.solve` (``tol`` None: the dtype's default; ``precision`` None:
             what ``tol`` needs, for the forward solve and the adjoint products alike).
-        backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`, or one of
-            their names for the defaults. Its ``on_failure`` decides what failed solves do.
+        backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`,
+            :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), or one of their
+            names for the defaults. Its ``on_failure`` decides what failed solves do.
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
 
@@ -427,6 +492,11 @@ def fixed_point(
             for _ in range(mode.steps):
                 z = jax.tree_util.tree_map(lambda a, b: (1 - d) * a + d * b, z, step_map(z, *args))
         sol = sol._replace(value=z)
+    elif isinstance(mode, SHINE):
+        if not isinstance(config, Broyden):
+            raise checks.fail("solver", "'broyden' or a deqlab.solvers.Broyden (SHINE reuses its "
+                              "inverse-Jacobian estimate)", type(config).__name__, "fixed_point")
+        sol = _shine(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
     else:
         sol = _implicit(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
 
@@ -473,6 +543,45 @@ def _implicit(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
         if mode.on_failure == "nan":
             u = _nan_where_failed(u, adjoint.result, batch_axis, "cotangent")
         with precision_module.matmul_precision(_level(forward["precision"], backward_options["tol"], dtype)):
+            _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
+        (args_bar,) = vjp_args(u)
+        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar
+
+    equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
+    return equilibrium(z0, args)
+
+
+def _shine(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
+    """The forward Broyden solve under ``jax.custom_vjp``; the backward pass applies ``-B^T`` of its
+    final history (``SolverState.history`` = (us, vs, count, ...), B = -I + sum u_i v_i^T) to the
+    cotangent, then ``mode.refine`` adjoint steps."""
+    config = forward["solver"]
+    level = _level(forward["precision"], tol, dtype)
+
+    @jax.custom_vjp
+    def equilibrium(z0, args):
+        return solve(f, z0, *args, init_state=init_state, **forward)
+
+    def equilibrium_fwd(z0, args):
+        sol = solve(f, z0, *args, init_state=init_state, **forward)
+        us, vs = sol.state.history[:2]
+        # The pair counter is shared by the batch (solvers.Broyden), but a sample's history stops
+        # with it: after s recorded steps its current cycle holds ((s - 1) mod m) + 1 pairs.
+        steps = jnp.reshape(sol.stats.steps, (-1,))  # () without a batch axis: one row
+        count = jnp.where(steps > 0, (steps - 1) % config.m + 1, 0)
+        return sol, (sol.value, z0, args, us, vs, count)
+
+    def equilibrium_bwd(residuals, cotangent):
+        z_star, z0, args, us, vs, count = residuals
+        flattener = Flattener(z_star, batch_axis)
+        work = precision_module.working_dtype(flattener.dtype)
+        used = (jnp.arange(config.m)[None, :] < count[:, None]).astype(work)
+        g_flat = flattener.flatten(cotangent.value)
+        u = flattener.unflatten(-Broyden._apply_transpose(us, vs, used, g_flat))
+        with precision_module.matmul_precision(level):
+            _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
+            for _ in range(mode.refine):
+                u = jax.tree_util.tree_map(jnp.add, cotangent.value, vjp_z(u)[0])
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
         return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar

@@ -651,10 +651,12 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None):
         abs_prop = jnp.where(finite, diff_norm, big)
         res = jnp.where(accept, res_prop, carry["res"])
         state = config.record(z_prop, fz_prop, state_prop)
-        if unrolled:
+        if unrolled or isinstance(config, Broyden):
             # Rejected and frozen samples never become active again, so their solver state is
             # irrelevant to the result; it is kept finite only when differentiating through the
-            # loop (a NaN in an unselected branch would still poison the gradient).
+            # loop (a NaN in an unselected branch would still poison the gradient). Broyden's
+            # history is also kept as it was when the sample stopped: it is the inverse-Jacobian
+            # estimate at that sample's equilibrium that deqlab.implicit.SHINE reuses.
             state = _where_batch(accept, state, carry["state"])
         # The best iterate is the one closest to convergence in absolute terms: a relative
         # residual also falls when an iterate runs off to infinity (for f = 2z + 1 it tends to

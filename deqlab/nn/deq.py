@@ -12,7 +12,7 @@ from flax import nnx
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.implicit import fixed_point, get_backward
-from deqlab.solvers import Solution, get_solver
+from deqlab.solvers import Solution, get_solver, solve
 
 __all__ = ["DEQ", "SOLVER_STATS", "capture_solver_stats"]
 
@@ -49,6 +49,18 @@ class DEQ(nnx.Module):
         dtype: dtype of the solve (x and z are cast to it); None: x's dtype.
         param_dtype: if given, the cell's parameters are cast to it here (e.g. float64 for a
             gradient check of a float32 cell); None: the cell's own.
+        correction: number ``K`` of fixed-point-correction iterates (Bai, Sun, Lin, Kolter &
+            Koltun 2022, "Deep equilibrium optical flow estimation", §3.3); 0 (default): none.
+        correction_stride: forward-solver steps between two correction iterates (>= 1).
+
+    **Fixed-point correction.** With ``correction=K``, ``layer(x, return_iterates=True)`` also
+    returns ``K`` intermediate states, stacked on a new leading axis: the forward solver's own
+    iterates after ``s, 2s, ..., Ks`` steps (``s = correction_stride``; computed without gradient,
+    by continuing one solve through :class:`deqlab.solvers.SolverState`), each followed by one
+    differentiable step of the cell, ``z_k = cell(stop_gradient(zhat_k), x)`` (a one-step phantom
+    gradient, as Bai et al. 2022 use). A loss on them, ``sum_k gamma^(K-k) L(z_k)`` in Bai et al.'s
+    Eq. 7, trains the early iterates towards the answer, which makes the forward solve need fewer
+    steps. They cost ``K s`` more cell evaluations without gradient and ``K`` with.
 
     Inside a function wrapped by :func:`capture_solver_stats`, each call sows its solver
     statistics into the ``nnx.Intermediate`` collection under ``"solver_stats"`` (a dict per
@@ -59,7 +71,8 @@ class DEQ(nnx.Module):
 
     def __init__(self, cell: nnx.Module, *, solver: Any = "anderson", tol: float | None = None,
                  max_steps: int | None = None, backward: Any = "implicit", batch_axis: int | None = 0,
-                 precision: Any = None, dtype: Any = None, param_dtype: Any = None):
+                 precision: Any = None, dtype: Any = None, param_dtype: Any = None, correction: int = 0,
+                 correction_stride: int = 2):
         where = "nn.DEQ"
         if not isinstance(cell, nnx.Module) or not callable(cell):
             raise checks.fail("cell", "an nnx.Module called as cell(z, x)", type(cell).__name__, where)
@@ -72,6 +85,8 @@ class DEQ(nnx.Module):
         self.solver = get_solver(solver, tol=tol, max_steps=max_steps)
         self.backward = get_backward(backward)
         self.batch_axis = batch_axis
+        self.correction = checks.integer(correction, "correction", where, minimum=0)
+        self.correction_stride = checks.positive_int(correction_stride, "correction_stride", where)
         self.precision = None if precision is None else precision_module.check_precision(precision, where)
         self.dtype = None if dtype is None else checks.floating_dtype(dtype, "dtype", where)
         if param_dtype is not None:
@@ -115,7 +130,14 @@ class DEQ(nnx.Module):
             raise ValueError(f"{where}: `z0` must have shape {expected} (x's batch, the cell's width), "
                              f"got {tuple(jnp.shape(z0))}.")
 
-    def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, return_solution: bool = False):
+    def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, return_solution: bool = False,
+                 return_iterates: bool = False):
+        """``z*``; with ``return_solution`` also the :class:`~deqlab.solvers.Solution`, with
+        ``return_iterates`` also the fixed-point-correction iterates (class docstring), in that
+        order."""
+        if return_iterates and self.correction == 0:
+            raise ValueError("nn.DEQ: `return_iterates=True` needs a layer built with correction >= 1 "
+                             f"(the number of correction iterates), got correction={self.correction}.")
         self._check_input(x, z0)
         dtype = self.dtype or x.dtype
         x = x.astype(dtype)
@@ -131,7 +153,24 @@ class DEQ(nnx.Module):
         )
         if _capturing.get():
             self._sow_stats(sol)
-        return (sol.value, sol) if return_solution else sol.value
+        out = (sol.value, sol) if return_solution else (sol.value,)
+        if return_iterates:
+            out = out + (self._correction_iterates(cell_map, z0, state, x),)
+        return out if len(out) > 1 else out[0]
+
+    def _correction_iterates(self, cell_map, z0, state, x):
+        """The solver's iterates every ``correction_stride`` steps, each with one differentiable
+        step of the cell (Bai et al. 2022, §3.3)."""
+        frozen = jax.lax.stop_gradient((state, x))
+        path = None
+        iterates = []
+        for _ in range(self.correction):
+            partial = solve(cell_map, jax.lax.stop_gradient(z0), *frozen, solver=self.solver,
+                            max_steps=self.correction_stride, batch_axis=self.batch_axis,
+                            precision=self.precision, init_state=path)
+            path = partial.state
+            iterates.append(cell_map(jax.lax.stop_gradient(partial.value), state, x))
+        return jnp.stack(iterates)
 
     def _sow_stats(self, sol):
         steps = jax.lax.stop_gradient(sol.stats.steps).astype(jnp.float32)
