@@ -19,11 +19,11 @@ at ``X~`` (004 Thm. 3, Cor. 6): :data:`TANH_FAMILY`.
 ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (PyTorch's default, which 004 §4 names), times ``scale``
 (1 in the paper). ``"naive"``: ``W1, W2`` from the squared exponential kernel
 ``exp(-|x - x'|^2 / 2)`` on a uniform grid over ``[-2 pi, 2 pi]``
-(:func:`deqlab.theory.kglm.naive_coordinates`), ``V1, V2`` as in ``"random"``; only the readout
+(:func:`deqlab.theory.kglm.models.naive_coordinates`), ``V1, V2`` as in ``"random"``; only the readout
 ``(V1, V2, c)`` is trained in the first ``freeze_epochs = 10`` epochs. ``"informed"``: every weight
 from ``k_true`` on the true ``X``, ``X~``, so that the untrained model (epoch 0) outputs the
 kGLM's predictions. For the kGLM schemes ``scale`` is ``C = ||W1||_2 = ||K||_2 / lam``
-(:func:`deqlab.theory.kglm.lam_for_spectral_norm`; ``C < 1`` is Assumption 2 for ``tanh``).
+(:func:`deqlab.theory.kglm.models.lam_for_spectral_norm`; ``C < 1`` is Assumption 2 for ``tanh``).
 
 **Training (004 §4).** Mean squared error, Adam with its default hyperparameters (learning rate
 ``1e-3``, ``b1 = 0.9``, ``b2 = 0.999``, ``eps = 1e-8``), 400 epochs, ``N = 20000`` training and
@@ -248,10 +248,10 @@ def kglm_weights(scheme: str, scale: float = DEFAULT_C, *, n: int = GRID_SIZE,
     """The kGLM weights of a scheme (004 §4 with Thm. 3 / Cor. 6) and their ``lam``.
 
     ``"informed"``: ``K = k_true(X, X)``, ``K_test = k_true(X~, X)``; ``"naive"``: ``K`` the squared
-    exponential on :func:`deqlab.theory.kglm.naive_coordinates` and no ``V1, V2``. ``lam =
-    ||K||_2 / scale`` (:func:`deqlab.theory.kglm.lam_for_spectral_norm`), so ``||W1||_2 = scale``.
+    exponential on :func:`deqlab.theory.kglm.models.naive_coordinates` and no ``V1, V2``. ``lam =
+    ||K||_2 / scale`` (:func:`deqlab.theory.kglm.models.lam_for_spectral_norm`), so ``||W1||_2 = scale``.
     Returns ``(DEQParameters in float64 NumPy, lam)`` in the ``W z`` convention of
-    :func:`deqlab.theory.kglm.initializer`.
+    :func:`deqlab.theory.kglm.models.initializer`.
     """
     where = f"{_WHERE}.kglm_weights"
     scheme = checks.choice(scheme, "scheme", ("naive", "informed"), where)
