@@ -12,7 +12,8 @@ four convolutional layers ``W1, W2, V1, V2`` of shape ``(3, 3, 7, 7)`` (App. F: 
 implicit backward pass).
 
 **Initialisations.** *Random* (004 §4): every filter weight i.i.d. ``N(0, Var)``, ``Var`` on a
-grid (the paper's ``logspace(1e-3, 1, 25)``), so that the layers' spectral norms are random.
+grid (the paper's ``logspace(1e-3, 1, 25)``, which its code uses as standard deviations, note 1),
+so that the layers' spectral norms are random.
 *kGLM* (004 §4, Cor. 11): ``W1 = V1 = -K / lam``, ``W2 = V2 = K / lam`` with ``K`` the image kernel
 of App. E / App. F (:func:`deqlab.theory.kglm.kernels.image_kernel`: box truncation ``r = 3``,
 a squared-exponential ``kappa_0`` with one squared length scale per channel pair drawn from
@@ -48,12 +49,12 @@ scikit-learn's sample photographs at quick scale. Noisy inputs: ``clip(x + e, 0,
    a cosine decay and batches of 100), Anderson (``m = 5``) with relative tolerance ``1e-3`` and a
    step cap (the code iterates forward to ``1e-2``, at most 50 steps), and fresh training noise for
    every batch (test noise fixed and the same for every model).
-6. Where the public code differs from the text, we follow the text: the code uses 3 x 3 filters,
-   a Matérn kernel with random length scales and smoothness instead of App. F's squared
-   exponential, and a ReLU on the output as well.
 5. Random initialisation reuses one standard normal draw per seed across the variance grid
    (``sqrt(Var)`` times it, as re-seeding a framework's initialiser does); kGLM initialisation
    one set of length scales per seed across the ``C`` grid.
+6. Where the public code differs from the text, we follow the text: the code uses 3 x 3 filters,
+   a Matérn kernel with random length scales and smoothness instead of App. F's squared
+   exponential, and a ReLU on the output as well.
 
 **Seeds in one program.** As chapter 3's :mod:`deqlab.experiments.nonlinear.training`: each seed
 has its own initialisation, batch order and training noise; one compiled epoch (a ``lax.scan``
