@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqlab import checks, solvers
+from deqlab.theory.kglm import families as _families
 from deqlab.theory.kglm.families import Family, get_family
 
 __all__ = [
@@ -335,6 +336,50 @@ def _compiled_solve(family: Family, solver: Any, tol: float, max_steps: int) -> 
                                                        max_steps=max_steps))
 
 
+def _builtin_code(family: Family) -> tuple[int, float] | None:
+    """``(branch, parameter)`` of :func:`_builtin_mean` when ``family`` is one of the cached built-in
+    families without a prior (checked by identity, so a hand-made ``Family`` is never mistaken for
+    one), else None."""
+    if family.has_prior:
+        return None
+    # the factories are cached per call signature: gaussian() and gaussian(1.0) are two objects
+    v = family.curvature_bound
+    if family.name == "gaussian" and any(family is f for f in (
+            _families.gaussian(), _families.gaussian(v), _families.gaussian(variance=v))):
+        return 0, float(v)
+    r = family.mean_range[1]
+    if (family.name == "bernoulli" or family.name.startswith("binomial(")) and math.isfinite(r) and any(
+            family is f for f in (_families.bernoulli(), _families.binomial(int(r)),
+                                  _families.binomial(trials=int(r)))):
+        return 1, float(r)
+    if family is _families.poisson():
+        return 2, 0.0
+    if family is _families.spin():
+        return 3, 0.0
+    return None
+
+
+def _builtin_mean(u, branch, parameter):
+    """The mean maps of the built-in families, selected by a traced ``branch`` (the same operations
+    as :mod:`~deqlab.theory.kglm.families`)."""
+    return jax.lax.switch(branch, (lambda u: parameter * u,                   # gaussian(v): v eta
+                                   lambda u: parameter * jax.nn.sigmoid(u),   # binomial(r): r sigmoid
+                                   jnp.exp,                                   # poisson
+                                   jnp.tanh), u)                              # spin
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_builtin_solve(solver: Any, tol: float, max_steps: int) -> Callable:
+    """One compiled solve of Eq. 7 for all built-in families (``rho = 0``): the family is a traced
+    branch index, so a page that solves the DEQ of five families compiles once per shape, not five
+    times (each compilation of the solver loop takes about a second on a CPU)."""
+    def H(z, params, T, branch, parameter):
+        return _builtin_mean(params.W1 @ z + params.W2 @ T, branch, parameter)
+
+    return jax.jit(lambda z0, params, T, branch, parameter: solvers.solve(
+        H, z0, params, T, branch, parameter, solver=solver, tol=tol, max_steps=max_steps))
+
+
 def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, family: Any, *,
                 solver: Any = "anderson", z0: Any = None, tol: float = 1e-12, max_steps: int = 500,
                 throw: bool = True) -> DEQFit:
@@ -374,7 +419,12 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
     tol = checks.positive_number(tol, "tol", where)
     max_steps = checks.positive_int(max_steps, "max_steps", where)
     solvers.get_solver(solver)  # a bad solver fails here with its ValueError, before the cache
-    solution = _compiled_solve(family, solver, tol, max_steps)(z0, params, T)
+    code = _builtin_code(family)
+    if code is None:
+        solution = _compiled_solve(family, solver, tol, max_steps)(z0, params, T)
+    else:
+        solution = _compiled_builtin_solve(solver, tol, max_steps)(z0, params, T, jnp.int32(code[0]),
+                                                                   jnp.asarray(code[1], dtype=z0.dtype))
     if throw:
         solvers.raise_if_failed(solution, f"{where} ({family.name}, lam={lam:g})")
     z = solution.value
