@@ -158,8 +158,9 @@ def test_training_lowers_the_error_and_the_freeze_is_applied():
     a = s2s.train_seeds("random", 1.0, [0, 1], freeze_epochs=0, **TINY)
     b = s2s.train_seeds("random", 1.0, [0, 1], freeze_epochs=1, **TINY)
     np.testing.assert_array_equal(a["test_error_curve"], b["test_error_curve"])
-    np.testing.assert_allclose(s2s.initial_test_error("random", 1.0, [0, 1], **TINY),
-                               np.array(a["test_error_curve"])[:, 0], rtol=1e-6)
+    initial = s2s.initial_test_error("random", 1.0, [0, 1], **TINY)
+    np.testing.assert_allclose(initial["test_error"], np.array(a["test_error_curve"])[:, 0], rtol=1e-6)
+    assert initial["converged"] == [1.0, 1.0]
 
 
 def test_sweep_resumes_summary_and_compare(tmp_path, monkeypatch):

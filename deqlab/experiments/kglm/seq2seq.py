@@ -410,8 +410,8 @@ def _program(solver: Any, tol: float, max_steps: int, batch_size: int, n_batches
                                           jnp.mean(sol.stats.steps.astype(jnp.float32)))
 
     def evaluate(params, y, t):
-        out, _ = forward(params, y)
-        return jnp.mean((out - t) ** 2)
+        out, sol = forward(params, y)
+        return jnp.stack([jnp.mean((out - t) ** 2), jnp.mean(sol.converged.astype(jnp.float32))])
 
     def epoch(params, opt_hidden, opt_readout, key_data, epoch_index, train_hidden, learning_rate,
               y_train, t_train, y_test, t_test):
@@ -436,7 +436,7 @@ def _program(solver: Any, tol: float, max_steps: int, batch_size: int, n_batches
             order = order.reshape(n_batches, batch_size)
         (params, opt_hidden, opt_readout), (loss, converged, steps) = jax.lax.scan(
             step, (params, opt_hidden, opt_readout), order)
-        error = evaluate(params, y_test, t_test)
+        error = evaluate(params, y_test, t_test)[0]
         return params, opt_hidden, opt_readout, jnp.stack([jnp.mean(loss), error, jnp.mean(converged),
                                                            jnp.mean(steps)])
 
@@ -501,12 +501,14 @@ def _setup(where: str, scheme: str, scale: Any, seeds: Any, options: Mapping[str
     return scheme, scale, seeds, o, program, keys, data, params
 
 
-def initial_test_error(scheme: str, scale: float, seeds: Sequence[int], **options: Any) -> list[float]:
-    """Test MSE of the untrained models (epoch 0 of :func:`train_seeds`), one per seed, without
-    training: for ``"informed"`` the kGLM's test error (004 Cor. 6). Same arguments as
-    :func:`train_seeds`."""
+def initial_test_error(scheme: str, scale: float, seeds: Sequence[int], **options: Any) -> dict[str, list]:
+    """The untrained models (epoch 0 of :func:`train_seeds`), without training: per seed the test
+    MSE (``test_error``; for ``"informed"`` the kGLM's test error, 004 Cor. 6, where the solves
+    converge) and the fraction of test sequences whose forward solve converged (``converged``).
+    Same arguments as :func:`train_seeds`."""
     _, _, _, _, program, _, data, params = _setup(f"{_WHERE}.initial_test_error", scheme, scale, seeds, options)
-    return np.asarray(program[3](params, data[2], data[3])).tolist()
+    result = np.asarray(program[3](params, data[2], data[3]))
+    return {"test_error": result[:, 0].tolist(), "converged": result[:, 1].tolist()}
 
 
 def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, progress: bool = False,
@@ -538,7 +540,7 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, progress: bo
     _, split, run_epoch, run_evaluate, adam = program
     p_hid, p_read = split(params)
     opt_hidden, opt_readout = jax.vmap(adam.init)(p_hid), jax.vmap(adam.init)(p_read)
-    error0 = np.asarray(run_evaluate(params, data[2], data[3]))
+    error0 = np.asarray(run_evaluate(params, data[2], data[3]))[:, 0]
     history = np.full((o["epochs"], len(seeds), 4), np.nan, np.float32)
     lr = jnp.float32(o["learning_rate"])
     from tqdm import tqdm
