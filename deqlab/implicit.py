@@ -24,12 +24,13 @@ Backward modes of :func:`fixed_point` are objects, like the forward solvers (the
   approximation.
 - :class:`JacobianFree` ``(on_failure)``: one undamped step ``f(z*, a)`` from the detached z*, i.e.
   the implicit gradient with ``(I - J^T)^{-1}`` replaced by the identity (Fung et al. 2022,
-  "JFB: Jacobian-free backpropagation for implicit networks", §3); the phantom gradient with no
-  Neumann terms. One vector-Jacobian product; a descent direction when ``||J|| < 1`` (their Thm. 3.1).
+  "JFB: Jacobian-free backpropagation for implicit networks"); the phantom gradient with no
+  Neumann terms. One vector-Jacobian product; Fung et al. prove it a descent direction when f is
+  a contraction.
 - :class:`SHINE` ``(refine, on_failure)``: the adjoint solve replaced by the forward Broyden
   solve's own inverse-Jacobian estimate, ``u = -B^T g`` with ``B ~ (J_f - I)^{-1}`` (Ramzi et al.
   2022, "SHINE: SHaring the INverse Estimate from the forward pass for bi-level optimization and
-  implicit models", Eq. 3-4), optionally followed by ``refine`` fixed-point steps of the adjoint
+  implicit models"), optionally followed by ``refine`` fixed-point steps of the adjoint
   iteration from there (their "refine" variant). Needs ``solver="broyden"``.
 
 Failures are never silent. ``on_failure`` is one policy for both solves behind a gradient: a
@@ -164,12 +165,12 @@ class Phantom:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JacobianFree(Phantom):
-    """Jacobian-free backpropagation (Fung et al. 2022, §3): ``dL/da ~ g^T df/da (z*, a)``.
+    """Jacobian-free backpropagation (Fung et al. 2022): ``dL/da ~ g^T df/da (z*, a)``.
 
     The phantom gradient with one undamped step (``steps=1``, ``damping=1``, fixed): the inverse
     ``(I - J_f^T)^{-1}`` of the implicit gradient (003 Eq. 11) is replaced by the identity. Its
     error against the implicit gradient is of the order of ``||J_f||`` (the first Neumann term
-    dropped); Fung et al. (Thm. 3.1) show it is still a descent direction when f is a contraction.
+    dropped); Fung et al. show it is still a descent direction when f is a contraction.
 
     Args:
         on_failure: policy for samples whose forward solve failed (module docstring).
@@ -190,7 +191,7 @@ class JacobianFree(Phantom):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SHINE:
-    """SHINE (Ramzi et al. 2022, Eq. 3-4): the adjoint from the forward Broyden estimate.
+    """SHINE (Ramzi et al. 2022): the adjoint from the forward Broyden estimate.
 
     The forward solve must be :class:`deqlab.solvers.Broyden`; its final inverse-Jacobian estimate
     ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is kept, and the adjoint of 003 Eq. 11,

@@ -21,8 +21,9 @@ def _deq(**kw):
     return DEQ(cell, solver="anderson", tol=1e-12, max_steps=100, batch_axis=0, param_dtype=jnp.float64, **kw)
 
 
+@pytest.mark.slow
 def test_correction_iterates_are_the_solvers_followed_by_one_step():
-    with jax.experimental.enable_x64():
+    with st.x64():
         deq = _deq(correction=3, correction_stride=2)
         x = jax.random.normal(jax.random.key(1), (5, 4), jnp.float64)
         z, iterates = deq(x, return_iterates=True)
@@ -42,14 +43,16 @@ def test_correction_iterates_are_the_solvers_followed_by_one_step():
         assert distances == sorted(distances, reverse=True) and distances[-1] < distances[0]
 
         # gradient: one differentiable step from each (detached) solver iterate
-        def loss(state, deq=deq):
-            nnx.update(deq.cell, state)
-            return jnp.sum(deq(x, return_iterates=True)[1] ** 2)
+        deq_graph, cell_state, rest = nnx.split(deq, nnx.PathContains("cell"), ...)
+
+        def loss(cell_state):
+            return jnp.sum(nnx.merge(deq_graph, cell_state, rest)(x, return_iterates=True)[1] ** 2)
 
         def expected(state):
             return sum(jnp.sum(step(jax.lax.stop_gradient(h), state) ** 2) for h in hats)
 
-        got, want = jax.grad(loss)(state), jax.grad(expected)(state)
+        got, want = jax.grad(loss)(cell_state), jax.grad(expected)(state)
+        assert len(jax.tree_util.tree_leaves(got)) == len(jax.tree_util.tree_leaves(want)) == 3
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
@@ -63,6 +66,7 @@ def test_correction_arguments():
         _deq(correction=2, correction_stride=0)
 
 
+@pytest.mark.slow
 def test_vmapped_seeds_equal_single_seeds_and_monitor_matches_eigvals():
     both = st.train_remedy("none", 1.2, [0, 1], train_size=128, **TINY)
     one = st.train_remedy("none", 1.2, [1], train_size=128, **TINY)
@@ -99,6 +103,7 @@ def test_every_remedy_trains_and_spectral_norm_bounds_the_radius(tmp_path):
     assert summary["none"]["radius_initial"] > 1.0  # sqrt(V) = 2 is past chapter 3's critical scale
 
 
+@pytest.mark.slow
 def test_gradient_errors_order_the_methods():
     errors = st.gradient_errors(0.8, width=8, batch=16, max_steps=100)
     assert set(errors) == {"implicit", "unrolled", "jacobian_free", "phantom", "shine"}

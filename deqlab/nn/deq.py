@@ -49,8 +49,8 @@ class DEQ(nnx.Module):
         dtype: dtype of the solve (x and z are cast to it); None: x's dtype.
         param_dtype: if given, the cell's parameters are cast to it here (e.g. float64 for a
             gradient check of a float32 cell); None: the cell's own.
-        correction: number ``K`` of fixed-point-correction iterates (Bai, Sun, Lin, Kolter &
-            Koltun 2022, "Deep equilibrium optical flow estimation", §3.3); 0 (default): none.
+        correction: number ``K`` of fixed-point-correction iterates (Bai, Geng, Savani & Kolter
+            2022, "Deep equilibrium optical flow estimation"); 0 (default): none.
         correction_stride: forward-solver steps between two correction iterates (>= 1).
 
     **Fixed-point correction.** With ``correction=K``, ``layer(x, return_iterates=True)`` also
@@ -58,8 +58,8 @@ class DEQ(nnx.Module):
     iterates after ``s, 2s, ..., Ks`` steps (``s = correction_stride``; computed without gradient,
     by continuing one solve through :class:`deqlab.solvers.SolverState`), each followed by one
     differentiable step of the cell, ``z_k = cell(stop_gradient(zhat_k), x)`` (a one-step phantom
-    gradient, as Bai et al. 2022 use). A loss on them, ``sum_k gamma^(K-k) L(z_k)`` in Bai et al.'s
-    Eq. 7, trains the early iterates towards the answer, which makes the forward solve need fewer
+    gradient, as Bai et al. 2022 use). A loss on them, ``sum_k gamma^(K-k) L(z_k)`` as in Bai et
+    al.'s sparse correction, trains the early iterates towards the answer, which makes the forward solve need fewer
     steps. They cost ``K s`` more cell evaluations without gradient and ``K`` with.
 
     Inside a function wrapped by :func:`capture_solver_stats`, each call sows its solver
@@ -160,7 +160,7 @@ class DEQ(nnx.Module):
 
     def _correction_iterates(self, cell_map, z0, state, x):
         """The solver's iterates every ``correction_stride`` steps, each with one differentiable
-        step of the cell (Bai et al. 2022, §3.3)."""
+        step of the cell (Bai et al. 2022)."""
         frozen = jax.lax.stop_gradient((state, x))
         path = None
         iterates = []

@@ -8,12 +8,12 @@ equilibrium to be unstable at initialisation. Each run applies one remedy (:data
 
 - ``"none"``: the baseline, implicit gradient (003 Eq. 11).
 - ``"jacobian"``: the loss plus ``gamma * ||df/dz||_F^2 / N`` at the detached equilibrium, by
-  Hutchinson's estimator with ``n_probes`` probes (Bai, Koltun & Kolter 2021, Eq. 4-5;
+  Hutchinson's estimator with ``n_probes`` probes (Bai, Koltun & Kolter 2021;
   :func:`deqlab.stability.jacobian_penalty`).
 - ``"spectral"``: ``W`` replaced by ``target * W / sigma(W)`` with a carried power iteration
   (Miyato et al. 2018; :class:`deqlab.nn.normalization.SpectralNorm`).
 - ``"correction"``: the loss plus the losses of ``K`` intermediate solver iterates
-  (Bai et al. 2022, Eq. 7; :class:`deqlab.nn.DEQ` ``correction``).
+  (Bai et al. 2022; :class:`deqlab.nn.DEQ` ``correction``).
 - ``"jacobian_free"``, ``"phantom"``, ``"shine"``: the gradient methods of :mod:`deqlab.implicit`
   (Fung et al. 2022; Geng et al. 2021; Ramzi et al. 2022, which needs the Broyden forward solver).
 
@@ -46,7 +46,7 @@ from deqlab.nn import DEQ
 from deqlab.nn.normalization import SpectralNorm, update_estimates
 from deqlab.solvers import get_solver
 
-__all__ = ["REMEDIES", "StabilityWarning", "StabilisedClassifier", "train_remedy", "run_stabilisation_sweep",
+__all__ = ["REMEDIES", "x64", "StabilityWarning", "StabilisedClassifier", "train_remedy", "run_stabilisation_sweep",
            "summarize", "gradient_errors", "predicted_radius"]
 
 REMEDIES = {
@@ -64,6 +64,16 @@ _DEFAULTS = dict(width=32, epochs=4, batch_size=64, learning_rate=1e-2, tol=1e-4
                  failure_tolerance=0.01, gamma=1.0, n_probes=1, target=0.9, correction=2, correction_stride=4,
                  correction_weight=0.5, phantom_steps=5, phantom_damping=0.5, monitor_size=128, monitor_steps=20,
                  warn_radius=0.95)
+
+
+def x64():
+    """Context manager: float64 inside the block (``jax.enable_x64(True)`` where jax has it,
+    ``jax.experimental.enable_x64()`` before), float32 again after it."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
 
 
 class StabilityWarning(RuntimeWarning):
@@ -173,14 +183,14 @@ def _program(remedy, in_features, n_batches, frozen_options):
         if remedy == "jacobian":
             f, args = model.equilibrium_map()
             x_flat = x.reshape(x.shape[0], -1)
-            # Bai et al. 2021 Eq. 5: the penalty at the detached equilibrium, divided by the width
+            # Bai et al. 2021: the penalty at the detached equilibrium, divided by the width
             penalty = stability.jacobian_penalty(f, jax.lax.stop_gradient(sol.value), args, x_flat, key=key,
                                                  n_probes=o["n_probes"], batch_axis=0)
             objective = objective + o["gamma"] * jnp.mean(penalty) / o["width"]
         if remedy == "correction":
             k = iterates.shape[0]
             for i in range(k):
-                # Bai et al. 2022 Eq. 7: weights gamma^(K - k), the last iterate closest to z*
+                # Bai et al. 2022: weights gamma^(K - k), the last iterate closest to z*
                 weight = o["correction_weight"] ** (k - i)
                 logits_i = model.readout(iterates[i])
                 objective = objective + weight * optax.softmax_cross_entropy_with_integer_labels(logits_i, y).mean()
@@ -416,19 +426,18 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
     The model is an untrained :class:`StabilisedClassifier` (``remedy="none"``) at ``scale``, its
     parameters cast to float64; the loss is the cross-entropy of ``batch`` training images. The
     exact gradient is the implicit one with the forward and adjoint solves at ``tol = 1e-10``
-    (run inside ``jax.experimental.enable_x64``; x64 is restored after). Methods: ``"implicit"``
+    (run inside :func:`x64`; float32 is restored after). Methods: ``"implicit"``
     (Anderson, adjoint at the training tolerance 1e-4), ``"unrolled"`` (backprop through
     ``max_steps`` steps), ``"jacobian_free"``, ``"phantom"``, ``"shine"`` (Broyden forward).
 
     Returns:
-        ``{method: {"error", "memory", "backward_vjps"}}``: the relative error ``||g - g*|| /
-        ||g*||`` of the gradient of every parameter; ``memory``, the temporary bytes XLA allocates
+        ``{method: {"error", "forward_converged", "memory", "backward_vjps"}}``: the relative error
+        ``||g - g*|| / ||g*||`` of the gradient of every parameter; the fraction of the batch whose
+        forward solve (the method's solver, at tol 1e-4) converged; ``memory``, the temporary bytes XLA allocates
         for the compiled gradient (``memory_analysis().temp_size_in_bytes``); ``backward_vjps``,
         the vector-Jacobian products of the backward pass (measured for the implicit one: the
         adjoint solve's evaluations).
     """
-    from jax.experimental import enable_x64
-
     from deqlab.implicit import adjoint_solve
 
     where = "nonlinear.stabilisation.gradient_errors"
@@ -446,7 +455,7 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
         "shine": (SHINE(on_failure="ignore"), "broyden", 1e-4),
     }
     out = {}
-    with enable_x64():
+    with x64():
         x = jnp.asarray(x_all[:batch], jnp.float64)
         y = jnp.asarray(y_all[:batch])
         model = StabilisedClassifier(x.shape[1], remedy="none", width=width, ensemble=family, scale=scale,
@@ -471,7 +480,11 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
             grad_fn = jax.jit(jax.grad(make_loss(backward, solver, tol)))
             memory = grad_fn.lower(params).compile().memory_analysis()
             g = flat(grad_fn(params))
+            forward = nnx.merge(graphdef, params)
+            forward.deq.solver = get_solver(solver, tol=tol, max_steps=max_steps)
+            converged = float(jnp.mean(forward(x)[1].converged))
             out[name] = {"error": float(jnp.linalg.norm(g - exact) / jnp.linalg.norm(exact)),
+                         "forward_converged": converged,
                          "memory": float(getattr(memory, "temp_size_in_bytes", np.nan)),
                          "backward_vjps": float({"unrolled": max_steps, "jacobian_free": 1,
                                                  "phantom": phantom_steps, "shine": backward.refine
