@@ -73,7 +73,11 @@ class TransformerCell(nnx.Module):
             (:data:`deqlab.ensembles.ENSEMBLES`); scale defaults to half the ensemble's critical
             scale, the middle of 001's range sqrt(V) in [0.1, 1] for Gaussian weights.
         attention_ensemble, attention_scale: law and scale of W_Q, W_K, W_V, W_O; the scale
-            defaults to the ensemble's critical scale (variance preserving, like LeCun's).
+            defaults to 0.3 of the ensemble's critical scale. It decides how contractive f is:
+            with it the plain iteration converges at initialisation (book chapter 5, page 1: at
+            0.3 the layer's Jacobian has spectral radius below 0.9, at 0.9 above 1 for most
+            sequences). 003 §5 asks for "a small operator norm in the weight matrices" at
+            initialisation.
         max_distance: number of learned relative-position biases per head (distances beyond
             share the last one).
         attention_residual: normalise ``z + Attention(...)`` as Transformer-XL does, instead of
@@ -105,7 +109,7 @@ class TransformerCell(nnx.Module):
                               "(001 App. D)", hidden, where)
         scale = 0.5 * ensembles.critical_scale(ensemble) if scale is None else scale
         if attention_scale is None:
-            attention_scale = ensembles.critical_scale(attention_ensemble)
+            attention_scale = 0.3 * ensembles.critical_scale(attention_ensemble)
         checks.number(scale, "scale", where, lower=0.0)
         checks.number(attention_scale, "attention_scale", where, lower=0.0)
         if not isinstance(attention_residual, bool):

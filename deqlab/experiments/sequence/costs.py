@@ -6,8 +6,8 @@
 - :func:`training_memory`: compiled temporary memory of one training gradient, implicit DEQ against
   the weight-tied network unrolled to matched depth L (003 Tables 2-3, memory column), measured as
   chapter 0 and ``benchmarks/memory.py`` do (``compile().memory_analysis()``).
-- :func:`step_times`: wall time of a training step (forward and backward) and of inference, DEQ
-  against the unrolled network (003 Table 4).
+- :func:`profile`: memory and wall time of a training step (forward and backward) and of
+  inference, DEQ against the unrolled network, from one compilation each (003 Tables 2-4).
 - :func:`equilibrium_tradeoff`: validation loss when the forward solve is stopped at a looser
   tolerance or an earlier iteration limit (003 Figure 3).
 """
@@ -30,7 +30,8 @@ from deqlab.nn import LanguageModel, TransformerCell, TrellisCell, eval_step, lm
 from deqlab.precision import PrecisionWarning
 from deqlab.solvers import Broyden, solve
 
-__all__ = ["markov_corpus", "make_lm", "batches", "gradient_program", "training_memory", "step_times", "equilibrium_tradeoff"]
+__all__ = ["markov_corpus", "make_lm", "batches", "gradient_program", "training_memory", "profile",
+           "equilibrium_tradeoff"]
 
 KINDS = ("transformer", "trellis")
 
@@ -80,13 +81,15 @@ def markov_corpus(key: jax.Array, *, vocab: int = 8, sequences: int = 256, lengt
 
 def make_lm(kind: str, *, vocab: int, width: int, seed: int = 0, depth: int | None = None,
             tol: float = 1e-4, max_steps: int = 30, scale: float | None = None,
-            attention_scale: float = 0.3, param_dtype: Any = jnp.float32, **cell_options: Any) -> LanguageModel:
+            attention_scale: float = 0.3, param_dtype: Any = jnp.float32, solver: Any = "broyden",
+            **cell_options: Any) -> LanguageModel:
     """A small equilibrium language model (float32 by default).
 
     ``kind``: ``"transformer"`` (:class:`deqlab.nn.TransformerCell`, width d, 4 heads,
     feed-forward 4d) or ``"trellis"`` (:class:`deqlab.nn.TrellisCell` with hidden d/2, so that z
-    has width d as well; kernel 2, dilation 1). Broyden forward (003 §5), implicit backward whose
-    failures are not warned about but logged (``converged_fraction`` of the statistics).
+    has width d as well; kernel 2, dilation 1). Broyden forward (003 §5; ``solver`` replaces it,
+    e.g. ``Broyden(m=2)``), implicit backward whose failures are not warned about but logged
+    (``converged_fraction`` of the statistics). ``cell_options`` go to the cell.
     """
     where = "sequence.make_lm"
     checks.choice(kind, "kind", KINDS, where)
@@ -98,7 +101,7 @@ def make_lm(kind: str, *, vocab: int, width: int, seed: int = 0, depth: int | No
         if width % 2:
             raise checks.fail("width", "even for the trellis cell (z = [h, c])", width, where)
         cell = TrellisCell(width // 2, width, scale=scale, param_dtype=param_dtype, rngs=rngs, **cell_options)
-    return LanguageModel(vocab, cell, depth=depth, solver="broyden", tol=tol, max_steps=max_steps,
+    return LanguageModel(vocab, cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
                          backward=Implicit(on_failure="ignore"), rngs=rngs)
 
 
@@ -159,34 +162,47 @@ def training_memory(kind: str, depths: Sequence[int], *, vocab: int = 64, width:
     return out
 
 
-def _median_time(fn, args, repeats):
-    jax.block_until_ready(fn(*args))  # compile and warm up
+def _median_time(compiled, args, repeats):
+    jax.block_until_ready(compiled(*args))  # warm up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
+        jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
 
-def step_times(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int,
-               repeats: int = 5) -> dict[str, float]:
-    """Median wall time (seconds) of a training gradient and of inference, for the model as a DEQ
-    and unrolled to ``depth`` weight-tied layers with the same parameters (003 Table 4)."""
-    checks.positive_int(depth, "depth", "sequence.step_times")
-    checks.positive_int(repeats, "repeats", "sequence.step_times")
+def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int,
+            repeats: int = 5) -> dict[str, float]:
+    """Memory and speed of the model as a DEQ and unrolled to ``depth`` weight-tied layers with
+    the same parameters (003 Tables 2-4).
+
+    Each program is compiled once: its ``memory_analysis()`` gives the temporary memory of a
+    training gradient (``mem_*``, bytes), and the compiled program is timed (median of
+    ``repeats`` runs after a warm-up): ``train_*`` the gradient (forward and backward),
+    ``infer_*`` the forward pass, in seconds. ``train_ratio``, ``infer_ratio`` and
+    ``mem_ratio`` are DEQ / unrolled (> 1: the DEQ costs more), and ``nfe`` the DEQ's forward
+    evaluations on this batch.
+    """
+    checks.positive_int(depth, "depth", "sequence.profile")
+    checks.positive_int(repeats, "repeats", "sequence.profile")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     out = {}
     for mode, d in (("deq", None), ("unrolled", depth)):
         grad, args = _gradient_fn(model, d)
-        out[f"train_{mode}"] = _median_time(jax.jit(grad), (*args, tokens, targets), repeats)
+        compiled = jax.jit(grad).lower(*args, tokens, targets).compile()
+        out[f"mem_{mode}"] = int(compiled.memory_analysis().temp_size_in_bytes)
+        out[f"train_{mode}"] = _median_time(compiled, (*args, tokens, targets), repeats)
 
         def infer(params, rest, tokens, d=d):
-            return nnx.merge(graphdef, params, rest)(tokens, depth=d)[0]
+            return nnx.merge(graphdef, params, rest)(tokens, depth=d)
 
-        out[f"infer_{mode}"] = _median_time(jax.jit(infer), (params, rest, tokens), repeats)
-    out["train_ratio"] = out["train_deq"] / out["train_unrolled"]
-    out["infer_ratio"] = out["infer_deq"] / out["infer_unrolled"]
+        compiled = jax.jit(infer).lower(params, rest, tokens).compile()
+        out[f"infer_{mode}"] = _median_time(compiled, (params, rest, tokens), repeats)
+        if mode == "deq":
+            out["nfe"] = float(compiled(params, rest, tokens)[1]["nfe"])
+    for what in ("train", "infer", "mem"):
+        out[f"{what}_ratio"] = out[f"{what}_deq"] / out[f"{what}_unrolled"]
     return out
 
 

@@ -1,0 +1,102 @@
+"""deqlab.experiments.sequence.weight_tied and .costs: the measurements behind chapter 5's pages 1
+and 3, checked on problems whose answers are known."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from deqlab.experiments.sequence import costs, weight_tied
+
+
+class _LinearCell(nnx.Module):
+    """f(z, x) = z A + x: a cell whose Jacobian A is known exactly."""
+
+    def __init__(self, a):
+        self.a = nnx.Param(a)
+        self.width = a.shape[0]
+        self.in_features = a.shape[0]
+
+    def readout(self, z):
+        return z
+
+    def __call__(self, z, x):
+        return z @ self.a[...] + x
+
+
+def _rotation_cell(radius, n=6):
+    # block-diagonal 2x2 rotations scaled by radius: every eigenvalue has modulus `radius`, complex
+    angles = np.linspace(0.3, 1.2, n // 2)
+    a = np.zeros((n, n))
+    for i, t in enumerate(angles):
+        a[2 * i:2 * i + 2, 2 * i:2 * i + 2] = radius * np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+    return _LinearCell(jnp.asarray(a))
+
+
+def test_jacobian_radius_and_picard_rate_on_a_known_linear_map():
+    """On f(z) = zA + x with spectral radius 0.7 (complex pairs) both estimates give 0.7."""
+    cell = _rotation_cell(0.7)
+    x = jax.random.normal(jax.random.key(0), (3, 4, 6))
+    z_star = jnp.linalg.solve((jnp.eye(6) - cell.a[...]).T, x.reshape(-1, 6).T).T.reshape(x.shape)
+    np.testing.assert_allclose(cell(z_star, x), z_star, atol=1e-12)
+    np.testing.assert_allclose(weight_tied.jacobian_radius(cell, z_star, x, iterations=100), 0.7, rtol=1e-6)
+    traces = weight_tied.convergence(cell, x, evaluations=60, tol=1e-12)
+    # the residual of a normal linear map falls by exactly rho per layer
+    np.testing.assert_allclose(weight_tied.picard_rate(traces["unrolled"], floor=1e-12), 0.7, rtol=1e-2)
+    assert np.all(traces["broyden"][-1] < 1e-11)  # a linear problem: Broyden converges, faster
+    assert np.all(traces["broyden"][-1] < traces["unrolled"][-1])
+    distance = weight_tied.distance_to_equilibrium(cell, x, z_star, [1, 5, 10])
+    np.testing.assert_allclose(distance[2] / distance[1], 0.7**5, rtol=1e-6)  # error shrinks by rho^5
+
+
+def test_jacobian_radius_above_one():
+    cell = _rotation_cell(1.3)
+    x = jnp.zeros((2, 3, 6))
+    np.testing.assert_allclose(weight_tied.jacobian_radius(cell, x, x, iterations=80), 1.3, rtol=1e-6)
+
+
+def test_markov_corpus_entropy_rate():
+    """The empirical conditional entropy of the next token given two tokens matches the computed
+    entropy rate: 512 x 64 transitions over 16 contexts, a plug-in estimate biased low by about
+    (#cells) / (2 n) = 64 / 65536 nats, with a standard error of ~0.005 nats."""
+    tokens, rate = costs.markov_corpus(jax.random.key(1), vocab=4, sequences=512, length=64, concentration=0.5)
+    assert tokens.shape == (512, 65) and tokens.dtype == np.int32
+    assert tokens.min() >= 0 and tokens.max() < 4
+    counts = np.zeros((4, 4, 4))
+    np.add.at(counts, (tokens[:, :-2], tokens[:, 1:-1], tokens[:, 2:]), 1)
+    p_context = counts.sum(-1) / counts.sum()
+    law = counts / np.maximum(counts.sum(-1, keepdims=True), 1)
+    plug_in = -np.sum(p_context[..., None] * np.where(law > 0, law * np.log(np.where(law > 0, law, 1)), 0))
+    assert 0 < rate < np.log(4)
+    assert abs(plug_in - rate) < 0.03, (plug_in, rate)
+
+
+def test_make_lm_and_bad_arguments():
+    model = costs.make_lm("trellis", vocab=5, width=8)
+    assert model.block.cell.width == 8
+    with pytest.raises(ValueError, match="kind"):
+        costs.make_lm("lstm", vocab=5, width=8)
+    with pytest.raises(ValueError, match="width"):
+        costs.make_lm("trellis", vocab=5, width=7)
+    with pytest.raises(ValueError, match="vocab"):
+        costs.markov_corpus(jax.random.key(0), vocab=0)
+    with pytest.raises(ValueError, match="evaluations"):
+        weight_tied.convergence(_rotation_cell(0.5), jnp.zeros((1, 2, 6)), evaluations=0)
+
+
+@pytest.mark.slow
+def test_memory_of_the_deep_network_grows_and_the_deq_does_not():
+    out = costs.training_memory("trellis", [2, 8], deq_depths=[2, 8], vocab=8, width=16, length=16, batch=4)
+    assert out["unrolled"][1] > out["unrolled"][0]
+    assert out["deq"][0] == out["deq"][1]
+
+
+@pytest.mark.slow
+def test_equilibrium_tradeoff_matches_the_model():
+    """The loss at the tightest tolerance is the model's own loss (the same Broyden iterates)."""
+    model = costs.make_lm("trellis", vocab=6, width=8, tol=1e-5, max_steps=40, param_dtype=jnp.float32)
+    tokens, _ = costs.markov_corpus(jax.random.key(2), vocab=6, sequences=8, length=12)
+    out = costs.equilibrium_tradeoff(model, tokens[:, :-1], tokens[:, 1:], max_steps=40, tolerances=(1e-1, 1e-5))
+    assert abs(out["loss_at_tol"][-1] - out["converged_loss"]) < 1e-4
+    assert out["steps_at_tol"][0] <= out["steps_at_tol"][1]
