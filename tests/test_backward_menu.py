@@ -118,14 +118,16 @@ def test_batched_and_jitted_methods_agree_with_per_sample(linear):
         solver = "broyden" if isinstance(backward, SHINE) else "anderson"
 
         def loss(bs, backward=backward, solver=solver):
-            return jnp.sum(fixed_point(f, jnp.zeros(bs.shape), bs, solver=solver, tol=1e-13, max_steps=300,
+            # tol 1e-6, not 1e-13: near machine precision the last secants amplify rounding, which
+            # differs between batch sizes (XLA's kernels); a sample mixing with another would show at O(1)
+            return jnp.sum(fixed_point(f, jnp.zeros(bs.shape), bs, solver=solver, tol=1e-6, max_steps=300,
                                        batch_axis=0, backward=backward).value @ c)
 
         batched = jax.jit(jax.grad(loss))(bs)
         # one sample at a time, same map: SHINE's estimate is each sample's own history, which a
         # batch keeps per sample (the pair counter is shared, the pairs are frozen at convergence)
         single = jnp.concatenate([jax.grad(loss)(bs[i:i + 1]) for i in range(4)])
-        np.testing.assert_allclose(batched, single, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(batched, single, rtol=1e-7, atol=1e-9)
 
 
 def test_names_and_errors():
