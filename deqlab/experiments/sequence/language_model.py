@@ -35,22 +35,10 @@ from flax import nnx
 
 from deqlab import checks, data
 
-__all__ = ["prepare_corpus", "make_model", "train_language_model", "run_language_model", "LOGGED",
-           "FULL_SCALE_COMMAND"]
+__all__ = ["prepare_corpus", "make_model", "train_language_model", "run_language_model", "LOGGED"]
 
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
 """Per-step quantities a run records: training loss and the forward solve's statistics."""
-
-FULL_SCALE_COMMAND = (
-    "DEQLAB_SCALE=full python -c \"from deqlab.experiments.sequence import language_model as lm; "
-    "print(lm.run_language_model('runs/wt103', [dict(corpus='wikitext-103', tokenizer='sentencepiece', "
-    "vocab_size=32000, context=128, width=700, heads=10, steps=200000, batch_size=512, learning_rate=2.5e-4, "
-    "max_steps=20, seed=0, eval_batches=200)], progress=True))\""
-)
-"""The full-scale run of 001 App. D (Wikitext-103, batch 512, context 128, width 700, 20 Broyden
-steps) on a GPU or TPU; the vocabulary size, step count and learning rate are ours (the paper's
-pre-trained tokenizer and schedule are not given)."""
-
 
 def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vocab_size: int = 1000,
                    context: int = data.LM_CONTEXT, source: str | None = None, path: Any = None,
