@@ -382,3 +382,16 @@ def test_layer_jacobian_is_diag_sigma_prime_times_weights():
     np.testing.assert_allclose(np.asarray(fam.curvature(u)[:, None] * inner), J, rtol=0, atol=1e-13 * np.abs(J).max())
     printed = np.asarray(inner * fam.curvature(params.W1 @ z + params.W2 @ T)[None, :])
     assert np.abs(printed - J).max() > 0.05 * np.abs(J).max()
+
+
+def test_real_spin_is_the_tanh_deq_on_real_observations():
+    X = np.linspace(-2.0, 2.0, 13)
+    Y = 0.8 * np.sin(2 * X)
+    k = kglm.squared_exponential(0.7)
+    fam = kglm.real_spin()
+    with pytest.raises(ValueError, match="Y"):
+        kglm.kglm_predict(X, Y, None, k, 1.0, "spin")  # spin takes +-1 only
+    direct = kglm.kglm_predict(X, Y, X + 0.1, k, 1.0, fam)
+    deq = kglm.deq_predict(X, Y, X + 0.1, k, 1.0, fam)
+    np.testing.assert_allclose(np.asarray(deq.prediction), direct.prediction, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(deq.z), np.tanh(np.asarray(deq.fitted)), atol=1e-13)

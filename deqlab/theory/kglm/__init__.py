@@ -18,6 +18,7 @@ from deqlab.theory.kglm.families import (
     get_family,
     log_cosh_prior,
     poisson,
+    real_spin,
     spin,
 )
 from deqlab.theory.kglm.kernels import (
@@ -82,6 +83,7 @@ __all__ = [
     "get_family",
     "log_cosh_prior",
     "poisson",
+    "real_spin",
     "spin",
     "NAIVE_INTERVAL",
     "SCHEMES",

@@ -50,6 +50,7 @@ __all__ = [
     "binomial",
     "poisson",
     "spin",
+    "real_spin",
     "FAMILIES",
     "get_family",
     "log_cosh_prior",
@@ -245,6 +246,21 @@ def spin() -> Family:
         support="-1 or +1",
         valid_observation=lambda y: (y == 1.0) | (y == -1.0),
     )
+
+
+@functools.lru_cache(maxsize=None)
+def real_spin() -> Family:
+    """:func:`spin` with real-valued observations: the tanh DEQ of 004 §4 (sequence-to-sequence task).
+
+    004 §4 runs the layer ``z = tanh(W1 z + W2 Y)`` of Theorem 3 on real-valued sequences ``Y``.
+    The objective of 004 Eq. 5 with ``A = log(2 cosh)`` and ``T(y) = y`` is strictly convex for any
+    real ``Y``, so its MAP and Theorem 3 are unchanged; only the likelihood is no longer a
+    normalised density for ``y`` other than ``+-1`` (a pseudo-likelihood). Same ``A``, ``A'``,
+    ``A''`` as :func:`spin`; observations: any finite real number.
+    """
+    base = spin()
+    return dataclasses.replace(base, name="real_spin", support="real numbers",
+                               valid_observation=lambda y: np.ones(y.shape, bool))
 
 
 FAMILIES: dict[str, Callable[[], Family]] = {

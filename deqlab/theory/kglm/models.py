@@ -262,6 +262,10 @@ def kglm_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, fami
 
     Raises:
         deqlab.solvers.SolverError: Newton did not reach ``tol`` (never returns an unconverged ``alpha``).
+
+    Needs ``jax_enable_x64``: the kernel and the mean map are evaluated with ``jax.numpy``, and in
+    float32 Newton's residual stalls near ``1e-7 ||T||``, above the default ``tol`` (a float32 page
+    switches to float64 for this call, or passes a ``tol`` float32 can reach).
     """
     where = "kglm_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
@@ -354,7 +358,7 @@ def _builtin_code(family: Family) -> tuple[int, float] | None:
         return 1, float(r)
     if family is _families.poisson():
         return 2, 0.0
-    if family is _families.spin():
+    if family is _families.spin() or family is _families.real_spin():
         return 3, 0.0
     return None
 
