@@ -61,7 +61,8 @@ class ScalarMap:
         key: the panel, ``"a"`` ... ``"f"``.
         label: the layer as 004 writes it, in TeX (``r"\\tanh(0.9z+2)"``).
         function: ``g``, elementwise and traceable (``jax.numpy``).
-        slope, shift: ``g(z) = phi(slope z + shift)``.
+        slope: ``a`` in ``g(z) = phi(a z + b)``.
+        shift: ``b`` in ``g(z) = phi(a z + b)``.
         activation: ``"tanh"`` or ``"relu"``.
         fixed_point_count: 004's count on the real line (``math.inf`` for uncountably many).
     """
