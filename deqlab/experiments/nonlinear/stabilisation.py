@@ -294,7 +294,7 @@ def train_remedy(remedy: str, scale: float, seeds: Sequence[int], *, family: str
         ``radius_curve`` (the monitor after each epoch), ``initial_radius``, ``solver_failed``,
         ``diverged``; and ``sigma_x2`` (the variance of the initial ``U x`` on the monitor batch,
         mean over seeds), ``predicted_radius`` (chapter 3's value for it), ``step_time`` (seconds
-        per training step of all seeds together, timed over the epochs after the first) and
+        per training step of all seeds together, in the fastest epoch after the first) and
         ``seeds``.
 
     Warns:
