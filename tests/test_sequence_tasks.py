@@ -83,3 +83,12 @@ def test_language_model_bad_config(tiny_corpus):
         lm.train_language_model({"corpus": "austen"})
     with pytest.raises(ValueError, match="batch_size"):
         lm.train_language_model({**TINY, "batch_size": 10**6}, corpus=tiny_corpus)
+
+
+def test_language_model_sweep_rows(tmp_path, monkeypatch, tiny_corpus):
+    # the sweep passes its checkpoint directory and stores the result next to the configuration
+    monkeypatch.setattr(lm, "prepare_corpus", lambda *a, **k: tiny_corpus)
+    config = {**TINY, "steps": 2}
+    (row,) = lm.run_language_model(tmp_path, [config])
+    assert row["vocabulary"] == tiny_corpus["tokenizer"].vocab_size and len(row["loss"]) == 2
+    assert {k: row[k] for k in config} == config

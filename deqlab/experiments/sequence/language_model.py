@@ -75,7 +75,8 @@ def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps:
 
 
 def _pure(state):
-    return state.to_pure_dict()
+    # flax >= 0.11 deprecates State.to_pure_dict in favour of nnx.to_pure_dict
+    return nnx.to_pure_dict(state) if hasattr(nnx, "to_pure_dict") else state.to_pure_dict()
 
 
 def _load(module, pure, *filters):
@@ -109,7 +110,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         ``loss``, ``steps_mean``, ``converged_fraction``, ``residual_max``: one entry per step;
         ``validation_loss`` (nats per token) and ``validation_perplexity``;
         ``validation_steps_mean`` and ``validation_converged_fraction`` (the solve at evaluation);
-        ``parameters``, ``train_tokens``, ``seconds`` (this call's training time),
+        ``parameters``, ``vocabulary`` (the tokenizer's size), ``train_tokens``, ``seconds`` (this
+        call's training time),
         ``resumed_from`` (the step a checkpoint gave, 0 if none).
     """
     from tqdm.auto import tqdm
@@ -214,7 +216,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         "validation_steps_mean": float(np.mean(v_steps)),
         "validation_converged_fraction": float(np.mean(v_conv)),
         "parameters": parameter_count(model),
-        "vocab_size": int(vocab),
+        "vocabulary": int(vocab),
         "train_tokens": int(corpus["tokens"]["train"]),
         "seconds": seconds,
         "resumed_from": int(start_step),
