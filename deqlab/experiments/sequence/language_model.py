@@ -8,8 +8,8 @@ Wikitext-103 with sequences of 150 tokens. This module runs that pipeline at any
   default, or Wikitext-103), a tokenizer trained on the training split and cached on disk
   (:func:`deqlab.data.text_tokenizer`), and the 128-token windows of each split
   (:func:`deqlab.data.lm_windows`);
-- :func:`train_language_model`: :class:`deqlab.nn.lm.LanguageModel` over a
-  :class:`deqlab.nn.transformer.TransformerCell`, trained with :func:`deqlab.nn.lm.train_step`
+- :func:`train_language_model`: :class:`deqlab.nn.LanguageModel` over a
+  :class:`deqlab.nn.TransformerCell`, trained with :func:`deqlab.nn.train_step`
   (which returns the forward solve's statistics each step) on shuffled batches
   (:func:`deqlab.data.lm_batches`), with a tqdm bar, orbax checkpoints every
   ``checkpoint_every`` steps (:class:`deqlab.experiments.sweep.Checkpoints`) and resumption from
@@ -17,7 +17,7 @@ Wikitext-103 with sequences of 150 tokens. This module runs that pipeline at any
 - :func:`run_language_model`: configurations through :func:`deqlab.experiments.sweep.run_sweep`
   with checkpoints, so that an interrupted run resumes within its configuration.
 
-On several devices the batch is sharded over a data mesh (:func:`deqlab.nn.lm.data_mesh`): the
+On several devices the batch is sharded over a data mesh (:func:`deqlab.nn.data_mesh`): the
 same code runs on one CPU, a GPU or a TPU slice.
 """
 
@@ -62,8 +62,8 @@ def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vo
 
 def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps: int = 20,
                tol: float | None = None, depth: int | None = None) -> nnx.Module:
-    """The DEQ-Transformer language model: :class:`deqlab.nn.lm.LanguageModel` over a
-    :class:`deqlab.nn.transformer.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20)."""
+    """The DEQ-Transformer language model: :class:`deqlab.nn.LanguageModel` over a
+    :class:`deqlab.nn.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20)."""
     from deqlab.implicit import Implicit
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
@@ -114,7 +114,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         call's training time),
         ``resumed_from`` (the step a checkpoint gave, 0 if none).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from deqlab.nn import lm
     from deqlab.nn.baselines import parameter_count
@@ -169,7 +169,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     key = jax.random.key(seed)
     epoch_batches, epoch_of = None, None
     began = time.perf_counter()
-    bar = tqdm(total=steps, initial=start_step, desc="DEQ-Transformer LM", disable=not progress)
+    # a plain-text bar updated at most every 2 s: a stored notebook keeps a few lines, not one per step
+    bar = tqdm(total=steps, initial=start_step, desc="DEQ-Transformer LM", disable=not progress, mininterval=2.0)
     try:
         for step in range(start_step, steps):
             epoch, index = divmod(step, per_epoch)
@@ -185,7 +186,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
                 raise FloatingPointError(f"{where}: the loss became {float(metrics['loss'])} at step {step}; lower "
                                          "the learning rate.")
             bar.update(1)
-            bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", solver_steps=f"{float(metrics['steps_mean']):.1f}")
+            bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", solver_steps=f"{float(metrics['steps_mean']):.1f}",
+                            refresh=False)
             done = step + 1
             if done % every == 0 or done == steps:
                 save(done)
