@@ -141,11 +141,29 @@ def parameter_count(model: nnx.Module) -> int:
 
 def width_for_parameters(make: Callable[[int], nnx.Module], target: int, widths: Iterable[int]) -> int:
     """The width ``w`` among ``widths`` whose model ``make(w)`` has a parameter count closest to
-    ``target`` (ties: the smaller width). The models are only traced (``nnx.eval_shape``), not built."""
+    ``target`` (ties: the smaller width).
+
+    The count must grow with the width (it does for every model here), so a bisection over the
+    sorted ``widths`` traces about log2(len(widths)) models (``nnx.eval_shape``: no arrays are made).
+    """
     where = "nn.baselines.width_for_parameters"
     target = checks.positive_int(target, "target", where)
-    widths = [checks.positive_int(w, "widths", where) for w in widths]
+    widths = sorted({checks.positive_int(w, "widths", where) for w in widths})
     if not widths:
         raise checks.fail("widths", "a non-empty list of integers >= 1", widths, where)
-    counts = {w: parameter_count(nnx.eval_shape(lambda w=w: make(w))) for w in widths}
-    return min(widths, key=lambda w: (abs(counts[w] - target), w))
+    cache: dict[int, int] = {}
+
+    def count(i):
+        if i not in cache:
+            cache[i] = parameter_count(nnx.eval_shape(lambda: make(widths[i])))
+        return cache[i]
+
+    lo, hi = 0, len(widths) - 1  # the first index whose count reaches the target, or the last
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = min((i for i in (lo - 1, lo) if 0 <= i < len(widths)), key=lambda i: (abs(count(i) - target), i))
+    return widths[best]

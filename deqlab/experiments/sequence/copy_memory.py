@@ -8,7 +8,7 @@ GRU sit at the loss of a model that remembers nothing, 10 ln 8 / 420 = 0.0495
 choices here (Adam with gradient clipping, batch, steps) are ours and are arguments.
 
 - :func:`make_model`: one of :data:`MODELS` at a parameter budget. The DEQ-Transformer is
-  :class:`deqlab.nn.lm.LanguageModel` (embedding, :class:`deqlab.nn.transformer.TransformerCell`
+  :class:`deqlab.nn.LanguageModel` (embedding, :class:`deqlab.nn.TransformerCell`
   solved by Broyden's method, readout) with ``max_distance`` = the sequence length, so that the
   learned relative-position bias can point from each recall step to its symbol, always T + 10
   steps back; the baselines come from :mod:`deqlab.nn.baselines`, each at the width whose
@@ -130,7 +130,7 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     """Train one model on copy memory; the function a sweep row runs.
 
     ``config``: ``model`` (:data:`MODELS`), ``delay`` (T), ``steps``, ``batch_size``,
-    ``learning_rate`` (Adam, gradients clipped to global norm 1), ``parameters`` (budget),
+    ``learning_rate`` (Adam, gradients clipped to global norm 1), ``budget`` (parameters),
     ``seed``, ``test_size``; optional ``max_steps``, ``tol`` (the DEQ's solve) and ``log_every``.
 
     Returns a dict: ``test_loss`` (mean cross-entropy per step over the test set, 003 Table 1's
@@ -141,7 +141,7 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     ``solver_steps`` and ``converged_fraction`` per window and ``test_converged_fraction``.
     """
     where = "sequence.copy_memory.train_copy_memory"
-    required = ("model", "delay", "steps", "batch_size", "learning_rate", "parameters", "seed", "test_size")
+    required = ("model", "delay", "steps", "batch_size", "learning_rate", "budget", "seed", "test_size")
     missing = [k for k in required if k not in config]
     if missing:
         raise checks.fail("config", f"a dict with the keys {', '.join(required)}", f"one missing {missing}", where)
@@ -152,7 +152,7 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     test_size = checks.positive_int(config["test_size"], "config['test_size']", where)
     log_every = checks.positive_int(config.get("log_every", max(1, steps // 20)), "config['log_every']", where)
     seed = checks.integer(config["seed"], "config['seed']", where, minimum=0)
-    model = make_model(config["model"], parameters=config["parameters"], delay=delay, seed=seed,
+    model = make_model(config["model"], parameters=config["budget"], delay=delay, seed=seed,
                        max_steps=config.get("max_steps", 30), tol=config.get("tol"))
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(rate)), wrt=nnx.Param)
 
