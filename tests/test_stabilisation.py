@@ -90,7 +90,7 @@ def test_vmapped_seeds_equal_single_seeds_and_monitor_matches_eigvals():
 
 @pytest.mark.slow
 def test_every_remedy_trains_and_spectral_norm_bounds_the_radius(tmp_path):
-    rows = st.run_stabilisation_sweep(tmp_path, scales=[2.0], seeds=[0, 1],
+    rows = st.run_stabilisation_sweep(tmp_path, scales=[3.0], seeds=[0, 1],
                                       train_size=128, progress=False, **TINY)
     summary = {s["remedy"]: s for s in st.summarize(rows)}
     assert set(summary) == set(st.REMEDIES)
@@ -100,7 +100,8 @@ def test_every_remedy_trains_and_spectral_norm_bounds_the_radius(tmp_path):
     # ||W_eff|| = 0.9 bounds rho(df/dz) (|tanh'| <= 1), up to the power iterate's lag
     radius = np.asarray(rows[list(st.REMEDIES).index("spectral")]["result"]["radius_curve"])
     assert radius.max() <= 0.9 * 1.05
-    assert summary["none"]["radius_initial"] > 1.0  # sqrt(V) = 2 is past chapter 3's critical scale
+    # sqrt(V) = 3 is far past chapter 3's critical scale (predicted radius about 1.3; width 8 fluctuates)
+    assert summary["none"]["radius_initial"] > 0.9 * 1.05 >= radius.max()
 
 
 @pytest.mark.slow
