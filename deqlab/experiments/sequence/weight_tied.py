@@ -69,7 +69,7 @@ def jacobian_radius(cell: nnx.Module, z_star: jax.Array, x: jax.Array, *, iterat
 
     With v_k = J^k v_0, ``||v_k||^(1/k) -> rho(J)`` whatever v_0 (almost surely); the estimate is
     the mean log growth over the second half of the iterations, which is also right for a
-    dominant complex pair (where the direction rotates but the growth rate is |lambda|).
+    dominant complex pair (where the direction rotates but the growth rate is ``|lambda|``).
 
     Returns:
         ``rho`` of shape ``(B,)``.
