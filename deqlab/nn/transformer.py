@@ -70,7 +70,7 @@ class TransformerCell(nnx.Module):
         hidden: width of the feed-forward layer; default 4 x width (001 App. D: 700 -> 2800), and
             width itself for the square ``"goe"`` / ``"antisymmetric"`` ensembles (required).
         ensemble, scale: law and scale sqrt(V) of the feed-forward matrices W1, W2
-            (:data:`deqlab.ensembles.ENSEMBLES`); scale defaults to half the ensemble's critical
+            (``deqlab.ensembles.ENSEMBLES``); scale defaults to half the ensemble's critical
             scale, the middle of 001's range sqrt(V) in [0.1, 1] for Gaussian weights.
         attention_ensemble, attention_scale: law and scale of W_Q, W_K, W_V, W_O; the scale
             defaults to 0.3 of the ensemble's critical scale. It decides how contractive f is:

@@ -55,14 +55,14 @@ def markov_corpus(key: jax.Array, *, vocab: int = 8, sequences: int = 256, lengt
     for value, name in ((vocab, "vocab"), (sequences, "sequences"), (length, "length")):
         checks.positive_int(value, name, where)
     checks.positive_number(concentration, "concentration", where)
-    k_law, k_start, k_walk = jax.random.split(key, 3)
-    law = np.asarray(jax.random.dirichlet(k_law, jnp.full((vocab,), concentration), (vocab, vocab)), np.float64)
+    # NumPy draws from a generator seeded by the key: deterministic, and no compilation
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+    law = rng.dirichlet(np.full(vocab, concentration), size=(vocab, vocab))
     law = law / law.sum(-1, keepdims=True)
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(k_walk)).ravel())
     burn = 4 * vocab
     total = burn + length + 1
     out = np.empty((sequences, total + 2), np.int32)
-    out[:, :2] = np.asarray(jax.random.randint(k_start, (sequences, 2), 0, vocab))
+    out[:, :2] = rng.integers(0, vocab, size=(sequences, 2))
     cumulative = np.cumsum(law, axis=-1)
     for t in range(2, total + 2):
         u = rng.random(sequences)[:, None]
@@ -173,7 +173,7 @@ def _median_time(compiled, args, repeats):
 
 
 def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int,
-            repeats: int = 5) -> dict[str, float]:
+            repeats: int = 5, timing: bool = True) -> dict[str, float]:
     """Memory and speed of the model as a DEQ and unrolled to ``depth`` weight-tied layers with
     the same parameters (003 Tables 2-4).
 
@@ -182,7 +182,7 @@ def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, dept
     ``repeats`` runs after a warm-up): ``train_*`` the gradient (forward and backward),
     ``infer_*`` the forward pass, in seconds. ``train_ratio``, ``infer_ratio`` and
     ``mem_ratio`` are DEQ / unrolled (> 1: the DEQ costs more), and ``nfe`` the DEQ's forward
-    evaluations on this batch.
+    evaluations on this batch. ``timing=False``: memory only (no inference programs, no runs).
     """
     checks.positive_int(depth, "depth", "sequence.profile")
     checks.positive_int(repeats, "repeats", "sequence.profile")
@@ -192,6 +192,8 @@ def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, dept
         grad, args = _gradient_fn(model, d)
         compiled = jax.jit(grad).lower(*args, tokens, targets).compile()
         out[f"mem_{mode}"] = int(compiled.memory_analysis().temp_size_in_bytes)
+        if not timing:
+            continue
         out[f"train_{mode}"] = _median_time(compiled, (*args, tokens, targets), repeats)
 
         def infer(params, rest, tokens, d=d):
@@ -201,14 +203,14 @@ def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, dept
         out[f"infer_{mode}"] = _median_time(compiled, (params, rest, tokens), repeats)
         if mode == "deq":
             out["nfe"] = float(compiled(params, rest, tokens)[1]["nfe"])
-    for what in ("train", "infer", "mem"):
+    for what in ("train", "infer", "mem") if timing else ("mem",):
         out[f"{what}_ratio"] = out[f"{what}_deq"] / out[f"{what}_unrolled"]
     return out
 
 
 def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *,
-                         max_steps: int = 30, tolerances: Sequence[float] = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 1e-4)
-                         ) -> dict[str, Any]:
+                         max_steps: int = 30, tolerances: Sequence[float] = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 1e-4),
+                         reference: bool = True) -> dict[str, Any]:
     """Validation loss of a trained DEQ when its Broyden solve stops early (003 Figure 3).
 
     One Broyden iteration is run at a time, continuing the same iteration (``init_state``), so one
@@ -219,7 +221,10 @@ def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.A
 
     Returns:
         ``{"steps": k, "loss_at_step": mean loss of iterate k, "residual_at_step": median
-        residual, "tolerances": eps, "loss_at_tol": loss, "steps_at_tol": mean stopping step}``.
+        residual, "tolerances": eps, "loss_at_tol": loss, "steps_at_tol": mean stopping step}``
+        and, with ``reference``, ``"converged_loss"``: the model's own loss
+        (:func:`deqlab.nn.eval_step`, its own solver settings), which ``loss_at_tol`` at the
+        model's tolerance reproduces.
     """
     checks.positive_int(max_steps, "max_steps", "sequence.equilibrium_tradeoff")
     graphdef, state = nnx.split(model)
@@ -256,7 +261,9 @@ def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.A
         stop = np.where(met.any(0), met.argmax(0), max_steps - 1)
         at_tol.append(float(losses[stop, np.arange(losses.shape[1])].mean()))
         steps_at_tol.append(float(np.mean(stop + 1)))
-    return {"steps": np.arange(1, max_steps + 1), "loss_at_step": losses.mean(1),
-            "residual_at_step": np.median(residuals, 1), "tolerances": np.asarray(tolerances),
-            "loss_at_tol": np.asarray(at_tol), "steps_at_tol": np.asarray(steps_at_tol),
-            "converged_loss": float(eval_step(model, tokens, targets)["loss"])}
+    out = {"steps": np.arange(1, max_steps + 1), "loss_at_step": losses.mean(1),
+           "residual_at_step": np.median(residuals, 1), "tolerances": np.asarray(tolerances),
+           "loss_at_tol": np.asarray(at_tol), "steps_at_tol": np.asarray(steps_at_tol)}
+    if reference:
+        out["converged_loss"] = float(eval_step(model, tokens, targets)["loss"])
+    return out
