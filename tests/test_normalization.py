@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from deqlab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.nn.normalization import PowerIterate, SpectralNorm, WeightNorm, update_estimates
-from deqlab.experiments.nonlinear.training import ResidualTanhCell
 
 jax.config.update("jax_enable_x64", True)
 
