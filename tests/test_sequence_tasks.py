@@ -18,6 +18,7 @@ def test_models_meet_the_budget(kind, delay):
     assert abs(count - 14_000) < 0.12 * 14_000, (kind, delay, count)
 
 
+@pytest.mark.slow  # training (and its compilation) on a 2-core CPU
 def test_tcn_learns_copy_memory_and_sweep_reads_back(tmp_path):
     # a TCN that sees the whole sequence recalls the symbols: its loss falls far below the
     # memoryless baseline; an LSTM trained as briefly stays at it (003 Table 1's contrast, small T)
@@ -32,6 +33,7 @@ def test_tcn_learns_copy_memory_and_sweep_reads_back(tmp_path):
     assert again == rows  # read back, not retrained
 
 
+@pytest.mark.slow  # training (and its compilation) on a 2-core CPU
 def test_deq_transformer_reports_solver_stats():
     r = cm.train_copy_memory(dict(model="deq-transformer", delay=3, steps=4, batch_size=4, learning_rate=1e-3,
                                   budget=3000, seed=0, test_size=8, max_steps=4, log_every=2))
@@ -65,6 +67,7 @@ def test_prepare_corpus(tiny_corpus):
     assert tiny_corpus["train"].max() < tiny_corpus["tokenizer"].vocab_size
 
 
+@pytest.mark.slow  # training (and its compilation) on a 2-core CPU
 def test_language_model_resumes_exactly(tmp_path, tiny_corpus):
     whole = lm.train_language_model(TINY, tmp_path / "a", corpus=tiny_corpus)
     assert whole["resumed_from"] == 0 and len(whole["loss"]) == 6 and np.all(np.isfinite(whole["loss"]))
@@ -85,6 +88,7 @@ def test_language_model_bad_config(tiny_corpus):
         lm.train_language_model({**TINY, "batch_size": 10**6}, corpus=tiny_corpus)
 
 
+@pytest.mark.slow  # training (and its compilation) on a 2-core CPU
 def test_language_model_sweep_rows(tmp_path, monkeypatch, tiny_corpus):
     # the sweep passes its checkpoint directory and stores the result next to the configuration
     monkeypatch.setattr(lm, "prepare_corpus", lambda *a, **k: tiny_corpus)
