@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from deqlab import checks
+from deqlab import checks, stability
 from deqlab.nn.lm import unroll
 from deqlab.solvers import get_solver, solve
 
@@ -65,35 +65,25 @@ def convergence(cell: nnx.Module, x: jax.Array, *, evaluations: int = 60,
 
 def jacobian_radius(cell: nnx.Module, z_star: jax.Array, x: jax.Array, *, iterations: int = 200,
                     key: jax.Array | None = None) -> np.ndarray:
-    """Spectral radius of J_f(z*) for each sequence, by power iteration with JVPs (Gelfand).
-
-    With v_k = J^k v_0, ``||v_k||^(1/k) -> rho(J)`` whatever v_0 (almost surely); the estimate is
-    the mean log growth over the second half of the iterations, which is also right for a
-    dominant complex pair (where the direction rotates but the growth rate is ``|lambda|``).
+    """Spectral radius of J_f(z*) for each sequence: :func:`deqlab.stability.spectral_radius` (power
+    iteration with JVPs, the mean log growth over the second half of the iterations, right for a
+    dominant complex pair too) applied to the cell at its equilibrium, one estimate per sequence.
 
     Returns:
         ``rho`` of shape ``(B,)``.
     """
-    checks.positive_int(iterations, "iterations", "weight_tied.jacobian_radius")
-    key = jax.random.key(0) if key is None else checks.prng_key(key, "key", "weight_tied.jacobian_radius")
+    where = "weight_tied.jacobian_radius"
+    checks.integer(iterations, "iterations", where, minimum=2)
+    key = jax.random.key(0) if key is None else checks.prng_key(key, "key", where)
     graphdef, state = nnx.split(cell)
 
     @jax.jit
-    def run(state, z_star, x, v):
-        f = lambda z: nnx.merge(graphdef, state)(z, x)  # noqa: E731
-        axes = tuple(range(1, z_star.ndim))
+    def run(state, z_star, x, key):
+        def f(z, state, x):
+            return nnx.merge(graphdef, state)(z, x)
+        return stability.spectral_radius(f, z_star, state, x, key=key, steps=iterations, batch_axis=0)
 
-        def step(v, _):
-            jv = jax.jvp(f, (z_star,), (v,))[1]
-            norm = jnp.sqrt(jnp.sum(jv**2, axis=axes, keepdims=True))
-            return jv / norm, jnp.log(norm.reshape(-1))
-
-        _, logs = jax.lax.scan(step, v, None, length=iterations)
-        return jnp.exp(jnp.mean(logs[iterations // 2:], axis=0))
-
-    v = jax.random.normal(key, z_star.shape, z_star.dtype)
-    v = v / jnp.sqrt(jnp.sum(v**2, axis=tuple(range(1, v.ndim)), keepdims=True))
-    return np.asarray(run(state, z_star, x, v))
+    return np.asarray(run(state, z_star, x, key))
 
 
 def picard_rate(trace: np.ndarray, *, floor: float = 1e-5) -> np.ndarray:
