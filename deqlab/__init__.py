@@ -8,16 +8,17 @@ The core in five lines::
 
     sol = deqlab.solve(f, z0, *args, solver=Anderson(m=5), batch_axis=0)   # value, result, stats, state
     sol = deqlab.fixed_point(f, z0, *args, backward=Implicit(solver="gmres", on_failure="nan"))
-    backward = "implicit" | Implicit(...) | Unrolled() | Phantom(steps=5, damping=0.5)
+    backward = "implicit" | Implicit(...) | Unrolled() | Phantom(steps=5, damping=0.5) | JacobianFree() | SHINE()
+    deqlab.stability.spectral_radius(f, z_star, *args, key=key)   # monitor rho(df/dz) at z*
     tol=None follows z0's dtype (float32 1e-5, float64 1e-10); precision=None follows tol (TPUs)
     layer = deqlab.nn.DEQ(TanhCell(64, 16, rngs=rngs), solver="broyden", backward=Implicit())
 """
 
-from deqlab import checks, ensembles, exercises, precision, solvers
-from deqlab.implicit import Implicit, Phantom, Unrolled, check_gradients, fixed_point
+from deqlab import checks, ensembles, exercises, precision, solvers, stability
+from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled, check_gradients, fixed_point
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "checks",
@@ -25,6 +26,7 @@ __all__ = [
     "exercises",
     "precision",
     "solvers",
+    "stability",
     "solve",
     "fixed_point",
     "check_gradients",
@@ -34,6 +36,8 @@ __all__ = [
     "Implicit",
     "Unrolled",
     "Phantom",
+    "JacobianFree",
+    "SHINE",
     "Result",
     "Solution",
     "SolverError",
