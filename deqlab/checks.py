@@ -32,6 +32,7 @@ __all__ = [
     "choice",
     "floating_dtype",
     "prng_key",
+    "seed_list",
     "is_traced",
 ]
 
@@ -151,3 +152,16 @@ def prng_key(key: Any, name: str = "key", where: str | None = None) -> jax.Array
     if key.dtype != jnp.uint32 or tuple(key.shape) != (2,):
         raise fail(name, requirement, f"an array of dtype {key.dtype} and shape {tuple(key.shape)}", where)
     return key
+
+
+def seed_list(value: Any, name: str = "seeds", where: str | None = None) -> list[int]:
+    """A non-empty sequence of distinct integers >= 0 (the seeds one sweep configuration trains
+    together), as a list of Python ``int``."""
+    from collections.abc import Sequence
+
+    if isinstance(value, (int, np.integer, str)) or not isinstance(value, Sequence) or len(value) == 0:
+        raise fail(name, "a non-empty list of integers >= 0", value, where)
+    seeds = [integer(s, name, where, minimum=0) for s in value]
+    if len(set(seeds)) != len(seeds):
+        raise fail(name, "distinct integers", value, where)
+    return seeds

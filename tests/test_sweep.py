@@ -7,6 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from deqlab import checks
 from deqlab.experiments import sweep
 
 CONFIGS = [{"family": f, "scale": s, "seed": 0} for f in ("gaussian", "orthogonal") for s in (0.5, 1.0, 1.5)]
@@ -69,6 +70,7 @@ _KILLED = """
 import os, sys, json
 sys.path.insert(0, {tests!r})
 from test_sweep import CONFIGS, work
+from deqlab import checks
 from deqlab.experiments import sweep
 done = []
 def fn(config):
@@ -149,9 +151,7 @@ def test_checkpoints_resume_within_a_configuration(tmp_path):
     def fn(config, checkpoint_dir, stop_at=None):
         """Counts to 5, checkpointing each step; resumes from the newest checkpoint."""
         with sweep.Checkpoints(checkpoint_dir) as ckpt:
-            step = ckpt.latest_step()
-            state = {"total": jnp.zeros(3)} if step is None else ckpt.restore({"total": jnp.zeros(3)})
-            start = 0 if step is None else step + 1
+            state, start = ckpt.resume({"total": jnp.zeros(3)})
             calls.append(start)
             for i in range(start, 5):
                 if i == stop_at:
@@ -167,3 +167,15 @@ def test_checkpoints_resume_within_a_configuration(tmp_path):
     assert calls == [0, 3]  # the second call resumed after the last saved step (2)
     assert rows[0]["total"] == [10.0, 10.0, 10.0]  # 0 + 1 + 2 + 3 + 4, as without the interruption
     assert not (tmp_path / "checkpoints" / sweep.config_key(configs[0])).exists()  # removed after success
+
+
+@pytest.mark.parametrize("bad", [3, [], [0, 0], [-1], "01", [0.5]])
+def test_seed_list_rejects_what_is_not_distinct_seeds(bad):
+    with pytest.raises(ValueError, match="seeds"):
+        checks.seed_list(bad, "seeds", "here")
+
+
+def test_seed_list_accepts_ranges_and_numpy_integers():
+    assert checks.seed_list(range(3)) == [0, 1, 2]
+    assert checks.seed_list(np.arange(2, 4).tolist()) == [2, 3]
+    assert checks.seed_list((np.int64(5), 7)) == [5, 7]

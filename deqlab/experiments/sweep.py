@@ -206,6 +206,14 @@ class Checkpoints:
         self._manager.save(int(step), args=self._ocp.args.StandardSave(state))
         self._manager.wait_until_finished()
 
+    def resume(self, state: Any) -> tuple[Any, int]:
+        """``(state, 0)`` when nothing is saved yet, else the newest saved state (structure and
+        dtypes of ``state``) and the step after it: where an interrupted loop over steps goes on."""
+        latest = self.latest_step()
+        if latest is None:
+            return state, 0
+        return self.restore(state, latest), latest + 1
+
     def restore(self, template: Any, step: int | None = None) -> Any:
         """The state saved at ``step`` (default the newest), with the structure and dtypes of
         ``template``."""

@@ -435,11 +435,8 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
         from deqlab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
-        if ckpt.latest_step() is not None:
-            restored = ckpt.restore({"weights": weights, "opt_state": opt_state, "history": history})
-            weights, opt_state = restored["weights"], restored["opt_state"]
-            history = np.asarray(restored["history"])
-            start = ckpt.latest_step() + 1
+        restored, start = ckpt.resume({"weights": weights, "opt_state": opt_state, "history": history})
+        weights, opt_state, history = restored["weights"], restored["opt_state"], np.asarray(restored["history"])
     try:
         for e in range(start, o["epochs"]):
             weights, opt_state, loss, conv_train = run_epoch(

@@ -133,11 +133,7 @@ def _check(where, remedy, family, scale, seeds, options):
     checks.choice(remedy, "remedy", tuple(REMEDIES), where)
     checks.choice(family, "family", ensembles.ENSEMBLES, where)
     scale = checks.number(scale, "scale", where, lower=0.0)
-    if isinstance(seeds, (int, np.integer)) or not isinstance(seeds, Sequence) or len(seeds) == 0:
-        raise checks.fail("seeds", "a non-empty list of integers >= 0", seeds, where)
-    seeds = [checks.integer(s, "seeds", where, minimum=0) for s in seeds]
-    if len(set(seeds)) != len(seeds):
-        raise checks.fail("seeds", "distinct integers", seeds, where)
+    seeds = checks.seed_list(seeds, "seeds", where)
     unknown = set(options) - set(_DEFAULTS)
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {sorted(unknown)}; valid options are {sorted(_DEFAULTS)}.")

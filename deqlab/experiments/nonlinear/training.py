@@ -102,11 +102,7 @@ class EquilibriumClassifier(nnx.Module):
 def _check_options(where, family, scale, seeds, options):
     checks.choice(family, "family", ensembles.ENSEMBLES, where)
     scale = checks.number(scale, "scale", where, lower=0.0)
-    if isinstance(seeds, (int, np.integer)) or not isinstance(seeds, Sequence) or len(seeds) == 0:
-        raise checks.fail("seeds", "a non-empty list of integers >= 0", seeds, where)
-    seeds = [checks.integer(s, "seeds", where, minimum=0) for s in seeds]
-    if len(set(seeds)) != len(seeds):
-        raise checks.fail("seeds", "distinct integers", seeds, where)
+    seeds = checks.seed_list(seeds, "seeds", where)
     unknown = set(options) - set(_DEFAULTS)
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {sorted(unknown)}; valid options are {sorted(_DEFAULTS)}.")
@@ -227,11 +223,8 @@ def train_seeds(family: str, scale: float, seeds: Sequence[int], *, dataset: str
         from deqlab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
-        if ckpt.latest_step() is not None:
-            restored = ckpt.restore({"params": params, "opt_state": opt_state, "history": history})
-            params, opt_state = restored["params"], restored["opt_state"]
-            history = np.asarray(restored["history"])
-            start = ckpt.latest_step() + 1
+        restored, start = ckpt.resume({"params": params, "opt_state": opt_state, "history": history})
+        params, opt_state, history = restored["params"], restored["opt_state"], np.asarray(restored["history"])
     from tqdm import tqdm
 
     try:
