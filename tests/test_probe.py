@@ -490,7 +490,7 @@ PROBES: list[Probe] = [
     E("digits-seed-float", "data", lambda: data.load_digits(seed=1.5), "seed", valid=r"integer >= 0"),
     E("digits-seed-jax-key", "data", lambda: data.load_digits(seed=KEY), "seed", valid=r"integer >= 0"),
     E("digits-source-none", "data", lambda: data.load_digits(source=None), "source", valid=r"one of 'sklearn'"),
-    E("dataset-unknown-name", "data", lambda: data.load_dataset("cifar10", split="train"), "name",
+    E("dataset-unknown-name", "data", lambda: data.load_dataset("imagenet", split="train"), "name",
       valid=r"one of 'digits', 'mnist'"),
     E("dataset-split-missing", "data", lambda: data.load_dataset("digits"), "re:'split'", valid=r"required",
       exc=TypeError),
