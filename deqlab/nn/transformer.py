@@ -174,6 +174,15 @@ class TransformerCell(nnx.Module):
         ca, cb = (c % a.ndim for c in contract)
         return precision_module.dot_general(a, b, (((ca,), (cb,)), (batch, batch)), precision=self.precision)
 
+    def feed_forward_hidden(self, z: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(a, h)`` at state z: the feed-forward's input ``a`` (after the first LayerNorm) and its
+        hidden pre-activation ``h = a W1 + b1``, the layer whose matrices come from the ensemble
+        (001 App. D). The statistics of ``h`` at initialisation are what the ensemble and
+        ``scale`` set; z itself leaves through a LayerNorm and has unit variance whatever they are."""
+        attended = self.attention(z, x)
+        a = self.attention_norm(z + attended if self.attention_residual else attended)
+        return a, self.expand(a)
+
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
         if z.ndim < 2 or z.shape[-1] != self.width:
             raise ValueError(f"nn.TransformerCell: `z` must have shape (..., T, {self.width}), got "

@@ -1,0 +1,536 @@
+"""The DEQ-Transformer ensemble study of 001 §4.2-4.3 (Table 1, Figure 6), resumable and sharded.
+
+001 §4.2 trains a DEQ whose layer is a vanilla transformer layer on Wikitext-103, with the two
+feed-forward ("dense") matrices drawn from the Gaussian (i.i.d., the paper's "random"), Haar
+orthogonal and GOE ensembles at sqrt(V) in {0.1, 0.3, 1.0}, 10 seeds each; §4.3 reports the
+minimum and average test perplexity over the seeds (Table 1) and the test-loss curves (Fig. 6).
+App. D: hidden state 700, feed-forward 2800 (GOE: 700, its matrices being square), batch 512,
+context 128, 20 Broyden steps, Adam at 1e-3 with 2e3 steps of linear warm-up then a cosine decay
+over 5e4 steps, a SentencePiece tokenizer.
+
+**What sqrt(V) is.** 001 §2 writes every weight as ``W = sqrt(V) W0`` with ``W0`` normalised
+(Gaussian entries of variance 1/N, Haar orthogonal, GOE with off-diagonal variance 1/N; 001
+App. A.1), so that ``V`` is the mean squared singular value and the linear DEQ loses its fixed
+point at ``V_c = 1`` (Gaussian, orthogonal) or ``1/4`` (GOE, 001 Eq. 81 and §2.1.2). deqlab's
+``scale`` argument *is* sqrt(V) in this sense (:mod:`deqlab.ensembles`: ``W = scale * W0``), and
+:class:`deqlab.nn.TransformerCell` draws both feed-forward matrices ``W1`` (width x hidden) and
+``W2`` (hidden x width) with it. So sqrt(V) = 1.0 is *at* the critical scale of the Gaussian and
+orthogonal ensembles and at twice the GOE's (``critical_scale("goe") = 0.5``); 0.3 is 0.3 and 0.6
+of them. For the rectangular matrices the paper does not say how ``W0`` is normalised; deqlab's
+choice (:func:`deqlab.ensembles.initializer`) is variance ``1/fan_in`` for the Gaussian and
+orthonormal rows or columns for the orthogonal ensemble, so ``|a W1|^2 = V |a|^2`` for the
+orthogonal expansion but ``4 V |a|^2`` (in expectation) for the Gaussian one: the per-unit hidden
+variance differs by the expansion factor 4. The study records it (``hidden_variance``).
+
+**Seeds in one program.** :func:`train_seeds` initialises one model per seed (``jax.vmap`` over
+the keys), splits it into its graph and its parameters, and trains all seeds with one compiled,
+seed-``vmap``-ped program: a ``lax.scan`` over ``eval_every`` steps, then an evaluation on test
+windows. The seeds share the batch sequence (set by ``data_seed``) and differ in their
+initialisation only, so that seed-to-seed spread is the spread the ensemble causes. The batch is
+sharded over a data mesh (:func:`deqlab.nn.data_mesh`, :func:`deqlab.nn.shard_batch`) when one
+is given, the parameters replicated: the same program runs on one CPU, simulated CPU devices, a
+GPU or a TPU slice. Gaussian and orthogonal configurations share one compiled program (same
+shapes; the initialisation is an input); GOE, with its square feed-forward, compiles another.
+
+**Staying at equilibrium.** 001 does not use a Jacobian penalty ("may be overcome even without
+regularization", §4.3); the option ``jacobian_gamma`` adds Bai, Koltun & Kolter's (2021) penalty
+``gamma ||J_f(z*)||_F^2 / (T d)`` (:func:`deqlab.stability.jacobian_penalty`, one Rademacher
+probe) to the loss. The quick configuration keeps it at 0 and the attention scale at deqlab's
+default (0.3 of the critical scale), with a solver tolerance of 1e-3: measured over training
+(book chapter 5, page 6), this keeps the converged fraction of the forward solves high for most
+configurations at the quick size, and where a run stops converging that is recorded, not hidden
+(001 Table 1 averages over runs that "don't converge at all"). Per run and per step the study
+records the mean number of Broyden steps, the worst relative residual and the fraction of
+sequences whose solve met the tolerance; ``solver_stopped_step`` is the first step after the warm-up at which that
+fraction fell below ``failure_threshold``, and ``solver_failed`` says it is below the threshold on
+average over the last tenth of training.
+
+**At initialisation** each seed records, on the evaluation windows, the spectral radius of the
+cell's Jacobian at its equilibrium (:func:`deqlab.stability.spectral_radius`, per sequence, then
+averaged) and the second moment of the feed-forward's hidden pre-activations ``h = a W1 + b1``
+(``hidden_variance``; :meth:`deqlab.nn.TransformerCell.feed_forward_hidden`).
+
+**Sweeps.** :func:`run_study` runs every (ensemble, sqrt(V)) through the resumable
+:func:`deqlab.experiments.sweep.run_sweep` (one stored file per configuration) with orbax
+checkpoints after every evaluation, so an interrupted study resumes at the last evaluation of the
+unfinished configuration. :func:`summarize` reduces the rows to 001 Table 1. The full study is
+one command::
+
+    python -m deqlab.experiments.sequence.ensemble_study --scale full --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from deqlab import checks, data
+
+__all__ = ["ENSEMBLES", "SQRT_V", "QUICK", "FULL", "PAPER_TABLE", "study_config", "train_seeds", "run_study",
+           "summarize", "per_seed_rows", "main"]
+
+ENSEMBLES = ("gaussian", "orthogonal", "goe")
+"""001 §4.3's matrix families (its "random" is deqlab's ``"gaussian"``)."""
+
+SQRT_V = (0.1, 0.3, 1.0)
+"""001 §4.3's scales sqrt(V) of the feed-forward matrices (Table 1's rows)."""
+
+PAPER_TABLE = {
+    ("goe", 0.1): (68.1, 71.8), ("goe", 0.3): (66.1, 69.8), ("goe", 1.0): (66.3, 68.3),
+    ("orthogonal", 0.1): (60.7, 162.7), ("orthogonal", 0.3): (60.5, 173.4), ("orthogonal", 1.0): (57.4, 112.1),
+    ("gaussian", 0.1): (56.8, 153.9), ("gaussian", 0.3): (56.3, 224.9), ("gaussian", 1.0): (55.6, 481.5),
+}
+"""001 Table 1: (min, average) test perplexity on Wikitext-103 over 10 seeds, per (ensemble, sqrt(V))."""
+
+QUICK = dict(corpus="austen", tokenizer="sentencepiece", vocab_size=256, context=32, width=32, heads=4,
+             batch_size=16, steps=160, warmup=16, learning_rate=3e-3, max_steps=20, tol=1e-3,
+             attention_scale=None, jacobian_gamma=0.0, eval_every=32, eval_batches=2, log_every=1,
+             failure_threshold=0.9, data_seed=0)
+"""The quick study: a small model on the bundled corpus, sized for minutes on two CPU cores."""
+
+FULL = dict(corpus="wikitext-103", tokenizer="sentencepiece", vocab_size=32000, context=128, width=700, heads=10,
+            batch_size=512, steps=52000, warmup=2000, learning_rate=1e-3, max_steps=20, tol=1e-3,
+            attention_scale=None, jacobian_gamma=0.0, eval_every=2000, eval_batches=8, log_every=100,
+            failure_threshold=0.9, data_seed=0)
+"""001 App. D: width 700 (feed-forward 2800, GOE 700), batch 512, context 128, 20 Broyden steps,
+lr 1e-3 with 2e3 warm-up steps then cosine decay over 5e4. The vocabulary (32000), the heads (10)
+and the tolerance are not in the paper: ours."""
+
+_INT_KEYS = ("vocab_size", "context", "width", "heads", "batch_size", "steps", "max_steps", "eval_every",
+             "eval_batches", "log_every")
+
+
+def study_config(scale: str | None = None, **overrides: Any) -> dict:
+    """The study's options: :data:`QUICK` or :data:`FULL` (``scale``, default from
+    ``DEQLAB_SCALE`` via :func:`deqlab.experiments.pick`) with ``overrides``, checked."""
+    from deqlab.experiments import pick
+
+    where = "ensemble_study.study_config"
+    if scale is None:
+        base = pick(quick=QUICK, full=FULL)
+    else:
+        base = {"quick": QUICK, "full": FULL}[checks.choice(scale, "scale", ("quick", "full"), where)]
+    unknown = set(overrides) - set(base)
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {sorted(unknown)}; valid options are {sorted(base)}.")
+    return _check(dict(base, **overrides), where)
+
+
+def _check(o: dict, where: str) -> dict:
+    missing = set(QUICK) - set(o)
+    if missing:
+        raise checks.fail("config", f"a dict with the keys {sorted(QUICK)}", f"one missing {sorted(missing)}", where)
+    o = dict(o)
+    for k in _INT_KEYS:
+        o[k] = checks.positive_int(o[k], k, where)
+    o["warmup"] = checks.integer(o["warmup"], "warmup", where, minimum=0, maximum=o["steps"] - 1)
+    o["data_seed"] = checks.integer(o["data_seed"], "data_seed", where, minimum=0)
+    o["learning_rate"] = checks.positive_number(o["learning_rate"], "learning_rate", where)
+    o["tol"] = checks.positive_number(o["tol"], "tol", where)
+    o["jacobian_gamma"] = checks.number(o["jacobian_gamma"], "jacobian_gamma", where, lower=0.0)
+    o["failure_threshold"] = checks.unit_interval(o["failure_threshold"], "failure_threshold", where)
+    if o["attention_scale"] is not None:
+        o["attention_scale"] = checks.number(o["attention_scale"], "attention_scale", where, lower=0.0)
+    if o["width"] % o["heads"]:
+        raise checks.fail("heads", f"a divisor of width ({o['width']})", o["heads"], where)
+    if o["steps"] % o["eval_every"]:
+        raise checks.fail("eval_every", f"a divisor of steps ({o['steps']})", o["eval_every"], where)
+    if o["eval_every"] % o["log_every"]:
+        raise checks.fail("log_every", f"a divisor of eval_every ({o['eval_every']})", o["log_every"], where)
+    return o
+
+
+def _make_model(o: dict, vocab: int, ensemble: str, sqrt_v: Any, rngs: nnx.Rngs):
+    from deqlab.implicit import Implicit
+    from deqlab.nn.lm import LanguageModel
+    from deqlab.nn.transformer import TransformerCell
+
+    cell = TransformerCell(o["width"], o["width"], heads=o["heads"], ensemble=ensemble, scale=sqrt_v,
+                           attention_scale=o["attention_scale"], max_distance=o["context"], rngs=rngs)
+    # a failed solve is data here (converged_fraction per step), not a warning
+    return LanguageModel(vocab, cell, solver="broyden", tol=o["tol"], max_steps=o["max_steps"],
+                         backward=Implicit(on_failure="ignore"), rngs=rngs)
+
+
+def _optimizer(o: dict):
+    # 001 App. D: linear warm-up, then cosine decay; optax's decay_steps counts the warm-up too
+    schedule = optax.warmup_cosine_decay_schedule(0.0, o["learning_rate"], o["warmup"], o["steps"])
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
+
+
+_PROGRAM_KEYS = ("context", "width", "heads", "max_steps", "tol", "attention_scale", "jacobian_gamma",
+                 "eval_every", "learning_rate", "warmup", "steps")
+
+
+@functools.lru_cache(maxsize=8)
+def _program(key_items: tuple, vocab: int, square: bool):
+    """Graph and compiled seed-vmapped programs for one model shape: ``chunk`` (``eval_every``
+    training steps), ``evaluate`` (loss and solver statistics on fixed windows) and ``probe``
+    (the at-initialisation quantities). Shared by every (ensemble, sqrt(V)) of one shape."""
+    from deqlab.nn.lm import solver_stats
+    from deqlab.stability import jacobian_penalty, spectral_radius
+
+    o = dict(key_items)
+    template = _make_model(o, vocab, "goe" if square else "gaussian", 0.1, nnx.Rngs(0))
+    graphdef, params = nnx.split(template, nnx.Param)
+    treedef = jax.tree_util.tree_structure(params)
+    tx = _optimizer(o)
+    gamma = o["jacobian_gamma"]
+
+    def model_of(leaves):
+        return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+
+    def forward(leaves, tokens):
+        model = model_of(leaves)
+        x = model.embed(tokens)
+        z, sol = model.block.deq(x, return_solution=True)
+        logits = model.head(z).astype(jnp.float32)
+        return model, x, z, logits, solver_stats(sol)
+
+    def loss_fn(leaves, tokens, targets, key):
+        model, x, z, logits, stats = forward(leaves, tokens)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+        total = loss
+        if gamma > 0:  # Bai et al. 2021: penalise the map at the (fixed) equilibrium
+            cg, cs = nnx.split(model.block.cell)
+            penalty = jacobian_penalty(lambda z, s, x: nnx.merge(cg, s)(z, x), jax.lax.stop_gradient(z), cs, x,
+                                       key=key, batch_axis=0)
+            total = loss + gamma * jnp.mean(penalty) / (z.shape[-2] * z.shape[-1])
+        return total, (loss, stats)
+
+    def chunk(leaves, opt_state, key_data, start, batches):
+        def step(carry, batch):
+            leaves, opt_state, i = carry
+            key = jax.random.fold_in(jax.random.wrap_key_data(key_data), i)
+            (_, (loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                leaves, batch[:, :-1], batch[:, 1:], key)
+            updates, opt_state = tx.update(grads, opt_state, leaves)
+            leaves = optax.apply_updates(leaves, updates)
+            record = jnp.stack([loss, stats["steps_mean"], stats["converged_fraction"], stats["residual_max"]])
+            return (leaves, opt_state, i + 1), record
+
+        (leaves, opt_state, _), records = jax.lax.scan(step, (leaves, opt_state, start), batches)
+        return leaves, opt_state, records
+
+    def evaluate(leaves, windows):
+        def one(_, batch):
+            _, _, _, logits, stats = forward(leaves, batch[:, :-1])
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+            return None, jnp.stack([loss, stats["steps_mean"], stats["converged_fraction"]])
+
+        _, out = jax.lax.scan(one, None, windows)
+        return jnp.mean(out, axis=0)
+
+    def probe(leaves, key_data, tokens):
+        model, x, z, _, stats = forward(leaves, tokens)
+        cell = model.block.cell
+        cg, cs = nnx.split(cell)
+        radius = spectral_radius(lambda z, s, x: nnx.merge(cg, s)(z, x), z, cs, x,
+                                 key=jax.random.wrap_key_data(key_data), batch_axis=0)
+        _, h = cell.feed_forward_hidden(z, x)
+        return jnp.stack([jnp.mean(radius), jnp.mean(jnp.square(h)), stats["converged_fraction"]])
+
+    seeds_axis = (0, 0, 0, None, None)
+    return dict(graphdef=graphdef, treedef=treedef, tx=tx,
+                chunk=jax.jit(jax.vmap(chunk, in_axes=seeds_axis)),
+                evaluate=jax.jit(jax.vmap(evaluate, in_axes=(0, None))),
+                probe=jax.jit(jax.vmap(probe, in_axes=(0, 0, None))))
+
+
+@functools.lru_cache(maxsize=4)
+def _corpus(name: str, tokenizer: str, vocab_size: int, context: int) -> dict:
+    from deqlab.experiments.sequence.language_model import prepare_corpus
+
+    return prepare_corpus(name, tokenizer=tokenizer, vocab_size=vocab_size, context=context)
+
+
+def _train_batches(o: dict, windows: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Batches of steps ``start .. start + count - 1``; each epoch's order depends on
+    (data_seed, epoch) only, so a resumed run sees the batches of an uninterrupted one."""
+    per_epoch = len(windows) // o["batch_size"]
+    key = jax.random.key(o["data_seed"])
+    out, cached = [], {}
+    for step in range(start, start + count):
+        epoch, index = divmod(step, per_epoch)
+        if epoch not in cached:
+            cached.clear()
+            cached[epoch] = data.lm_batches(windows, o["batch_size"], jax.random.fold_in(key, epoch))
+        out.append(cached[epoch][index])
+    return np.stack(out)
+
+
+def _place(mesh, array, axis):
+    """``array`` with axis ``axis`` (the batch) split over the mesh's ``"data"`` axis."""
+    if mesh is None:
+        return jnp.asarray(array)
+    from deqlab.nn.lm import shard_batch
+
+    moved = np.moveaxis(np.asarray(array), axis, 0)
+    if moved.shape[0] % mesh.shape["data"]:
+        return shard_batch(mesh, moved)  # raises the clear "multiple of the number of devices" error
+    spec = [None] * np.ndim(array)
+    spec[axis] = "data"
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.device_put(np.asarray(array), sharding)
+
+
+def _first_below(curve: np.ndarray, threshold: float) -> int | None:
+    below = np.flatnonzero(~(curve >= threshold))  # NaN counts as below
+    return int(below[0]) if below.size else None
+
+
+def train_seeds(ensemble: str, sqrt_v: float, seeds: Sequence[int], config: dict | None = None, *,
+                checkpoint_dir: Any = None, mesh: Any = None, stop_after: int | None = None,
+                progress: bool = False) -> dict[str, Any] | None:
+    """Train one DEQ-Transformer language model per seed, all seeds in one vmapped program (001 §4.2).
+
+    Args:
+        ensemble: law of the feed-forward matrices (:data:`ENSEMBLES`).
+        sqrt_v: their scale sqrt(V) >= 0 (001 §4.3; deqlab's ``scale``, module docstring).
+        seeds: distinct integers >= 0; seed s sets the initialisation (the batches are shared).
+        config: the options (:func:`study_config`; default: the current scale's).
+        checkpoint_dir: orbax checkpoints after each evaluation; a rerun resumes from the newest.
+        mesh: a :func:`deqlab.nn.data_mesh`; the batch is sharded over it, parameters replicated.
+        stop_after: stop after this many evaluation chunks of this call, with a checkpoint and no
+            result (returns None): a simulated interruption.
+        progress: tqdm bar over the chunks.
+
+    Returns:
+        Lists with one entry per seed: ``loss_curve``, ``steps_curve``, ``converged_curve``,
+        ``residual_curve`` (per logged step; blocks of ``log_every`` steps averaged),
+        ``test_loss_curve`` and ``test_converged_curve`` at ``eval_steps``, ``test_loss`` and
+        ``test_perplexity`` (final, on the test split), ``diverged`` (non-finite final training or
+        test loss), ``solver_stopped_step`` (first step after the warm-up whose converged fraction fell
+        below ``failure_threshold``; None if never), ``solver_failed`` (below it on average over the last
+        tenth of training), ``init_spectral_radius``, ``init_hidden_variance``,
+        ``init_converged_fraction``; and ``seeds``, ``eval_steps``, ``vocabulary``, ``seconds``
+        (this call's wall time), ``resumed_from`` (the step a checkpoint gave, 0 if none).
+    """
+    from tqdm import tqdm
+
+    where = "ensemble_study.train_seeds"
+    checks.choice(ensemble, "ensemble", ENSEMBLES, where)
+    sqrt_v = checks.number(sqrt_v, "sqrt_v", where, lower=0.0)
+    seeds = checks.seed_list(seeds, "seeds", where)
+    o = study_config() if config is None else _check(config, where)
+    if stop_after is not None:
+        stop_after = checks.positive_int(stop_after, "stop_after", where)
+    corpus = _corpus(o["corpus"], o["tokenizer"], o["vocab_size"], o["context"])
+    train_windows = corpus["train"]
+    if len(train_windows) < o["batch_size"]:
+        raise checks.fail("batch_size", f"at most the number of training windows ({len(train_windows)})",
+                          o["batch_size"], where)
+    n_eval = o["eval_batches"] * o["batch_size"]
+    test = corpus["test"]
+    if len(test) < n_eval:
+        raise checks.fail("eval_batches", f"at most {len(test) // o['batch_size']} (test windows / batch_size)",
+                          o["eval_batches"], where)
+    test_windows = test[:n_eval].reshape(o["eval_batches"], o["batch_size"], -1)
+    vocab = int(corpus["tokenizer"].vocab_size)
+    program = _program(tuple((k, o[k]) for k in _PROGRAM_KEYS), vocab, ensemble == "goe")
+    treedef, tx = program["treedef"], program["tx"]
+
+    keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
+
+    def init(key_data):
+        model = _make_model(o, vocab, ensemble, sqrt_v, nnx.Rngs(jax.random.wrap_key_data(key_data)))
+        return jax.tree_util.tree_leaves(nnx.split(model, nnx.Param)[1])
+
+    leaves = jax.vmap(init)(keys)
+    if len(leaves) != treedef.num_leaves:
+        raise AssertionError("the model's parameters do not match the compiled program's")
+    opt_state = jax.vmap(tx.init)(leaves)
+    test_placed = _place(mesh, test_windows, 1)
+    if mesh is not None:  # parameters and optimiser state replicated, batches sharded
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        leaves, opt_state = jax.device_put((leaves, opt_state), replicated)
+    probe_keys = jax.vmap(lambda k: jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(k), 7)))(keys)
+    init_stats = np.asarray(program["probe"](leaves, probe_keys, test_placed[0]))
+
+    steps, every, n_log = o["steps"], o["eval_every"], o["steps"] // o["log_every"]
+    n_chunks = steps // every
+    history = {"train": np.full((len(seeds), n_log, 4), np.nan, np.float32),
+               "test": np.full((len(seeds), n_chunks + 1, 3), np.nan, np.float32)}
+    history["test"][:, 0] = np.asarray(program["evaluate"](leaves, test_placed))
+    start_chunk, resumed_from = 0, 0
+    ckpt = None
+    if checkpoint_dir is not None:
+        from deqlab.experiments.sweep import Checkpoints
+
+        ckpt = Checkpoints(checkpoint_dir)
+        state = {"leaves": leaves, "opt_state": opt_state, "train": history["train"], "test": history["test"]}
+        restored, start_chunk = ckpt.resume(state)
+        if start_chunk:
+            leaves, opt_state = restored["leaves"], restored["opt_state"]
+            if mesh is not None:
+                leaves, opt_state = jax.device_put((leaves, opt_state), replicated)
+            history = {"train": np.asarray(restored["train"]), "test": np.asarray(restored["test"])}
+            resumed_from = start_chunk * every
+    began = time.perf_counter()
+    done_here = 0
+    try:
+        for c in tqdm(range(start_chunk, n_chunks), desc=f"{ensemble} {sqrt_v:g}", disable=not progress,
+                      leave=False):
+            batches = _place(mesh, _train_batches(o, train_windows, c * every, every), 1)
+            leaves, opt_state, records = program["chunk"](leaves, opt_state, keys, jnp.int32(c * every), batches)
+            records = np.asarray(records)  # (seeds, every, 4)
+            blocks = records.reshape(len(seeds), every // o["log_every"], o["log_every"], 4).mean(axis=2)
+            first = c * every // o["log_every"]
+            history["train"][:, first:first + blocks.shape[1]] = blocks
+            history["test"][:, c + 1] = np.asarray(program["evaluate"](leaves, test_placed))
+            done_here += 1
+            if ckpt is not None:
+                ckpt.save(c, {"leaves": leaves, "opt_state": opt_state, **history})
+            if stop_after is not None and done_here >= stop_after and c + 1 < n_chunks:
+                return None
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+    train, test_h = history["train"], history["test"]
+    loss, solver_steps, converged, residual = (train[..., i] for i in range(4))
+    final = test_h[:, -1, 0]
+    tail = max(1, n_log // 10)
+    threshold = o["failure_threshold"]
+    # counted after the warm-up: at initialisation some solves need more than max_steps (that is
+    # init_converged_fraction); "stops converging" is about training taking it there
+    after = -(-o["warmup"] // o["log_every"])
+    stopped = [_first_below(converged[s, after:], threshold) for s in range(len(seeds))]
+    stopped = [None if s is None else s + after for s in stopped]
+    return {
+        "seeds": list(seeds),
+        "eval_steps": [c * every for c in range(n_chunks + 1)],
+        "loss_curve": loss.tolist(),
+        "steps_curve": solver_steps.tolist(),
+        "converged_curve": converged.tolist(),
+        "residual_curve": residual.tolist(),
+        "test_loss_curve": test_h[..., 0].tolist(),
+        "test_converged_curve": test_h[..., 2].tolist(),
+        "test_loss": final.tolist(),
+        "test_perplexity": np.exp(final.astype(np.float64)).tolist(),
+        "diverged": (~np.isfinite(final) | ~np.isfinite(loss[:, -1])).tolist(),
+        "solver_stopped_step": [None if s is None else s * o["log_every"] for s in stopped],
+        "solver_failed": (~(np.mean(converged[:, -tail:], axis=1) >= threshold)).tolist(),
+        "init_spectral_radius": init_stats[:, 0].tolist(),
+        "init_hidden_variance": init_stats[:, 1].tolist(),
+        "init_converged_fraction": init_stats[:, 2].tolist(),
+        "vocabulary": vocab,
+        "seconds": time.perf_counter() - began,
+        "resumed_from": resumed_from,
+    }
+
+
+_PER_SEED = ("loss_curve", "steps_curve", "converged_curve", "residual_curve", "test_loss_curve",
+             "test_converged_curve", "test_loss", "test_perplexity", "diverged", "solver_stopped_step",
+             "solver_failed", "init_spectral_radius", "init_hidden_variance", "init_converged_fraction")
+
+
+def run_study(directory: Any, config: dict | None = None, *, ensembles: Sequence[str] = ENSEMBLES,
+              sqrt_vs: Sequence[float] = SQRT_V, seeds: Sequence[int] = range(10), mesh: Any = None,
+              progress: bool = True) -> list[dict[str, Any]]:
+    """001 §4.3's grid through :func:`deqlab.experiments.sweep.run_sweep`: one stored result per
+    (ensemble, sqrt(V)) with all its seeds (:func:`train_seeds`), orbax checkpoints within a
+    configuration; finished configurations are read back, not retrained.
+
+    Returns:
+        One row per configuration: ``ensemble``, ``sqrt_v``, ``seeds``, ``options`` and the
+        :func:`train_seeds` result under ``result`` (:func:`per_seed_rows` flattens it).
+    """
+    from deqlab.experiments.sweep import run_sweep
+
+    where = "ensemble_study.run_study"
+    o = study_config() if config is None else _check(config, where)
+    ensembles = [checks.choice(e, "ensembles", ENSEMBLES, where) for e in ensembles]
+    sqrt_vs = [checks.number(v, "sqrt_vs", where, lower=0.0) for v in sqrt_vs]
+    seeds = checks.seed_list(list(seeds), "seeds", where)
+    if not ensembles or not sqrt_vs:
+        raise checks.fail("ensembles" if not ensembles else "sqrt_vs", "a non-empty list", [], where)
+    configs = [{"ensemble": e, "sqrt_v": v, "seeds": seeds, "options": o} for e in ensembles for v in sqrt_vs]
+
+    def unit(config, checkpoint_dir):
+        return {"result": train_seeds(config["ensemble"], config["sqrt_v"], config["seeds"], config["options"],
+                                      checkpoint_dir=checkpoint_dir, mesh=mesh)}
+
+    return run_sweep(unit, configs, directory, checkpoints=True, progress=progress,
+                     description="ensemble x sqrt(V)")
+
+
+def per_seed_rows(units: Sequence[dict]) -> list[dict[str, Any]]:
+    """The rows of :func:`run_study`, one per (ensemble, sqrt(V), seed), with the per-seed entries."""
+    rows = []
+    for u in units:
+        r = u["result"]
+        for i, seed in enumerate(r["seeds"]):
+            rows.append({"ensemble": u["ensemble"], "sqrt_v": u["sqrt_v"], "seed": seed, "eval_steps": r["eval_steps"],
+                         **{k: r[k][i] for k in _PER_SEED}})
+    return rows
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """001 Table 1 from :func:`per_seed_rows`: per (ensemble, sqrt(V)), in first-seen order, ``n``
+    runs, ``min_perplexity`` and ``mean_perplexity`` of the final test perplexity over the runs
+    with a finite loss (the paper's Min and Ave), ``diverged_fraction``, ``solver_failed_fraction``,
+    ``solver_stopped_fraction`` (runs whose converged fraction fell below the threshold at some
+    step), and the paper's ``paper_min`` / ``paper_mean``."""
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        groups.setdefault((row["ensemble"], row["sqrt_v"]), []).append(row)
+    out = []
+    for (ensemble, sqrt_v), group in groups.items():
+        ppl = np.array([r["test_perplexity"] for r in group], np.float64)
+        finite = ppl[np.isfinite(ppl)]
+        paper = PAPER_TABLE.get((ensemble, float(sqrt_v)), (math.nan, math.nan))
+        out.append({
+            "ensemble": ensemble, "sqrt_v": sqrt_v, "n": len(group),
+            "min_perplexity": float(finite.min()) if finite.size else math.nan,
+            "mean_perplexity": float(finite.mean()) if finite.size else math.nan,
+            "diverged_fraction": float(np.mean([r["diverged"] for r in group])),
+            "solver_failed_fraction": float(np.mean([r["solver_failed"] for r in group])),
+            "solver_stopped_fraction": float(np.mean([r["solver_stopped_step"] is not None for r in group])),
+            "paper_min": paper[0], "paper_mean": paper[1],
+        })
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Command line: ``python -m deqlab.experiments.sequence.ensemble_study --scale full --out DIR``.
+
+    Shards each batch over all devices of ``jax.devices()`` (after ``jax.distributed.initialize()``
+    on several hosts, see :mod:`deqlab.nn.lm`) and resumes after an interruption: run the same
+    command again."""
+    parser = argparse.ArgumentParser(prog="python -m deqlab.experiments.sequence.ensemble_study",
+                                     description="The DEQ-Transformer ensemble study of 001 §4.2-4.3.")
+    parser.add_argument("--scale", choices=("quick", "full"), default="quick")
+    parser.add_argument("--out", required=True, help="directory of the results (and checkpoints)")
+    parser.add_argument("--ensembles", nargs="+", default=list(ENSEMBLES), choices=ENSEMBLES)
+    parser.add_argument("--sqrt-v", nargs="+", type=float, default=list(SQRT_V))
+    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (0 .. seeds-1)")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be an integer >= 1, got {args.seeds}")
+    from deqlab.nn.lm import data_mesh
+
+    config = study_config(args.scale)
+    devices = jax.devices()
+    mesh = data_mesh(devices) if len(devices) > 1 else None
+    if mesh is not None and config["batch_size"] % len(devices):
+        parser.error(f"the batch size {config['batch_size']} must be a multiple of the {len(devices)} devices")
+    units = run_study(args.out, config, ensembles=args.ensembles, sqrt_vs=args.sqrt_v, seeds=range(args.seeds),
+                      mesh=mesh)
+    for row in summarize(per_seed_rows(units)):
+        print(f"{row['ensemble']:>10} sqrt(V)={row['sqrt_v']:<4g} min ppl {row['min_perplexity']:9.2f}  "
+              f"mean ppl {row['mean_perplexity']:9.2f}  diverged {row['diverged_fraction']:.1f}  "
+              f"solver failed {row['solver_failed_fraction']:.1f}")
+    return units
+
+
+if __name__ == "__main__":  # pragma: no cover - the command line
+    main()
