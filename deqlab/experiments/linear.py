@@ -43,6 +43,8 @@ __all__ = [
     "fixed_points",
     "iterate",
     "trace_sweep",
+    "draw_reduced",
+    "SWEEP_METHODS",
     "spectral_radii",
     "divergence_probability",
     "quantile_interval",
@@ -230,49 +232,247 @@ def iterate(ensemble: str, key: jax.Array, n: int, V: float, steps: int, samples
     return {"length": np.array(lengths)}
 
 
-def trace_sweep(ensemble: str, w0: np.ndarray, Vs: Sequence[float]) -> np.ndarray:
+def _chi(key, dof, n):
+    """``chi_dof / sqrt(n)`` for an array of degrees of freedom ``dof >= 1`` (float64 NumPy)."""
+    gamma = jax.random.gamma(key, jnp.asarray(dof, jnp.float32) / 2.0)
+    return np.sqrt(2.0 * np.asarray(gamma, dtype=np.float64) / n)
+
+
+def draw_reduced(ensemble: str, key: jax.Array, n: int) -> np.ndarray:
+    """One ``n x n`` matrix whose :func:`trace_sweep` has the law of a :func:`draw` (001 Fig. 1).
+
+    The sweep ``tr[((I - sqrt(V) W0)^T (I - sqrt(V) W0))^{-2}]`` depends on ``W0`` only through
+    its orthogonal similarity class, so a sparse matrix ``T = Q^T W0 Q`` with the law of the
+    Householder reduction of a draw gives the same sweep law, jointly in ``V``, in ``O(n^2)``
+    time (a dense draw and its reduction cost ``O(n^3)``, most of Fig. 1 at ``N = 5000``):
+
+    - ``"gaussian"``: upper Hessenberg, entries on and above the diagonal i.i.d. ``N(0, 1/n)``,
+      subdiagonal ``chi_{n-k} / sqrt(n)``, ``k = 1 .. n-1`` (each Householder step maps a column
+      of i.i.d. Gaussians to its norm and leaves the rest i.i.d., by orthogonal invariance);
+    - ``"goe"``: symmetric tridiagonal, diagonal ``N(0, 2/n)``, off-diagonal ``chi_{n-k} /
+      sqrt(n)`` (the same argument; Dumitriu & Edelman's beta = 1 model);
+    - ``"orthogonal"``: the Haar matrix is orthogonally similar to ``G_1 ... G_{n-1} D`` with
+      ``G_k`` a rotation by ``arccos c_k`` in the plane ``(k-1, k)``, ``c_k`` the first
+      coordinate of a uniform unit vector of ``R^{n-k+1}``, all independent, and
+      ``D = diag(1, ..., 1, +-1)``; reordered as (odd ``G_k``) (even ``G_k``) ``D``, which is
+      similar again, it is pentadiagonal (a CMV matrix), still exactly orthogonal.
+
+    Returned dense, float64, so that every function taking ``w0`` accepts it.
+    """
+    where = "experiments.linear.draw_reduced"
+    ensemble = _ensemble(ensemble, where)
+    key = checks.prng_key(key, "key", where)
+    n = checks.positive_int(n, "n", where)
+    kg, kc, ks = jax.random.split(key, 3)
+    dof = np.arange(n - 1, 0, -1)  # n-1, ..., 1
+    if ensemble == "gaussian":
+        w = np.triu(np.asarray(jax.random.normal(kg, (n, n), jnp.float32), np.float64)) / math.sqrt(n)
+        idx = np.arange(n - 1)
+        w[idx + 1, idx] = _chi(kc, dof, n)
+        return w
+    if ensemble == "goe":
+        w = np.zeros((n, n))
+        idx = np.arange(n)
+        w[idx, idx] = np.asarray(jax.random.normal(kg, (n,), jnp.float32), np.float64) * math.sqrt(2.0 / n)
+        off = _chi(kc, dof, n)
+        w[idx[:-1], idx[:-1] + 1] = off
+        w[idx[:-1] + 1, idx[:-1]] = off
+        return w
+    # c_k = x / sqrt(x^2 + chi^2_{m-1}) is the first coordinate of a uniform unit vector of R^m,
+    # m = n - k + 1 = dof + 1.
+    x = np.asarray(jax.random.normal(kg, (n - 1,), jnp.float32), np.float64)
+    y2 = 2.0 * np.asarray(jax.random.gamma(kc, jnp.asarray(dof, jnp.float32) / 2.0), np.float64)
+    c = x / np.sqrt(x * x + y2)
+    s = np.sqrt(np.maximum(1.0 - c * c, 0.0))
+    sign = 1.0 if bool(jax.random.bernoulli(ks)) else -1.0
+
+    def product(ks_):
+        g = np.eye(n)
+        for k in ks_:  # G_k on coordinates (k-1, k): disjoint blocks, so the order is immaterial
+            g[k - 1:k + 1, k - 1:k + 1] = [[c[k - 1], -s[k - 1]], [s[k - 1], c[k - 1]]]
+        return g
+
+    odd, even = product(range(1, n, 2)), product(range(2, n, 2))
+    even[:, -1] *= sign
+    return _banded_product(odd, even)
+
+
+def _banded_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # a @ b for two block-diagonal matrices with 2 x 2 blocks: only the pentadiagonal band of the
+    # product is non-zero, so sum the five diagonals instead of an O(n^3) matrix product.
+    n = a.shape[0]
+    out = np.zeros((n, n))
+    for d in range(-2, 3):
+        for m in range(-1, 2):
+            # out[i, i+d] += a[i, i+m] b[i+m, i+d]
+            i = np.arange(max(0, -m, -d), min(n, n - m, n - d))
+            if i.size:
+                out[i, i + d] += a[i, i + m] * b[i + m, i + d]
+    return out
+
+
+def _bandwidth(a: np.ndarray, widest: int = 7) -> int:
+    """Largest ``|i - j| <= widest`` with ``a[i, j] != 0``, or ``n`` if a non-zero lies further out."""
+    n = a.shape[0]
+    if n > widest + 1 and (np.any(np.triu(a, widest + 1)) or np.any(np.tril(a, -widest - 1))):
+        return n
+    for d in range(min(widest, n - 1), 0, -1):
+        if np.any(np.diagonal(a, d)) or np.any(np.diagonal(a, -d)):
+            return d
+    return 0
+
+
+def _symmetric_eigvals(s: np.ndarray) -> np.ndarray:
+    """Eigenvalues of a symmetric matrix: ``O(n^2)`` for a band (tridiagonal, pentadiagonal),
+    LAPACK's dense ``eigvalsh`` otherwise."""
+    b = _bandwidth(s)
+    if b == 0:
+        return np.sort(np.diagonal(s).copy())
+    if b == 1:
+        return scipy.linalg.eigvalsh_tridiagonal(np.diagonal(s).copy(), np.diagonal(s, 1).copy())
+    if b <= 7:
+        bands = np.zeros((b + 1, s.shape[0]))
+        for d in range(b + 1):
+            bands[d, : s.shape[0] - d] = np.diagonal(s, -d)
+        return scipy.linalg.eig_banded(bands, lower=True, eigvals_only=True)
+    return np.linalg.eigvalsh(s)
+
+
+def _hessenberg_r(h: np.ndarray, s: float, out: np.ndarray) -> np.ndarray:
+    """``R`` of ``I - s H = Q R`` for upper Hessenberg ``H``: ``n - 1`` Givens rotations, ``O(n^2)``.
+
+    Only the row being reduced is carried: rotation ``k`` mixes rows ``k`` and ``k + 1`` of the
+    columns ``k ..``; row ``k`` is then final. ``out`` (zero below the diagonal) receives ``R``.
+    """
+    n = h.shape[0]
+    row = -s * h[0]
+    row[0] += 1.0
+    for k in range(n - 1):
+        nxt = -s * h[k + 1, k:]
+        nxt[1] += 1.0
+        a, b = row[0], nxt[0]
+        r = math.hypot(a, b)
+        c, sn = (1.0, 0.0) if r == 0.0 else (a / r, b / r)
+        out[k, k:] = c * row + sn * nxt
+        row = (c * nxt - sn * row)[1:]
+    out[n - 1, n - 1] = row[0]
+    return out
+
+
+def _exact_from_r(r: np.ndarray) -> float:
+    # tr[(R^T R)^{-2}] = ||R^{-1} R^{-T}||_F^2 / n: a triangular inverse and a symmetric rank-n
+    # update (upper triangle only, so off-diagonal entries count twice).
+    n = r.shape[0]
+    rinv, info = scipy.linalg.lapack.dtrtri(r, lower=0)
+    if info > 0:
+        return math.inf
+    c = scipy.linalg.blas.dsyrk(1.0, rinv)
+    upper = np.triu(c)
+    return float((2.0 * np.sum(upper * upper) - np.sum(np.diagonal(c) ** 2)) / n)
+
+
+def _stochastic_from_r(r: np.ndarray, omega: np.ndarray, probes: np.ndarray) -> tuple[float, float]:
+    """Hutch++ (Meyer, Musco, Musco & Woodruff 2021) for ``tr[B^2]``, ``B = R^{-1} R^{-T}``.
+
+    ``Q = orth(B^2 Omega)`` captures the few largest eigenvalues of ``B`` (the smallest singular
+    values of ``I - sqrt(V) W0``, which dominate near ``V_c``); ``||B Q||_F^2`` counts them
+    exactly and Hutchinson's ``||B (I - Q Q^T) g||^2`` the rest. The standard error is that of
+    the mean over the Gaussian probes ``g`` (conditional on ``Q``, which is unbiased).
+    """
+    n = r.shape[0]
+    if np.any(np.diagonal(r) == 0.0):
+        return math.inf, 0.0
+
+    def apply(x):
+        y = scipy.linalg.solve_triangular(r, x, trans="T", check_finite=False)
+        return scipy.linalg.solve_triangular(r, y, check_finite=False)
+
+    q, _ = np.linalg.qr(apply(apply(omega)))
+    top = float(np.sum(apply(q) ** 2))
+    g = probes - q @ (q.T @ probes)
+    rest = np.sum(apply(g) ** 2, axis=0)
+    k = rest.size
+    return (top + float(np.mean(rest))) / n, float(np.std(rest, ddof=1) / math.sqrt(k)) / n
+
+
+SWEEP_METHODS = ("exact", "stochastic")
+"""Methods of :func:`trace_sweep` for the (non-normal) Gaussian ensemble."""
+
+
+def trace_sweep(ensemble: str, w0: np.ndarray, Vs: Sequence[float], method: str = "exact",
+                key: jax.Array | None = None, probes: int = 48, sketch: int = 24,
+                return_se: bool = False):
     """``tr[((I - sqrt(V) W0)^T (I - sqrt(V) W0))^{-2}]`` for every ``V`` in ``Vs`` (001 Fig. 1).
 
-    One decomposition of the single matrix ``w0`` serves the whole sweep:
+    The quantity plotted in 001 Figure 1: half the length variance of 001 Definition 2.1 by 001
+    Lemma 2.2 (``2 tr[(M^T M)^2]`` with ``M = (I - W)^{-1}``), for one matrix ``w0`` (a
+    :func:`draw`, or a :func:`draw_reduced` with the same law of the sweep). One decomposition
+    serves the whole sweep; with ``sigma_i`` the singular values of ``I - sqrt(V) W0`` the trace
+    is ``mean(sigma_i^{-4})``:
 
-    - ``"goe"``: ``W0 = Q diag(lambda) Q^T`` (``eigh``), so the trace is
-      ``mean((1 - sqrt(V) lambda)^{-4})``;
-    - ``"orthogonal"``: ``W0`` is normal with eigenvalues ``e^{i theta}``, so the singular values
-      of ``I - sqrt(V) W0`` are ``|1 - sqrt(V) e^{i theta}|`` and the trace is their mean ``^-4``;
-    - ``"gaussian"`` (not normal): complex Schur form ``W0 = Z T Z^*``; per ``V`` a triangular
-      inverse ``R = (I - sqrt(V) T)^{-1}`` gives the trace as ``||R R^*||_F^2 / n``
-      (a unitary change of basis keeps singular values), ``O(n^3/3)`` flops instead of an SVD.
+    - ``"goe"``: ``W0`` symmetric with eigenvalues ``lambda``: ``mean((1 - sqrt(V) lambda)^{-4})``;
+    - ``"orthogonal"``: ``W0`` normal with eigenvalues ``e^{i theta}``, so ``sigma^2 = |1 -
+      sqrt(V) e^{i theta}|^2 = 1 - 2 sqrt(V) cos(theta) + V``; the ``cos(theta)`` are the
+      eigenvalues of the symmetric part ``(W0 + W0^T) / 2`` (normal: same eigenvectors), one
+      symmetric eigenvalue problem instead of a general one;
+    - ``"gaussian"`` (not normal): one Hessenberg reduction ``W0 = Q H Q^T`` (skipped when ``w0``
+      is upper Hessenberg already), then per ``V`` the QR factorisation ``I - sqrt(V) H = Q' R``
+      by ``n - 1`` Givens rotations (``O(n^2)``), and ``tr[(R^T R)^{-2}]`` from ``R`` alone:
+      ``method="exact"`` forms ``R^{-1} R^{-T}`` (``O(n^3)`` per ``V``, about ``2n^3/3`` flops
+      against ``O(12 n^3)`` for an SVD); ``method="stochastic"`` estimates it with Hutch++
+      (``sketch`` columns, ``probes`` Gaussian probes, drawn from ``key`` once for all ``V``;
+      ``O(n^2 (3 sketch + probes))`` per ``V``) and its standard error.
 
-    Values where ``I - sqrt(V) W0`` is singular are ``inf``. Returns an array of ``len(Vs)``.
+    Symmetric eigenvalue problems of banded matrices (the tridiagonal and pentadiagonal forms of
+    :func:`draw_reduced`) are solved in ``O(n^2)``. For ``"goe"`` and ``"orthogonal"`` both methods
+    are exact (standard error 0). Values where ``I - sqrt(V) W0`` is singular are ``inf``.
+
+    Returns an array of ``len(Vs)`` values, or ``(values, standard_errors)`` if ``return_se``.
     """
     where = "experiments.linear.trace_sweep"
     ensemble = _ensemble(ensemble, where)
+    method = checks.choice(method, "method", SWEEP_METHODS, where)
     w0 = np.asarray(w0, dtype=np.float64)
     if w0.ndim != 2 or w0.shape[0] != w0.shape[1]:
         raise checks.fail("w0", "one square matrix", f"shape {w0.shape}", where)
     vs = np.asarray([checks.number(v, "Vs", where, lower=0.0) for v in Vs])
-    sv = np.sqrt(vs)
     n = w0.shape[0]
-    if ensemble == "goe":
-        lam = np.linalg.eigvalsh(w0)
+    stochastic = method == "stochastic" and ensemble == "gaussian"
+    if stochastic:
+        if key is None:
+            raise checks.fail("key", "a JAX PRNG key for method='stochastic'", key, where)
+        key = checks.prng_key(key, "key", where)
+        probes = checks.integer(probes, "probes", where, minimum=2)  # a standard error needs 2
+        sketch = checks.integer(sketch, "sketch", where, minimum=1)
+        if sketch + probes > n:
+            raise checks.fail("probes", f"with sketch at most n = {n} columns in all (else use "
+                              "method='exact')", f"probes={probes}, sketch={sketch}", where)
+    sv = np.sqrt(vs)
+    se = np.zeros(len(vs))
+    if ensemble in ("goe", "orthogonal"):
+        if ensemble == "goe":
+            lam = _symmetric_eigvals(w0)
+            sq = (1.0 - sv[:, None] * lam[None, :]) ** 2
+        else:
+            cos = np.clip(_symmetric_eigvals(0.5 * (w0 + w0.T)), -1.0, 1.0)
+            sq = 1.0 - 2.0 * sv[:, None] * cos[None, :] + vs[:, None]
         with np.errstate(divide="ignore"):
-            return np.mean(np.abs(1.0 - sv[:, None] * lam[None, :]) ** -4.0, axis=1)
-    if ensemble == "orthogonal":
-        lam = np.linalg.eigvals(w0)
-        with np.errstate(divide="ignore"):
-            return np.mean(np.abs(1.0 - sv[:, None] * lam[None, :]) ** -4.0, axis=1)
-    t, _ = scipy.linalg.schur(w0, output="complex")
-    eye = np.eye(n, dtype=complex)
+            out = np.mean(np.abs(sq) ** -2.0, axis=1)
+        return (out, se) if return_se else out
+    h = w0 if not np.any(np.tril(w0, -2)) else scipy.linalg.hessenberg(w0, check_finite=False)
+    r = np.zeros((n, n))
     out = np.empty(len(vs))
+    if stochastic:
+        ko, kp = jax.random.split(key)
+        omega = np.asarray(jax.random.normal(ko, (n, sketch), jnp.float32), np.float64)
+        g = np.asarray(jax.random.normal(kp, (n, probes), jnp.float32), np.float64)
     for i, s in enumerate(sv):
-        b = eye - s * t
-        if np.any(np.abs(np.diagonal(b)) == 0):
-            out[i] = np.inf
-            continue
-        r = scipy.linalg.solve_triangular(b, eye, check_finite=False)
-        c = r @ r.conj().T
-        out[i] = np.sum(np.abs(c) ** 2) / n
-    return out
+        _hessenberg_r(h, float(s), r)
+        if stochastic:
+            out[i], se[i] = _stochastic_from_r(r, omega, g)
+        else:
+            out[i] = _exact_from_r(r)
+    return (out, se) if return_se else out
 
 
 def spectral_radii(ensemble: str, key: jax.Array, n: int, samples: int,
