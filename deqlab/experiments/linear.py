@@ -11,7 +11,9 @@ Every function draws its weights with :mod:`deqlab.ensembles` (``W = sqrt(V) W0`
 - :func:`fixed_points`: ``z* = (I - W)^{-1} x`` for one input and many ``W`` (001 Theorem A.2);
 - :func:`iterate`: the tied (001 Eq. 3) and untied (001 Eq. 6) iterations side by side;
 - :func:`trace_sweep`: ``tr[((I - sqrt(V) W0)^T (I - sqrt(V) W0))^{-2}]`` over a sweep of ``V``
-  from one decomposition per matrix (001 Fig. 1);
+  from one decomposition per matrix (001 Fig. 1), exact or by Hutch++ with a standard error;
+- :func:`draw_reduced`: one ``W0`` in a reduced form (Hessenberg, tridiagonal, pentadiagonal)
+  whose sweep has the law of a :func:`draw`'s, in ``O(n^2)`` (001 Fig. 1 at ``N = 5000``);
 - :func:`spectral_radii`, :func:`divergence_probability`: finite-``N`` failure of the iteration;
 - :func:`ntk_samples`: the finite-width NTK of ``f = v^T z*`` (001 App. B.1).
 
