@@ -49,7 +49,7 @@ def test_gaussian_hidden_variance_is_four_times_orthogonal():
     V |a|^2 / width = V on average, the orthogonal one V / 4. With 8 x 32 x (4 sequences x 8
     positions) draws the Gaussian mean has a relative spread of about sqrt(2 / (8 x 32)) ~ 0.09
     per seed (the matrix dominates), so a 30 % band over 2 seeds' mean is > 3 sigma."""
-    g = es.train_seeds("gaussian", 0.5, [0, 1], dict(TINY, steps=4, eval_every=4))
+    g = es.train_seeds("gaussian", 0.5, [0, 1], TINY)  # TINY: reuses the compiled program of the test above
     assert abs(np.mean(g["init_hidden_variance"]) / 0.25 - 1.0) < 0.3
 
 
@@ -57,8 +57,8 @@ def test_seeds_vmapped_equal_one_seed_alone():
     """All seeds run in one vmapped program; seed 1 there equals seed 1 trained alone. Each seed's
     solves are its own (the vmapped while loop freezes a finished seed), so only the order of
     float32 reductions may differ: ~1e-6 relative per step, grown over 8 Adam steps to < 1e-4."""
-    both = es.train_seeds("goe", 0.3, [0, 1], TINY)
-    alone = es.train_seeds("goe", 0.3, [1], TINY)
+    both = es.train_seeds("gaussian", 0.3, [0, 1], TINY)
+    alone = es.train_seeds("gaussian", 0.3, [1], TINY)
     a, b = _curves(both, 1), _curves(alone, 0)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
@@ -87,18 +87,20 @@ def test_sweep_resumes_and_does_not_retrain_finished_rows(tmp_path, monkeypatch)
 
     monkeypatch.setattr(es, "train_seeds", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        es.run_study(tmp_path, TINY, ensembles=["gaussian"], sqrt_vs=[0.1, 1.0], seeds=[0], progress=False)
+        es.run_study(tmp_path, TINY, ensembles=["gaussian"], sqrt_vs=[0.1, 1.0], seeds=[0, 1], progress=False)
     monkeypatch.setattr(es, "train_seeds", lambda *a, **kw: (calls.append(a[:2]), real(*a, **kw))[1])
-    units = es.run_study(tmp_path, TINY, ensembles=["gaussian"], sqrt_vs=[0.1, 1.0], seeds=[0], progress=False)
+    units = es.run_study(tmp_path, TINY, ensembles=["gaussian"], sqrt_vs=[0.1, 1.0], seeds=[0, 1], progress=False)
     assert calls == [("gaussian", 0.1), ("gaussian", 1.0), ("gaussian", 1.0)]  # 0.1 was not retrained
     monkeypatch.setattr(es, "train_seeds", lambda *a, **kw: pytest.fail("a finished row was retrained"))
-    again = es.run_study(tmp_path, TINY, ensembles=["gaussian"], sqrt_vs=[0.1, 1.0], seeds=[0], progress=False)
+    again = es.run_study(tmp_path, TINY, ensembles=["gaussian"], sqrt_vs=[0.1, 1.0], seeds=[0, 1], progress=False)
     assert again == units
     rows = es.per_seed_rows(units)
-    assert [(r["ensemble"], r["sqrt_v"], r["seed"]) for r in rows] == [("gaussian", 0.1, 0), ("gaussian", 1.0, 0)]
+    assert [(r["ensemble"], r["sqrt_v"], r["seed"]) for r in rows] == [
+        ("gaussian", 0.1, 0), ("gaussian", 0.1, 1), ("gaussian", 1.0, 0), ("gaussian", 1.0, 1)]
     table = es.summarize(rows)
     assert [t["paper_mean"] for t in table] == [153.9, 481.5]  # 001 Table 1, "random" column
-    assert table[0]["min_perplexity"] == table[0]["mean_perplexity"] == rows[0]["test_perplexity"]
+    first = [rows[0]["test_perplexity"], rows[1]["test_perplexity"]]
+    assert table[0]["min_perplexity"] == min(first) and table[0]["mean_perplexity"] == pytest.approx(np.mean(first))
 
 
 def test_summarize_counts_diverged_runs():
