@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any, Callable, NamedTuple, Sequence
@@ -144,12 +145,18 @@ def memory_curve(problem: Problem, steps: Sequence[int] = (10, 25, 50, 100), *,
 def parameter_gradient(problem: Problem, *, backward: Any = "implicit", **options: Any):
     """Gradient of sum(z*^2) w.r.t. the parameters (W, U, b) of a :func:`tanh_problem`."""
     f, z0, args = problem
+    return _parameter_gradient(tuple(args[:3]), z0, args[3], f=f, backward=backward,
+                               options=tuple(sorted(options.items())))
 
+
+@functools.partial(jax.jit, static_argnames=("f", "backward", "options"))
+def _parameter_gradient(params, z0, x, *, f, backward, options):
+    # the problem's arrays are arguments, not constants: problems of equal shapes share one compile
     def loss(params):
-        z = fixed_point(f, z0, *params, args[3], backward=backward, batch_axis=0, **options).value
+        z = fixed_point(f, z0, *params, x, backward=backward, batch_axis=0, **dict(options)).value
         return jnp.sum(z**2)
 
-    return jax.jit(jax.grad(loss))(args[:3])
+    return jax.grad(loss)(params)
 
 
 def phantom_gradient_errors(problem: Problem, steps: Sequence[int], *, damping: float = 0.5,
