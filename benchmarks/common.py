@@ -197,6 +197,85 @@ def linear_case(name: str, *, width: int, batch: int, scale: float = 0.49, ensem
     return Case(name, linear_map, jnp.zeros((batch, width), jnp.float32), (w, x32), ref, note)
 
 
+def transformer_case(name: str, *, width: int, length: int, batch: int, heads: int = 4,
+                     in_features: int = 16, seed: int = 0, reference: bool = True) -> Case:
+    """The chapter 5 DEQ transformer cell (:class:`deqlab.nn.TransformerCell`, 003 §4) at its
+    initialisation, z of shape (batch, length, width), float32.
+
+    The cell's parameters are an argument of f (an ``nnx.State`` pytree), so nothing is folded
+    into the compiled solve. Reference: the same cell in float64 (x64 switched on for the call
+    only), iterated plainly (no solver of any library) until the update is below 1e-13; the
+    iteration contracts at initialisation (attention scale 0.3 of critical: the layer's Jacobian has
+    spectral radius below 0.9, book chapter 5 page 1)."""
+    from flax import nnx
+
+    from deqlab import nn
+
+    cell = nn.TransformerCell(width, in_features, heads=heads, rngs=nnx.Rngs(seed))
+    graphdef, params = nnx.split(cell)
+    x = jax.random.normal(jax.random.PRNGKey(seed + 1), (batch, length, in_features), jnp.float32)
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), params)
+
+    def cell_map(z, state, inputs):
+        return nnx.merge(graphdef, state)(z, inputs)
+
+    ref = None
+    if reference:
+        previous = bool(jax.config.jax_enable_x64)
+        jax.config.update("jax_enable_x64", True)
+        try:
+            p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
+            x64 = jnp.asarray(x, jnp.float64)
+            step = jax.jit(lambda z: cell_map(z, p64, x64))
+            z = jnp.zeros((batch, length, width), jnp.float64)
+            for _ in range(5000):
+                z_next = step(z)
+                done = float(jnp.max(jnp.abs(z_next - z))) < 1e-13
+                z = z_next
+                if done:
+                    break
+            else:
+                raise RuntimeError("transformer_case: the float64 reference iteration did not converge")
+            ref = np.asarray(z, np.float64)
+        finally:
+            jax.config.update("jax_enable_x64", previous)
+    note = (f"DEQ transformer cell (deqlab.nn.TransformerCell at initialisation), width {width}, "
+            f"{heads} heads, hidden {4 * width}, length {length}, batch={batch}")
+    return Case(name, cell_map, jnp.zeros((batch, length, width), jnp.float32), (params, x), ref, note)
+
+
+def limit_steps(case: Case, max_steps: int, target: float) -> tuple[int, float]:
+    """The fewest steps of plain iteration z <- f(z) from ``case.z0`` whose iterate is within
+    ``target`` (max-abs) of the reference, found by iterating once and checking after every step
+    (float32, the reference rounded to float32: 6e-8 at most, far below the target); returns
+    (steps, error at that step), or (max_steps, smallest error) when none reaches it."""
+    ref = jnp.asarray(case.reference, case.z0.dtype)
+
+    @jax.jit
+    def errors(args):
+        def step(z, _):
+            z = case.f(z, *args)
+            return z, jnp.max(jnp.abs(z - ref))
+
+        return jax.lax.scan(step, case.z0, None, length=max_steps)[1]
+
+    errs = np.asarray(errors(case.args), np.float64)
+    hits = np.flatnonzero(errs <= target)
+    if hits.size == 0:
+        return max_steps, float(np.min(errs))
+    return int(hits[0]) + 1, float(errs[hits[0]])
+
+
+def limit_fn(case: Case, steps: int) -> Callable[..., Any]:
+    """Plain iteration of f for exactly ``steps`` steps, no checks: the limit of any solver that
+    iterates f (what it costs to take the fewest steps that reach the accuracy)."""
+
+    def run(args):
+        return jax.lax.fori_loop(0, steps, lambda i, z: case.f(z, *args), case.z0)
+
+    return run
+
+
 def numpy_anderson(fn: Callable[[np.ndarray], np.ndarray], z0: np.ndarray, *, m: int = 10,
                    tol: float = 1e-13, max_steps: int = 20000) -> np.ndarray:
     """Float64 Anderson acceleration in NumPy, per sample (rows of z0), to relative residual tol.

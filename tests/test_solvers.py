@@ -392,3 +392,165 @@ def test_has_aux_returns_the_auxiliary_output_at_the_value():
         solve(f, jnp.zeros(3), jnp.ones(3))
     with pytest.raises(ValueError, match="must return a pair"):
         solve(lambda z: 0.5 * z, jnp.zeros(3), has_aux=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Error-controlled stopping (stop="error") and checks every k steps (check_every)
+
+
+def _linear_maps(n, q, seed=0):
+    """Three maps z -> A z + b of spectral norm exactly q: A = q Q (Q Haar orthogonal, a rotating
+    spectrum), and two symmetric ones with eigenvalues spread over [-q, q] and over [0, q] with
+    density rising towards q (the slowest mode dominates late: Picard's hardest case for a rate
+    read off its residuals)."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    orthogonal = np.asarray(ensembles.sample("orthogonal", k1, n, 1.0, jnp.float64))
+    g = np.asarray(jax.random.normal(k2, (n, n)))
+    vectors = np.linalg.eigh((g + g.T) / 2)[1]
+    return [q * orthogonal, vectors @ np.diag(np.linspace(-q, q, n)) @ vectors.T,
+            vectors @ np.diag(q * np.linspace(0, 1, n) ** 0.5) @ vectors.T]
+
+
+def per_sample_linear_map(z, a, b):
+    return jnp.einsum("bij,bj->bi", a, z) + b
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+@pytest.mark.parametrize("tol", [1e-4, 1e-8])
+def test_error_rule_delivers_tol_on_linear_maps_of_known_rate(name, tol):
+    # One batch, one map per sample: spectral norms q = 0.5, 0.9, 0.99, 0.995, three spectra each,
+    # inputs at scales 0.1 and 10. Every sample's max-abs error against the exact solution,
+    # relative to max(1, max|z*|) (absolute below 1, relative above), is within tol, and the
+    # estimate decided (finite), not the fallback residual rule.
+    n = 32
+    maps = [a for q in (0.5, 0.9, 0.99, 0.995) for a in _linear_maps(n, q)]
+    a = np.stack(maps + maps)
+    scales = np.repeat([0.1, 10.0], len(maps))[:, None]
+    b = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (len(a), n))) * scales
+    exact = np.stack([np.linalg.solve(np.eye(n) - ai, bi) for ai, bi in zip(a, b)])
+    sol = solve(per_sample_linear_map, jnp.zeros_like(b), a, b, solver=name, tol=tol, stop="error",
+                max_steps=8000, batch_axis=0)
+    error = np.max(np.abs(np.asarray(sol.value) - exact), axis=1) / np.maximum(1.0, np.max(np.abs(exact), axis=1))
+    assert bool(jnp.all(sol.converged))
+    assert np.all(np.isfinite(np.asarray(sol.stats.error_estimate)))
+    assert np.all(error <= tol), error.max() / tol
+    # and it is not vacuous: the tightest sample used most of its budget of tol
+    assert error.max() > 0.3 * tol
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+def test_error_rule_delivers_tol_on_a_tanh_map_where_the_residual_rule_does_not(name):
+    # z = tanh(W z + U x), W orthogonal at 0.97 (Lipschitz <= 0.97). Reference: a float64 solve to
+    # a relative residual of 1e-14 (error <= 1e-14 / (1 - 0.97) ~ 3e-13). At the same tol the
+    # residual rule stops early: its error exceeds tol (by about 1 / (1 - q) where the spectrum's
+    # slow modes lead), which is what the error rule exists to fix.
+    w, u, x = tanh_case(seed=2, n=64, batch=8, scale=0.97)
+    ref = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver="anderson", tol=1e-14, max_steps=2000, batch_axis=0)
+    assert bool(jnp.all(ref.converged))
+    tol = 1e-6
+    errors = {}
+    for rule in ("error", "residual"):
+        sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=name, tol=tol, stop=rule, max_steps=4000,
+                    batch_axis=0)
+        assert bool(jnp.all(sol.converged))
+        errors[rule] = np.max(np.abs(np.asarray(sol.value - ref.value)), axis=1)
+    assert np.all(errors["error"] <= tol), errors["error"].max() / tol
+    assert np.max(errors["residual"]) > tol
+
+
+def test_error_rule_falls_back_to_the_residual_rule_where_the_rate_is_unreliable():
+    # Per sample a -> a z + x: rates 0.5 (estimate reliable), 0.9995 (above RATE_LIMIT: the
+    # residual rule decides, error_estimate inf). Picard's first three steps have no estimate yet:
+    # a sample whose start is already within tol by the residual rule stops there.
+    a = jnp.array([0.5, 0.9995])
+    x = jnp.ones((2, 3))
+    f = lambda z, a, x: a[:, None] * z + x  # noqa: E731
+    tol = 1e-3
+    sol = solve(f, jnp.zeros((2, 3)), a, x, solver=Picard(stop="error"), tol=tol, max_steps=20000, batch_axis=0)
+    estimate = np.asarray(sol.stats.error_estimate)
+    assert bool(jnp.all(sol.converged))
+    assert np.isfinite(estimate[0]) and estimate[0] <= tol and np.isinf(estimate[1])
+    assert float(sol.stats.residual[1]) <= tol  # the residual rule's criterion, met
+    # the fallback's error is the residual rule's: 1 / (1 - a) times the residual, far above tol
+    assert float(jnp.max(jnp.abs(sol.value[1] - 1 / (1 - a[1])))) > tol
+    assert solvers.RATE_LIMIT < 0.9995
+    # A residual that grows gives a ratio above 1: unreliable, never "converged by estimate".
+    grow = solve(lambda z: 1.5 * z + 1.0, jnp.zeros(3), solver=Picard(stop="error"), tol=1e-6, max_steps=30)
+    assert int(grow.result) == Result.DIVERGED and np.isinf(float(grow.stats.error_estimate))
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+def test_error_rule_still_reports_failures_inside_jit(name):
+    # Too few steps, a diverging sample and a NaN sample: each reported per sample, under jit.
+    # Sample 0 contracts at 16 different rates (Anderson would solve a single rate in 2 steps);
+    # sample 2 turns NaN once |z| > 1.2, i.e. at its second step.
+    a = jnp.stack([jnp.linspace(0.5, 0.99, 16), jnp.full(16, 3.0), jnp.full(16, 0.5)])
+    x = jnp.ones((3, 16))
+
+    def f(z, a, x):
+        out = a * z + x
+        return out.at[2].set(jnp.where(jnp.max(jnp.abs(z[2])) > 1.2, jnp.nan, out[2]))
+
+    sol = jax.jit(lambda a, x: solve(f, jnp.zeros((3, 16)), a, x, solver=name, tol=1e-8, stop="error",
+                                     max_steps=3, batch_axis=0))(a, x)
+    result = [Result(int(r)) for r in sol.result]
+    assert result[0] == Result.MAX_STEPS_REACHED
+    # z -> 3 z + 1: Picard runs away (not converged within 3 steps, never SUCCESS); the root
+    # finders head for its repelling fixed point -1/2, and either reach it or are still on the way.
+    if name == "picard":
+        assert result[1] != Result.SUCCESS
+    else:
+        assert result[1] != Result.SUCCESS or float(jnp.max(jnp.abs(sol.value[1] + 0.5))) < 1e-6
+    assert result[2] in (Result.NONFINITE, Result.SUCCESS)
+    if result[2] == Result.NONFINITE:
+        assert float(jnp.max(jnp.abs(sol.value[2]))) <= 1.5
+    assert np.all(np.isfinite(np.asarray(sol.value)))
+
+
+def test_error_rule_under_vmap_matches_the_batched_solve():
+    a = jnp.array([0.3, 0.8, 0.95])
+    x = jnp.ones((3, 5))
+    f = lambda z, a, x: a * z + x  # noqa: E731
+    one = lambda a, x: solve(f, jnp.zeros(5), a, x, solver="picard", tol=1e-9, stop="error", max_steps=2000)  # noqa: E731
+    mapped = jax.vmap(one)(a, x)
+    batched = solve(lambda z, a, x: a[:, None] * z + x, jnp.zeros((3, 5)), a, x, solver="picard", tol=1e-9,
+                    stop="error", max_steps=2000, batch_axis=0)
+    np.testing.assert_array_equal(np.asarray(mapped.stats.steps), np.asarray(batched.stats.steps))
+    np.testing.assert_allclose(np.asarray(mapped.value), np.asarray(batched.value), rtol=1e-14)
+    np.testing.assert_allclose(np.asarray(batched.value), np.asarray(x / (1 - a[:, None])), atol=1e-9)
+
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+@pytest.mark.parametrize("every", [3])
+def test_check_every_judges_every_kth_step_with_the_same_contract(name, every):
+    # Steps and the trace advance in chunks of k (then single steps up to max_steps = 50); a
+    # sample stops at most k - 1 steps after it would with k = 1; failures are still reported.
+    w, u, x = tanh_case(seed=1, n=32, batch=5, scale=0.9)
+    base = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=name, tol=1e-9, max_steps=50, batch_axis=0)
+    config = dataclasses.replace(solvers.get_solver(name), check_every=every)
+    sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=config, tol=1e-9, max_steps=50, batch_axis=0)
+    steps, base_steps = np.asarray(sol.stats.steps), np.asarray(base.stats.steps)
+    assert bool(jnp.all(sol.converged)) and bool(jnp.all(base.converged))
+    assert np.all(steps % every == 0) and np.all(steps >= base_steps) and np.all(steps < base_steps + every)
+    assert np.all(np.asarray(sol.stats.best_residual) <= 1e-9)
+    assert int(sol.stats.nfe) == int(np.max(steps)) + 1
+    short = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=config, tol=1e-12, max_steps=every + 2, batch_axis=0)
+    assert np.all(np.asarray(short.result) == Result.MAX_STEPS_REACHED)
+    assert np.all(np.asarray(short.stats.steps) == every + 2)  # one chunk, then two single steps
+    nan_map = lambda z: jnp.where(jnp.abs(z) > 3.0, jnp.nan, 2.0 * z + 1.0)  # noqa: E731
+    bad = solve(nan_map, jnp.zeros(2), solver=config, tol=1e-8, max_steps=40)
+    assert int(bad.result) in (Result.NONFINITE, Result.DIVERGED) and bool(jnp.all(jnp.isfinite(bad.value)))
+
+
+@pytest.mark.parametrize(
+    "argument,make",
+    [
+        ("stop", lambda: Picard(stop="relative")),
+        ("safety", lambda: Anderson(safety=0.5)),
+        ("check_every", lambda: Broyden(check_every=0)),
+        ("stop", lambda: solve(lambda z: 0.5 * z, jnp.zeros(2), stop="bogus")),
+    ],
+)
+def test_bad_stopping_options_raise_value_error(argument, make):
+    with pytest.raises(ValueError, match=argument):
+        make()
