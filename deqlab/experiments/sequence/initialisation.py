@@ -17,7 +17,8 @@ This module predicts, for ``(ensemble, scale, width, hidden)``:
   the limit), and for GOE a product of two free even elements, also R-diagonal (Nica & Speicher
   2006, Lecture 15); the support of an R-diagonal element's eigenvalue law has outer radius
   ``sqrt(tr(M^T M))``.
-- :func:`product_spectrum`: the limiting law of the squared singular values of ``M`` by free multiplicative convolution, ``S_M = S_A S_B`` (002 Eq. 12), with
+- :func:`product_spectrum`: the limiting law of the squared singular values of ``M`` by free
+  multiplicative convolution, ``S_M = S_A S_B`` (002 Eq. 12), with
   ``A = W1^T W1``, ``B = W2 W2^T`` the ``hidden x hidden`` Gram matrices: free Poisson laws for
   Gaussian weights, projections (Bernoulli laws) for semi-orthogonal ones, Marchenko-Pastur laws
   (squared semicircles) for GOE.
@@ -154,7 +155,7 @@ class FreePoisson(Spectrum):
     ``n``-normalised trace: an atom ``1 - lam`` at 0 when ``lam < 1``, and a continuous part on
     ``[alpha (1 - sqrt(lam))^2, alpha (1 + sqrt(lam))^2]``. ``S(w) = 1 / (alpha (w + lam))``
     (Nica & Speicher 2006, Lecture 18); ``FreePoisson(1, V)`` is
-    :class:`~deqlab.theory.freeprob.MarchenkoPastur` ``(V)``.
+    :class:`~deqlab.theory.freeprob.spectra.MarchenkoPastur` ``(V)``.
     """
 
     def __init__(self, lam: float, alpha: float = 1.0):
@@ -208,7 +209,8 @@ def product_spectrum(ensemble: str, scale: float, width: int, hidden: int | None
 
     In the ``width``-normalised trace. The non-zero eigenvalues of ``M^T M`` are those of the
     ``hidden x hidden`` product ``A B`` (``A = W1^T W1``, ``B = W2 W2^T``), whose factors are free,
-    so ``S_AB = S_A S_B`` (002 Eq. 12), evaluated by :class:`~deqlab.theory.freeprob.FreeProduct`.
+    so ``S_AB = S_A S_B`` (002 Eq. 12), evaluated by
+    :class:`~deqlab.theory.freeprob.products.FreeProduct`.
     With ``c = width / hidden``:
 
     - Gaussian: ``A`` free Poisson (rate ``c``, jump ``1/c``), ``B`` free Poisson (rate ``c``);
