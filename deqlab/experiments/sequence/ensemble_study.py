@@ -119,7 +119,7 @@ _INT_KEYS = ("vocab_size", "context", "width", "heads", "batch_size", "steps", "
 
 def study_config(scale: str | None = None, **overrides: Any) -> dict:
     """The study's options: :data:`QUICK` or :data:`FULL` (``scale``, default from
-    ``DEQLAB_SCALE`` via :func:`deqlab.experiments.pick`) with ``overrides``, checked."""
+    ``DEQLAB_SCALE`` via ``deqlab.experiments.pick``) with ``overrides``, checked."""
     from deqlab.experiments import pick
 
     where = "ensemble_study.study_config"
@@ -584,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: ``python -m deqlab.experiments.sequence.ensemble_study --scale full --out DIR``.
 
     Shards each batch over all devices of ``jax.devices()`` (after ``jax.distributed.initialize()``
-    on several hosts, see :mod:`deqlab.nn.lm`) and resumes after an interruption: run the same
+    on several hosts, see ``deqlab.nn.lm``) and resumes after an interruption: run the same
     command again."""
     parser = argparse.ArgumentParser(prog="python -m deqlab.experiments.sequence.ensemble_study",
                                      description="The DEQ-Transformer ensemble study of 001 §4.2-4.3.")
