@@ -240,6 +240,9 @@ class Picard(_SolverConfig):
     Args:
         damping: step fraction in (0, 1]; 1 is plain fixed-point iteration.
         tol, max_steps, divergence_factor: see the module docstring.
+        stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (module docstring).
+        safety: factor (>= 1) on the error estimate of ``stop="error"``.
+        check_every: judge convergence every this many steps (module docstring).
     """
 
     damping: float = 1.0
@@ -284,6 +287,7 @@ class Anderson(_SolverConfig):
         m: history size (>= 1; m = 1 is damped Picard).
         ridge: Tikhonov regularisation of the scaled mixing problem (>= 0).
         damping: mixing parameter beta in (0, 1].
+        tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
     """
 
     m: int = 5
@@ -370,6 +374,7 @@ class Broyden(_SolverConfig):
     Args:
         m: history size (number of rank-one pairs kept, >= 1).
         step: step length alpha of 003 Eq. 6, in (0, 1].
+        tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
     """
 
     m: int = 8
