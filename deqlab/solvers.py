@@ -37,9 +37,9 @@ Error-controlled stopping (``stop="error"``)
     returns z + damping (f(z) - z), within c(q) = damping q / (1 - q) of its step from z*; Anderson
     and Broyden return z, within c(q) = 1 / (1 - q) of the residual. The rate is estimated per sample
     from the solve itself: for Picard the largest of the last three residual ratios
-    ||g_k|| / ||g_{k-1}|| (g = f(z) - z); for Anderson and Broyden, whose residual ratios measure
-    the acceleration rather than f, the largest secant quotient ||f(z') - f(z)|| / ||z' - z|| over all
-    steps so far. Where the estimate is unreliable (a rate at or above 0.999, which a residual that
+    ``||g_k|| / ||g_{k-1}||`` (g = f(z) - z); for Anderson and Broyden, whose residual ratios
+    measure the acceleration rather than f, the largest secant quotient
+    ``||f(z') - f(z)|| / ||z' - z||`` over all steps so far. Where the estimate is unreliable (a rate at or above 0.999, which a residual that
     grew gives Picard; a non-finite ratio; Picard's first three steps) the residual rule above
     decides, with the same ``tol``; ``SolveStats.error_estimate`` is then inf. The bound assumes the rate seen so far is
     f's; measured on linear maps of known spectral norm (rates 0.5 ... 0.995, rotating and symmetric
