@@ -7,7 +7,7 @@ out; `make test` and CI run them)."""
 import jax
 import pytest
 
-from benchmarks import forward, gradient, memory, scaling
+from benchmarks import common, forward, gradient, memory, scaling
 
 
 @pytest.mark.slow
@@ -96,3 +96,13 @@ def test_tolerance_search_finds_the_loosest_passing_tolerance():
     # Nothing passes: no tolerance, the smallest error seen.
     none = common.loosest_passing([1e-2, 1e-3], lambda tol: dict(tol=tol, ok=False, error=tol), refine=3)
     assert none["tol"] is None and none["error"] == 1e-3
+
+
+def test_limit_steps_finds_the_fewest_plain_steps():
+    """The limit row of `forward` (issue 17): the fewest plain steps that reach the target, and
+    one step fewer does not."""
+    case = common.linear_case("lin", width=16, batch=4, scale=0.3)
+    steps, error = common.limit_steps(case, 200, 1e-5)
+    assert error <= 1e-5 and steps >= 2
+    z = common.limit_fn(case, steps - 1)(case.args)
+    assert common.max_abs_error(z, case.reference) > 1e-5
