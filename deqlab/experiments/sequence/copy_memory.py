@@ -94,7 +94,10 @@ def make_model(kind: str, *, parameters: int, delay: int, seed: int = 0, max_ste
     else:
         make = lambda w: baselines.RecurrentModel(data.COPY_VOCAB, w, cell=kind, rngs=nnx.Rngs(seed))  # noqa: E731
         widths = range(1, 257)
-    return make(baselines.width_for_parameters(make, parameters, widths))
+    width = baselines.width_for_parameters(make, parameters, widths)
+    # one compiled initialiser instead of dozens of op-by-op ones (issue 17: eager construction cost
+    # ~30 s of the page); the same keys give the same parameters
+    return nnx.jit(lambda: make(width))()
 
 
 def _width(model) -> int:
