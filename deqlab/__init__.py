@@ -18,7 +18,7 @@ from deqlab import checks, ensembles, exercises, precision, solvers, stability
 from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled, check_gradients, fixed_point
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "checks",
