@@ -84,10 +84,15 @@ def header(title: str, size: str) -> None:
                 module = importlib.import_module(name)
             except ImportError:
                 continue
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = getattr(module, "__version__", "?")
+        # the module's own __version__ first: an editable install's metadata keeps the version it
+        # was installed at (benchmark headers printed "deqlab 0.3.0" for 0.5.0)
+        version = getattr(module, "__version__", None)
+        if version is None:
+            try:
+                version = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                version = "?"
+        versions[name] = version
     try:
         load = "load average %.1f %.1f %.1f" % os.getloadavg()
     except OSError:  # pragma: no cover - not on every platform
