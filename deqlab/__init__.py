@@ -1,6 +1,10 @@
 """deqlab: deep equilibrium models, their solvers, implicit gradients and random-matrix theory.
 
-Companion package of the book *Equilibrium*. Paper references in docstrings use the numbering of
+Companion package of the book *Equilibrium*. The library (solvers, backward modes, precision,
+stability, ensembles, :mod:`deqlab.nn`, :mod:`deqlab.theory`) needs jax, flax, optax, numpy and
+scipy; the book's own code (:mod:`deqlab.experiments`, :mod:`deqlab.exercises`, :mod:`deqlab.data`,
+:mod:`deqlab.stats`) needs the ``lab`` extra (``pip install "deqlab[lab]"``) and is not imported by
+``import deqlab``. Paper references in docstrings use the numbering of
 the book's sources: 001 (Agarwala & Schoenholz 2022), 002 (Pennington, Schoenholz & Ganguli 2018),
 003 (Bai, Kolter & Koltun 2019), 004 (Tsuchida et al. 2022).
 
@@ -14,7 +18,7 @@ The core in five lines::
     layer = deqlab.nn.DEQ(TanhCell(64, 16, rngs=rngs), solver="broyden", backward=Implicit())
 """
 
-from deqlab import checks, ensembles, exercises, precision, solvers, stability
+from deqlab import checks, ensembles, precision, solvers, stability
 from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled, check_gradients, fixed_point
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
 
@@ -23,7 +27,6 @@ __version__ = "0.5.0"
 __all__ = [
     "checks",
     "ensembles",
-    "exercises",
     "precision",
     "solvers",
     "stability",
