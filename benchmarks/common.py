@@ -139,7 +139,7 @@ def load_peers(disabled: bool = False) -> Peers:
 
 
 def tanh_map(z, w, u, b, x):
-    """f(z; W, U, b, x) = tanh(z W^T + x U^T + b) (deqlab.experiments.practice.tanh_map)."""
+    """f(z; W, U, b, x) = tanh(z W^T + x U^T + b) (deqlab.lab.experiments.practice.tanh_map)."""
     return jnp.tanh(z @ w.T + x @ u.T + b)
 
 
@@ -162,8 +162,8 @@ class Case(NamedTuple):
 def tanh_case(name: str, *, width: int, batch: int, ensemble: str, scale: float,
               input_scale: float = 1.0, in_features: int = 64, seed: int = 0,
               reference: bool = True) -> Case:
-    """The tanh DEQ of :func:`deqlab.experiments.practice.tanh_problem` (float32)."""
-    from deqlab.experiments import practice
+    """The tanh DEQ of :func:`deqlab.lab.experiments.practice.tanh_problem` (float32)."""
+    from deqlab.lab.experiments import practice
 
     problem = practice.tanh_problem(jax.random.PRNGKey(seed), width=width, batch=batch,
                                     in_features=in_features, ensemble=ensemble, scale=scale,

@@ -1,6 +1,6 @@
 """001 Figure 1 at the paper's N: 3 ensembles x 20 values of V, drawing included (issue 17, part 3).
 
-Times ``deqlab.experiments.linear.draw_reduced`` + ``trace_sweep`` (Gaussian: Hutch++, the
+Times ``deqlab.lab.experiments.linear.draw_reduced`` + ``trace_sweep`` (Gaussian: Hutch++, the
 book's full-scale method) at N (5000 at ``--size full``), part by part, and the previous method
 (``draw`` + the old ``trace_sweep``: ``eigvals`` for the orthogonal matrix, a complex Schur form
 and a triangular inverse per V for the Gaussian one, copied below) in the same process at a
@@ -26,7 +26,7 @@ import numpy as np
 import scipy.linalg
 
 from benchmarks import common
-from deqlab.experiments import linear as ex
+from deqlab.lab.experiments import linear as ex
 from deqlab.theory import linear as th
 
 SIZES = {"tiny": (200, 100), "quick": (2000, 600), "full": (5000, 1000)}  # (N, base N)

@@ -2,9 +2,8 @@
 
 Companion package of the book *Equilibrium*. The library (solvers, backward modes, precision,
 stability, ensembles, :mod:`deqlab.nn`, :mod:`deqlab.theory`) needs jax, flax, optax, numpy and
-scipy; the book's own code (:mod:`deqlab.experiments`, :mod:`deqlab.exercises`, :mod:`deqlab.data`,
-:mod:`deqlab.stats`) needs the ``lab`` extra (``pip install "deqlab[lab]"``) and is not imported by
-``import deqlab``. Paper references in docstrings use the numbering of
+scipy; the book's own code, :mod:`deqlab.lab` (experiments, graders, datasets, statistics), needs
+the ``lab`` extra (``pip install "deqlab[lab]"``) and is not imported by ``import deqlab``. Paper references in docstrings use the numbering of
 the book's sources: 001 (Agarwala & Schoenholz 2022), 002 (Pennington, Schoenholz & Ganguli 2018),
 003 (Bai, Kolter & Koltun 2019), 004 (Tsuchida et al. 2022).
 

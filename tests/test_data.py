@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from deqlab.data import DATASETS, MNIST_FILES, SPLITS, load_dataset, load_digits, load_mnist, read_idx
+from deqlab.lab.data import DATASETS, MNIST_FILES, SPLITS, load_dataset, load_digits, load_mnist, read_idx
 
 N_DIGITS = 1797  # size of scikit-learn's bundled digits
 

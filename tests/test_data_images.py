@@ -1,4 +1,4 @@
-"""Image loaders of deqlab.data: sample-image patches (offline) and CIFAR-10's pickle batches."""
+"""Image loaders of deqlab.lab.data: sample-image patches (offline) and CIFAR-10's pickle batches."""
 
 import http.server
 import io
@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from deqlab.data import (
+from deqlab.lab.data import (
     CIFAR10_FILES,
     DATASETS,
     IMAGE_SHAPE,

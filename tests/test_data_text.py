@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqlab import data as text
+from deqlab.lab import data as text
 
 # ---------------------------------------------------------------- copy memory
 
@@ -87,7 +87,7 @@ def test_copy_memory_bad_key():
 
 def test_austen_file_is_the_documented_text():
     raw = gzip.decompress(text.AUSTEN_FILE.read_bytes())
-    # the sha256 recorded in deqlab/corpora/README.md (provenance)
+    # the sha256 recorded in deqlab/lab/corpora/README.md (provenance)
     assert hashlib.sha256(raw).hexdigest() == "dfc684d4f857fa938268f9ab9c5567b64bd0691251eca959644adeabe6287a4d"
     assert len(raw.decode("utf-8")) == 684768
 

@@ -1,4 +1,4 @@
-"""The DEQ-Transformer ensemble study (001 §4.2-4.3): deqlab.experiments.sequence.ensemble_study."""
+"""The DEQ-Transformer ensemble study (001 §4.2-4.3): deqlab.lab.experiments.sequence.ensemble_study."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from deqlab.experiments.sequence import ensemble_study as es
+from deqlab.lab.experiments.sequence import ensemble_study as es
 
 # Small enough that a compile plus a few steps take seconds; the real quick study is page 6 of ch5.
 TINY = dict(es.QUICK, vocab_size=128, context=8, width=8, heads=2, batch_size=4, steps=8, warmup=2,
@@ -155,7 +155,7 @@ _SHARDED = textwrap.dedent("""
     import json, sys
     import jax
     from deqlab import nn
-    from deqlab.experiments.sequence import ensemble_study as es
+    from deqlab.lab.experiments.sequence import ensemble_study as es
     n = int(sys.argv[1])
     config = json.loads(sys.argv[2])
     mesh = nn.data_mesh(jax.devices()[:n]) if n > 1 else None

@@ -1,4 +1,4 @@
-"""The graders of deqlab.exercises: a correct implementation passes, a wrong one fails on the
+"""The graders of deqlab.lab.exercises: a correct implementation passes, a wrong one fails on the
 check that names its mistake, and bad arguments raise errors that name them."""
 
 import functools
@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 import deqlab
-from deqlab import ensembles, exercises
-from deqlab.experiments import practice
+from deqlab import ensembles
+from deqlab.lab import exercises
+from deqlab.lab.experiments import practice
 
 # ------------------------------------------------------------------------------------------------
 # Reports

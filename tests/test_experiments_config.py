@@ -4,7 +4,7 @@ import types
 import numpy as np
 import pytest
 
-from deqlab.experiments import SCALE_ENV, get_scale, pick
+from deqlab.lab.experiments import SCALE_ENV, get_scale, pick
 
 
 def test_env_var_name():
@@ -64,7 +64,7 @@ def test_plain_number_turns_array_scalars_into_python_numbers():
     import jax.numpy as jnp
     import numpy as np
 
-    from deqlab.experiments import plain_number
+    from deqlab.lab.experiments import plain_number
 
     cases = [(np.float64(0.25), float, 0.25), (np.int64(7), int, 7), (np.bool_(True), bool, True),
              (np.array(1.5), float, 1.5), (jnp.asarray(2.5, jnp.float32), float, 2.5),
@@ -92,7 +92,7 @@ def _block_myst_nb(monkeypatch):
 
 def test_glue_without_myst_nb_prints_the_value_instead_of_failing(monkeypatch, capsys):
     # Colab, plain Jupyter, Kaggle: deqlab is installed without the book extra.
-    from deqlab.experiments import config
+    from deqlab.lab.experiments import config
 
     monkeypatch.delenv(config.BOOK_BUILD_ENV, raising=False)
     _block_myst_nb(monkeypatch)
@@ -102,7 +102,7 @@ def test_glue_without_myst_nb_prints_the_value_instead_of_failing(monkeypatch, c
 
 def test_glue_echo_is_silent_in_the_book_build_and_stores_the_record(monkeypatch, capsys):
     # A stand-in myst_nb module: the test runs the same with or without the book extra installed.
-    from deqlab.experiments import config
+    from deqlab.lab.experiments import config
 
     recorded = []
     fake = types.ModuleType("myst_nb")
@@ -116,7 +116,7 @@ def test_glue_echo_is_silent_in_the_book_build_and_stores_the_record(monkeypatch
 
 
 def test_glue_echo_shortens_long_values(monkeypatch, capsys):
-    from deqlab.experiments import config
+    from deqlab.lab.experiments import config
 
     monkeypatch.delenv(config.BOOK_BUILD_ENV, raising=False)
     _block_myst_nb(monkeypatch)

@@ -1,4 +1,4 @@
-"""Tests for deqlab.experiments.linear helpers that the chapter 1 pages call."""
+"""Tests for deqlab.lab.experiments.linear helpers that the chapter 1 pages call."""
 
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from deqlab.experiments import linear as ex
+from deqlab.lab.experiments import linear as ex
 from deqlab.theory import linear as th
 
 

@@ -1,4 +1,4 @@
-"""Tests of deqlab.experiments.practice: the experiments behind chapter 0."""
+"""Tests of deqlab.lab.experiments.practice: the experiments behind chapter 0."""
 
 import math
 import warnings
@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from deqlab.experiments import practice
+from deqlab.lab.experiments import practice
 
 
 @pytest.mark.slow

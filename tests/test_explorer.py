@@ -1,4 +1,4 @@
-"""deqlab.experiments.explorer: precomputed slider widgets for the book (no kernel needed)."""
+"""deqlab.lab.experiments.explorer: precomputed slider widgets for the book (no kernel needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from deqlab.experiments import explorer
+from deqlab.lab.experiments import explorer
 
 FRAME = re.compile(r'frames\[(\d+)\] = "data:image/png;base64,([^"]*)"', re.S)
 

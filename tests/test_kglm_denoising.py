@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from deqlab.experiments.kglm import denoising as dn
+from deqlab.lab.experiments.kglm import denoising as dn
 from deqlab.theory.kglm import kernels
 
 jax.config.update("jax_enable_x64", True)

@@ -1,4 +1,4 @@
-"""Tests of deqlab.experiments.kglm.seq2seq (004 §4, Experiment 1, Fig. 5)."""
+"""Tests of deqlab.lab.experiments.kglm.seq2seq (004 §4, Experiment 1, Fig. 5)."""
 
 import math
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqlab.experiments.kglm import seq2seq as s2s
+from deqlab.lab.experiments.kglm import seq2seq as s2s
 from deqlab.theory.kglm import (
     deq_predict,
     initializer,

@@ -1,8 +1,8 @@
 """The library and the book's code are apart: dependencies flow one way.
 
 The library (solvers, backward modes, precision, stability, ensembles, nn, theory) needs only the
-core install (jax, flax, optax, numpy, scipy). The book's code (deqlab.experiments, deqlab.exercises,
-deqlab.data, deqlab.stats) may import the library, never the reverse, and its dependencies (the
+core install (jax, flax, optax, numpy, scipy). The book's code (deqlab.lab: experiments, exercises,
+data, stats) may import the library, never the reverse, and its dependencies (the
 `lab` extra: matplotlib, tqdm, scikit-learn, pillow, sentencepiece, ...) are not loaded by
 `import deqlab`. .ci/run also installs the core alone in a fresh environment and solves a DEQ there.
 """
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "deqlab"
 
 #: The book's code, by module name (a package's submodules included).
-BOOK_MODULES = ("deqlab.experiments", "deqlab.exercises", "deqlab.data", "deqlab.stats")
+BOOK_MODULES = ("deqlab.lab",)
 #: Import names of the `lab` extra's packages and of the book's build tools.
 BOOK_IMPORTS = ("matplotlib", "tqdm", "sklearn", "PIL", "sentencepiece", "datasets", "myst_nb", "jupyter_book")
 
@@ -68,6 +68,7 @@ def test_import_deqlab_loads_nothing_of_the_book():
     loaded = json.loads(run.stdout.strip().splitlines()[-1])
     book = [m for m in loaded if _is_book(m) or m.split(".")[0] in BOOK_IMPORTS]
     assert not book, f"import deqlab loads the book's code or dependencies: {book}"
+    assert not any(m.startswith("deqlab.lab") for m in loaded)
     assert "deqlab.solvers" in loaded and "deqlab.nn" in loaded  # the probe did import the library
 
 

@@ -1,4 +1,4 @@
-"""Tests of deqlab.experiments.nonlinear.dynamics (001 Eq. 29, §5.3, App. B.1)."""
+"""Tests of deqlab.lab.experiments.nonlinear.dynamics (001 Eq. 29, §5.3, App. B.1)."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deqlab import ensembles
-from deqlab.experiments.nonlinear import dynamics as nld
+from deqlab.lab.experiments.nonlinear import dynamics as nld
 from deqlab.theory import meanfield as mf
 
 jax.config.update("jax_enable_x64", True)

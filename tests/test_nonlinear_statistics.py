@@ -1,4 +1,4 @@
-"""Tests for deqlab.experiments.nonlinear.statistics (001 §3, Fig. 2-4) against deqlab.theory.meanfield.
+"""Tests for deqlab.lab.experiments.nonlinear.statistics (001 §3, Fig. 2-4) against deqlab.theory.meanfield.
 
 Tolerances (fixed keys, so every test is deterministic):
 
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from deqlab.experiments.nonlinear import statistics as nls
+from deqlab.lab.experiments.nonlinear import statistics as nls
 from deqlab.theory import linear as lin
 from deqlab.theory import meanfield as mf
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from deqlab.experiments.nonlinear import training
+from deqlab.lab.experiments.nonlinear import training
 
 # One tiny configuration for every test, so that they share one compiled program per seed count.
 TINY = dict(width=16, batch_size=32, train_size=256, max_steps=30)

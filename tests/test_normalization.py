@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from deqlab.experiments.nonlinear.training import ResidualTanhCell
+from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.nn.normalization import PowerIterate, SpectralNorm, WeightNorm, update_estimates
 

@@ -38,8 +38,7 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import deqlab  # noqa: E402
-from deqlab import checks, data, ensembles, nonlinearities, precision, solvers, stats  # noqa: E402
-from deqlab.experiments import config  # noqa: E402
+from deqlab import checks, ensembles, nonlinearities, precision, solvers  # noqa: E402
 from deqlab.implicit import (  # noqa: E402
     BackwardWarning,
     Implicit,
@@ -49,6 +48,8 @@ from deqlab.implicit import (  # noqa: E402
     check_gradients,
     fixed_point,
 )
+from deqlab.lab import data, stats  # noqa: E402
+from deqlab.lab.experiments import config  # noqa: E402
 from deqlab.nn import DEQ, ResNetCell, TanhCell  # noqa: E402
 from deqlab.precision import PrecisionWarning  # noqa: E402
 from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, solve  # noqa: E402

@@ -1,4 +1,4 @@
-"""deqlab.experiments.sequence.weight_tied and .costs: the measurements behind chapter 5's pages 1
+"""deqlab.lab.experiments.sequence.weight_tied and .costs: the measurements behind chapter 5's pages 1
 and 3, checked on problems whose answers are known."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from deqlab.experiments.sequence import costs, weight_tied
+from deqlab.lab.experiments.sequence import costs, weight_tied
 
 
 class _LinearCell(nnx.Module):

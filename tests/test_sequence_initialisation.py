@@ -1,4 +1,4 @@
-"""deqlab.experiments.sequence.initialisation: the feed-forward block at initialisation, theory
+"""deqlab.lab.experiments.sequence.initialisation: the feed-forward block at initialisation, theory
 against sampled matrices (001 §4.2, App. D) and the TransformerCell at its equilibrium."""
 
 import math
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqlab.experiments.sequence import initialisation as ffi
+from deqlab.lab.experiments.sequence import initialisation as ffi
 
 jax.config.update("jax_enable_x64", True)
 

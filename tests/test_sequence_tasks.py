@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from deqlab import data
-from deqlab.experiments.sequence import copy_memory as cm
-from deqlab.experiments.sequence import language_model as lm
+from deqlab.lab import data
+from deqlab.lab.experiments.sequence import copy_memory as cm
+from deqlab.lab.experiments.sequence import language_model as lm
 from deqlab.nn import baselines
 
 

@@ -1,5 +1,5 @@
 """Fixed-point correction of deqlab.nn.DEQ and the remedies experiment
-(deqlab.experiments.nonlinear.stabilisation)."""
+(deqlab.lab.experiments.nonlinear.stabilisation)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from deqlab import data
-from deqlab.experiments.nonlinear import stabilisation as st
-from deqlab.experiments.nonlinear.training import ResidualTanhCell
+from deqlab.lab import data
+from deqlab.lab.experiments.nonlinear import stabilisation as st
+from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.solvers import solve
 

@@ -1,4 +1,4 @@
-"""Tests for deqlab.stats: Monte Carlo summaries, Richardson extrapolation, the DKW band and the
+"""Tests for deqlab.lab.stats: Monte Carlo summaries, Richardson extrapolation, the DKW band and the
 statistics of spectra on grids, checked against exact values and against scipy.
 
 Tolerances. Grid statistics are deterministic: their tolerance is the discretisation error of the
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from deqlab import stats
+from deqlab.lab import stats
 from deqlab.theory import freeprob as fp
 
 RNG_SEED = 20261124

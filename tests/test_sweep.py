@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deqlab import checks
-from deqlab.experiments import sweep
+from deqlab.lab.experiments import sweep
 
 CONFIGS = [{"family": f, "scale": s, "seed": 0} for f in ("gaussian", "orthogonal") for s in (0.5, 1.0, 1.5)]
 
@@ -25,7 +25,7 @@ def test_config_key_is_stable_and_order_free():
     assert sweep.config_key(a) == sweep.config_key(b)
     assert sweep.config_key(a) != sweep.config_key({**a, "scale": 0.50001})
     # the hash of the canonical JSON, not of anything process-dependent
-    code = "from deqlab.experiments import sweep; print(sweep.config_key({'scale': 0.5, 'family': 'goe', 'seeds': [0, 1]}))"
+    code = "from deqlab.lab.experiments import sweep; print(sweep.config_key({'scale': 0.5, 'family': 'goe', 'seeds': [0, 1]}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == sweep.config_key(a)
 
@@ -71,7 +71,7 @@ import os, sys, json
 sys.path.insert(0, {tests!r})
 from test_sweep import CONFIGS, work
 from deqlab import checks
-from deqlab.experiments import sweep
+from deqlab.lab.experiments import sweep
 done = []
 def fn(config):
     if len(done) == {k}:

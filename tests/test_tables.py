@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from markdown_it import MarkdownIt
 
-from deqlab.experiments import Table, table
+from deqlab.lab.experiments import Table, table
 
 
 def _md_tokens(text):

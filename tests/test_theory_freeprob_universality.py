@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from deqlab import stats
-from deqlab.experiments import freeprob as ex
+from deqlab.lab import stats
+from deqlab.lab.experiments import freeprob as ex
 from deqlab.theory import freeprob as fp
 
 ALPHA = 1e-6

@@ -1,4 +1,4 @@
-"""Tests for deqlab.theory.linear (001 §2, App. A, B.1) against simulation (deqlab.experiments.linear).
+"""Tests for deqlab.theory.linear (001 §2, App. A, B.1) against simulation (deqlab.lab.experiments.linear).
 
 Tolerances. All random tests use fixed keys (deterministic), with bounds of ``Z = 5`` standard
 errors computed in the test from the sample itself (two-sided p ~ 6e-7 for a correct formula):
@@ -24,8 +24,9 @@ import jax
 import numpy as np
 import pytest
 
-from deqlab import ensembles, stats
-from deqlab.experiments import linear as ex
+from deqlab import ensembles
+from deqlab.lab import stats
+from deqlab.lab.experiments import linear as ex
 from deqlab.theory import linear as th
 
 Z = 5.0

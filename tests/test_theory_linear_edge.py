@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import scipy.integrate
 
-from deqlab.experiments import linear as ex
+from deqlab.lab.experiments import linear as ex
 from deqlab.theory import linear as th
 
 ALPHA = 1e-6

@@ -25,7 +25,7 @@ notebook is
 
 Cells tagged ``skip-execution`` are ignored. A notebook that chose its own execution mode, or a
 build with another mode than ``auto``, is left alone. The extension also sets
-``DEQLAB_BOOK_BUILD=1`` (see :func:`deqlab.experiments.config.glue`) for the kernels it starts.
+``DEQLAB_BOOK_BUILD=1`` (see :func:`deqlab.lab.experiments.config.glue`) for the kernels it starts.
 """
 
 from __future__ import annotations

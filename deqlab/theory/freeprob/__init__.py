@@ -22,7 +22,7 @@ One module per idea; every public name is re-exported here, so
   networks (001 App. C.2).
 
 Statistics of spectra on grids (Kolmogorov and Wasserstein distances, edges, atoms, mass and
-moments) are in :mod:`deqlab.stats`; the nonlinearities in :mod:`deqlab.nonlinearities`.
+moments) are in :mod:`deqlab.lab.stats`; the nonlinearities in :mod:`deqlab.nonlinearities`.
 
 Sign convention (002 Eq. 7-8, 001 Eq. 96-97): ``G(z) = int rho(t) / (z - t) dt``, so
 ``G(z) ~ 1/z`` and ``Im G < 0`` for ``Im z > 0``; ``rho(x) = -lim Im G(x + i eps) / pi``;

@@ -56,12 +56,12 @@ averaged) and the second moment of the feed-forward's hidden pre-activations ``h
 (``hidden_variance``; :meth:`deqlab.nn.TransformerCell.feed_forward_hidden`).
 
 **Sweeps.** :func:`run_study` runs every (ensemble, sqrt(V)) through the resumable
-:func:`deqlab.experiments.sweep.run_sweep` (one stored file per configuration) with orbax
+:func:`deqlab.lab.experiments.sweep.run_sweep` (one stored file per configuration) with orbax
 checkpoints after every evaluation, so an interrupted study resumes at the last evaluation of the
 unfinished configuration. :func:`summarize` reduces the rows to 001 Table 1. The full study is
 one command::
 
-    python -m deqlab.experiments.sequence.ensemble_study --scale full --out DIR
+    python -m deqlab.lab.experiments.sequence.ensemble_study --scale full --out DIR
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import checks, data
+from deqlab import checks
+from deqlab.lab import data
 
 __all__ = ["ENSEMBLES", "SQRT_V", "QUICK", "FULL", "PAPER_TABLE", "study_config", "train_seeds", "run_study",
            "summarize", "per_seed_rows", "check_claims", "main"]
@@ -119,8 +120,8 @@ _INT_KEYS = ("vocab_size", "context", "width", "heads", "batch_size", "steps", "
 
 def study_config(scale: str | None = None, **overrides: Any) -> dict:
     """The study's options: :data:`QUICK` or :data:`FULL` (``scale``, default from
-    ``DEQLAB_SCALE`` via ``deqlab.experiments.pick``) with ``overrides``, checked."""
-    from deqlab.experiments import pick
+    ``DEQLAB_SCALE`` via ``deqlab.lab.experiments.pick``) with ``overrides``, checked."""
+    from deqlab.lab.experiments import pick
 
     where = "ensemble_study.study_config"
     if scale is None:
@@ -256,7 +257,7 @@ def _program(key_items: tuple, vocab: int, square: bool):
 
 @functools.lru_cache(maxsize=4)
 def _corpus(name: str, tokenizer: str, vocab_size: int, context: int) -> dict:
-    from deqlab.experiments.sequence.language_model import prepare_corpus
+    from deqlab.lab.experiments.sequence.language_model import prepare_corpus
 
     return prepare_corpus(name, tokenizer=tokenizer, vocab_size=vocab_size, context=context)
 
@@ -372,7 +373,7 @@ def train_seeds(ensemble: str, sqrt_v: float, seeds: Sequence[int], config: dict
     start_chunk, resumed_from = 0, 0
     ckpt = None
     if checkpoint_dir is not None:
-        from deqlab.experiments.sweep import Checkpoints
+        from deqlab.lab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
         state = {"leaves": leaves, "opt_state": opt_state, "train": history["train"], "test": history["test"]}
@@ -444,7 +445,7 @@ _PER_SEED = ("loss_curve", "steps_curve", "converged_curve", "residual_curve", "
 def run_study(directory: Any, config: dict | None = None, *, ensembles: Sequence[str] = ENSEMBLES,
               sqrt_vs: Sequence[float] = SQRT_V, seeds: Sequence[int] = range(10), mesh: Any = None,
               progress: bool = True) -> list[dict[str, Any]]:
-    """001 §4.3's grid through :func:`deqlab.experiments.sweep.run_sweep`: one stored result per
+    """001 §4.3's grid through :func:`deqlab.lab.experiments.sweep.run_sweep`: one stored result per
     (ensemble, sqrt(V)) with all its seeds (:func:`train_seeds`), orbax checkpoints within a
     configuration; finished configurations are read back, not retrained.
 
@@ -452,7 +453,7 @@ def run_study(directory: Any, config: dict | None = None, *, ensembles: Sequence
         One row per configuration: ``ensemble``, ``sqrt_v``, ``seeds``, ``options`` and the
         :func:`train_seeds` result under ``result`` (:func:`per_seed_rows` flattens it).
     """
-    from deqlab.experiments.sweep import run_sweep
+    from deqlab.lab.experiments.sweep import run_sweep
 
     where = "ensemble_study.run_study"
     o = study_config() if config is None else _check(config, where)
@@ -581,12 +582,12 @@ def check_claims(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Command line: ``python -m deqlab.experiments.sequence.ensemble_study --scale full --out DIR``.
+    """Command line: ``python -m deqlab.lab.experiments.sequence.ensemble_study --scale full --out DIR``.
 
     Shards each batch over all devices of ``jax.devices()`` (after ``jax.distributed.initialize()``
     on several hosts, see ``deqlab.nn.lm``) and resumes after an interruption: run the same
     command again."""
-    parser = argparse.ArgumentParser(prog="python -m deqlab.experiments.sequence.ensemble_study",
+    parser = argparse.ArgumentParser(prog="python -m deqlab.lab.experiments.sequence.ensemble_study",
                                      description="The DEQ-Transformer ensemble study of 001 §4.2-4.3.")
     parser.add_argument("--scale", choices=("quick", "full"), default="quick")
     parser.add_argument("--out", required=True, help="directory of the results (and checkpoints)")

@@ -4,17 +4,17 @@
 batch 512 and context 128, for 20 Broyden steps per solve; 003 §5.2 trains DEQ-Transformers on
 Wikitext-103 with sequences of 150 tokens. This module runs that pipeline at any size:
 
-- :func:`prepare_corpus`: :func:`deqlab.data.load_text` (the bundled *Pride and Prejudice* by
+- :func:`prepare_corpus`: :func:`deqlab.lab.data.load_text` (the bundled *Pride and Prejudice* by
   default, or Wikitext-103), a tokenizer trained on the training split and cached on disk
-  (:func:`deqlab.data.text_tokenizer`), and the 128-token windows of each split
-  (:func:`deqlab.data.lm_windows`);
+  (:func:`deqlab.lab.data.text_tokenizer`), and the 128-token windows of each split
+  (:func:`deqlab.lab.data.lm_windows`);
 - :func:`train_language_model`: :class:`deqlab.nn.LanguageModel` over a
   :class:`deqlab.nn.TransformerCell`, trained with :func:`deqlab.nn.train_step`
   (which returns the forward solve's statistics each step) on shuffled batches
-  (:func:`deqlab.data.lm_batches`), with a tqdm bar, orbax checkpoints every
-  ``checkpoint_every`` steps (:class:`deqlab.experiments.sweep.Checkpoints`) and resumption from
+  (:func:`deqlab.lab.data.lm_batches`), with a tqdm bar, orbax checkpoints every
+  ``checkpoint_every`` steps (:class:`deqlab.lab.experiments.sweep.Checkpoints`) and resumption from
   the newest one; then the validation loss;
-- :func:`run_language_model`: configurations through :func:`deqlab.experiments.sweep.run_sweep`
+- :func:`run_language_model`: configurations through :func:`deqlab.lab.experiments.sweep.run_sweep`
   with checkpoints, so that an interrupted run resumes within its configuration.
 
 On several devices the batch is sharded over a data mesh (:func:`deqlab.nn.data_mesh`): the
@@ -33,7 +33,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import checks, data
+from deqlab import checks
+from deqlab.lab import data
 
 __all__ = ["prepare_corpus", "make_model", "train_language_model", "run_language_model", "LOGGED"]
 
@@ -93,7 +94,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
                          stop_after: int | None = None, corpus: dict | None = None) -> dict:
     """Train one DEQ-Transformer language model; the function a sweep row runs.
 
-    ``config`` keys: ``corpus`` (:data:`deqlab.data.TEXT_DATASETS`), ``tokenizer``, ``vocab_size``,
+    ``config`` keys: ``corpus`` (:data:`deqlab.lab.data.TEXT_DATASETS`), ``tokenizer``, ``vocab_size``,
     ``context``, ``width``, ``heads``, ``steps``, ``batch_size``, ``learning_rate`` (Adam with a
     cosine decay to 0 and gradients clipped to norm 1), ``seed``; optional ``max_steps`` and
     ``tol`` (the Broyden solve), ``eval_batches`` (validation batches, default 8),
@@ -149,7 +150,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     start_step = 0
     ckpt = None
     if checkpoint_dir is not None:
-        from deqlab.experiments.sweep import Checkpoints
+        from deqlab.lab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
         if ckpt.latest_step() is not None:
@@ -228,7 +229,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
 def run_language_model(directory: Any, configs: Sequence[dict], *, progress: bool = False) -> list[dict]:
     """Each configuration of ``configs`` through the resumable sweep in ``directory``, with
     checkpoints: an interrupted sweep resumes at the newest checkpoint of the unfinished run."""
-    from deqlab.experiments.sweep import run_sweep
+    from deqlab.lab.experiments.sweep import run_sweep
 
     return run_sweep(lambda config, ckpt: train_language_model(config, ckpt, progress=progress), list(configs),
                      directory, checkpoints=True, progress=False, description="language model")

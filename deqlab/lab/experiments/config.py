@@ -2,7 +2,7 @@
 
 Notebooks and benchmarks size their experiments with :func:`pick`::
 
-    from deqlab.experiments import pick
+    from deqlab.lab.experiments import pick
 
     width = pick(quick=128, full=1024)
     steps = pick(quick=200, full=20_000)

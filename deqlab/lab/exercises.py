@@ -7,7 +7,7 @@ with the measured error, its tolerance and, when the check fails, a hint. The re
 in a terminal, a notebook and Colab; ``report.passed`` is a bool and ``report.raise_if_failed()``
 raises :class:`ExerciseFailed` listing the failed checks::
 
-    from deqlab import exercises
+    from deqlab.lab import exercises
     exercises.check_solver(my_anderson, reference="anderson")      # page 2
 
 The graders, by page (calling conventions as in the pages' ``reader-code`` cells):
@@ -190,7 +190,7 @@ def _tanh_problem(seed: int, *, width: int = 16, batch: int = 4, scale: float, e
     from ``seed`` (no compilation): W = scale O with O Haar orthogonal, or W = scale G / rho(G)
     with G Gaussian, so that its spectral radius is exactly ``scale``; U Gaussian with variance
     input_scale^2 / in_features, b = 0, x standard normal, z0 = 0."""
-    from deqlab.experiments.practice import Problem
+    from deqlab.lab.experiments.practice import Problem
 
     rng = np.random.default_rng(seed)
     g = rng.standard_normal((width, width))
@@ -211,7 +211,7 @@ def _tanh_problem(seed: int, *, width: int = 16, batch: int = 4, scale: float, e
 
 def check_layer(my_layer: Callable[..., Any]) -> Report:
     """Grade ``my_layer(z, W, U, b, x)``, the tanh DEQ layer tanh(z W^T + x U^T + b) on a batch of
-    rows (page 1; 001 Eq. 21, 003 Eq. 4), against :func:`deqlab.experiments.practice.tanh_map`.
+    rows (page 1; 001 Eq. 21, 003 Eq. 4), against :func:`deqlab.lab.experiments.practice.tanh_map`.
 
     Problems: a float32 batch near the linear regime of tanh, and a float64 one with a large
     input (saturated tanh), a non-zero state, a non-zero bias and more inputs than hidden units.
@@ -308,7 +308,7 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
     max_steps=..., **options)`` returns ``(z, steps)`` for a batch of rows and raises when it does
     not converge in ``max_steps``.
 
-    It is run on three tanh DEQ problems (float32, :func:`deqlab.experiments.practice.tanh_problem`):
+    It is run on three tanh DEQ problems (float32, :func:`deqlab.lab.experiments.practice.tanh_problem`):
     a contractive orthogonal W at scale 0.5, a hard non-normal Gaussian W at scale 0.95 (spectral
     radius 0.95, ||W|| about 1.9), and an expanding one at scale 1.5 with ``max_steps=30``. Checks:
 
@@ -476,7 +476,7 @@ def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
 
 
 def _digits_batch(n: int, seed: int = 0):
-    from deqlab import data
+    from deqlab.lab import data
 
     x, y = data.load_dataset("digits", split="train")
     idx = np.random.default_rng(seed).choice(len(x), n, replace=False)

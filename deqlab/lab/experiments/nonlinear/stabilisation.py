@@ -1,6 +1,6 @@
 """Keeping a DEQ stable in training: remedies for a forward solver that stops converging, measured.
 
-The classifier is the one of :mod:`deqlab.experiments.nonlinear.training` (001 §4.1: flatten, the
+The classifier is the one of :mod:`deqlab.lab.experiments.nonlinear.training` (001 §4.1: flatten, the
 residual tanh DEQ ``z* = tanh(W z* + b) + U x``, a dense readout), trained with every seed of a
 configuration vmapped into one compiled program, from a scale ``sqrt(V)`` of ``W`` where chapter
 3's theory (:func:`deqlab.theory.meanfield.spectral_radius`, 001 Eq. 29-30) predicts the
@@ -39,9 +39,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import checks, data, ensembles, stability
-from deqlab.experiments.nonlinear.training import ResidualTanhCell
+from deqlab import checks, ensembles, stability
 from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled
+from deqlab.lab import data
+from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.nn.normalization import SpectralNorm, update_estimates
 from deqlab.solvers import get_solver
@@ -92,7 +93,7 @@ def _backward(remedy, o):
 
 
 class StabilisedClassifier(nnx.Module):
-    """flatten -> DEQ(:class:`~deqlab.experiments.nonlinear.training.ResidualTanhCell`) -> dense,
+    """flatten -> DEQ(:class:`~deqlab.lab.experiments.nonlinear.training.ResidualTanhCell`) -> dense,
     with ``remedy``'s changes to the layer (spectral normalisation of ``W``, the backward method,
     the correction iterates). ``model(x)`` returns ``(logits, solution, iterates)``; ``iterates``
     is None unless ``remedy == "correction"``."""
@@ -371,9 +372,9 @@ def run_stabilisation_sweep(directory, *, remedies: Sequence[str] = tuple(REMEDI
                             family: str = "gaussian", dataset: str = "digits", train_size: int | None = None,
                             progress: bool = True, **options: Any) -> list[dict[str, Any]]:
     """:func:`train_remedy` for every (remedy, scale) through the resumable
-    :func:`deqlab.experiments.sweep.run_sweep` (one stored result per pair; finished pairs are
+    :func:`deqlab.lab.experiments.sweep.run_sweep` (one stored result per pair; finished pairs are
     read back). Returns one row per (remedy, scale): the configuration and the result."""
-    from deqlab.experiments import sweep
+    from deqlab.lab.experiments import sweep
 
     where = "nonlinear.stabilisation.run_stabilisation_sweep"
     seeds = list(seeds)

@@ -23,8 +23,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import data, ensembles
+from deqlab import ensembles
 from deqlab.implicit import Implicit, Phantom, Unrolled, fixed_point
+from deqlab.lab import data
 from deqlab.nn import DEQ, TanhCell, capture_solver_stats
 from deqlab.precision import PrecisionWarning
 from deqlab.solvers import Solution, get_solver, solve

@@ -20,7 +20,7 @@ Every function draws its weights with :mod:`deqlab.ensembles` (``W = sqrt(V) W0`
 ``V`` is always the variance (``scale = sqrt(V)`` in :mod:`deqlab.ensembles`); ensemble names are
 those of :data:`deqlab.theory.linear.ENSEMBLES` (the registry :data:`deqlab.ensembles.ENSEMBLES`
 less ``"antisymmetric"``). Summaries of the samples (means with standard errors, Richardson
-extrapolation, power-law fits) are in :mod:`deqlab.stats`.
+extrapolation, power-law fits) are in :mod:`deqlab.lab.stats`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 averaged over all T + 20 steps) of a DEQ-Transformer of 14K parameters (3.5e-6), a TCN of 16K
 (2.7e-5), an LSTM of 14K (0.0501) and a GRU of 14K (0.0491): :data:`PAPER_TABLE1`. The LSTM and
 GRU sit at the loss of a model that remembers nothing, 10 ln 8 / 420 = 0.0495
-(:func:`deqlab.data.copy_memory_baseline`). The paper gives no training details for the task; the
+(:func:`deqlab.lab.data.copy_memory_baseline`). The paper gives no training details for the task; the
 choices here (Adam with gradient clipping, batch, steps) are ours and are arguments.
 
 - :func:`make_model`: one of :data:`MODELS` at a parameter budget. The DEQ-Transformer is
@@ -16,7 +16,7 @@ choices here (Adam with gradient clipping, batch, steps) are ours and are argume
 - :func:`train_copy_memory`: train one model on fresh batches (a new key each step, pure JAX) and
   report the test loss on a fixed test set, the fraction of recalled symbols, the training curve
   and, for the DEQ, the solver statistics.
-- :func:`run_copy_memory`: all models through the resumable :func:`deqlab.experiments.sweep.run_sweep`.
+- :func:`run_copy_memory`: all models through the resumable :func:`deqlab.lab.experiments.sweep.run_sweep`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import checks, data
+from deqlab import checks
+from deqlab.lab import data
 from deqlab.nn import baselines
 
 __all__ = ["MODELS", "PAPER_TABLE1", "PAPER_DELAY", "make_model", "train_copy_memory", "run_copy_memory",
@@ -138,7 +139,7 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
 
     Returns a dict: ``test_loss`` (mean cross-entropy per step over the test set, 003 Table 1's
     metric), ``recall_accuracy`` (fraction of the test set's recalled symbols right), ``baseline``
-    (:func:`deqlab.data.copy_memory_baseline`), ``parameters`` (the model's count), ``width``,
+    (:func:`deqlab.lab.data.copy_memory_baseline`), ``parameters`` (the model's count), ``width``,
     ``loss_steps`` and ``train_loss`` (the training loss, averaged over each window of
     ``log_every`` steps), ``seconds`` (training wall time, compilation included) and, for the DEQ,
     ``solver_steps`` and ``converged_fraction`` per window and ``test_converged_fraction``.
@@ -206,7 +207,7 @@ def run_copy_memory(directory, models: Sequence[str] = MODELS, *, progress: bool
     """Train every model of ``models`` with the settings ``common`` (the keys of
     :func:`train_copy_memory`'s config, except ``model``) through the resumable sweep in
     ``directory``; one row per model, in order."""
-    from deqlab.experiments.sweep import run_sweep
+    from deqlab.lab.experiments.sweep import run_sweep
 
     where = "sequence.copy_memory.run_copy_memory"
     models = list(models)

@@ -29,11 +29,11 @@ kGLM's predictions. For the kGLM schemes ``scale`` is ``C = ||W1||_2 = ||K||_2 /
 ``1e-3``, ``b1 = 0.9``, ``b2 = 0.999``, ``eps = 1e-8``), 400 epochs, ``N = 20000`` training and
 ``2000`` test sequences, seeds 0 to 99 at the paper's scale. :func:`train_seeds` trains all seeds
 of one (scheme, scale) in one compiled, ``jax.vmap``-ped program (the approach of
-:func:`deqlab.experiments.nonlinear.training.train_seeds`); each seed draws its own data set (from
+:func:`deqlab.lab.experiments.nonlinear.training.train_seeds`); each seed draws its own data set (from
 ``fold_in(key(seed), 0)``) and its own random weights (``fold_in(key(seed), 1)``), so the three
 schemes see the same data under the same seed and can be compared seed by seed.
 :func:`run_seq2seq_sweep` runs (scheme, scale) units through the resumable
-:func:`deqlab.experiments.sweep.run_sweep`; :func:`summarize` gives the median and spread over
+:func:`deqlab.lab.experiments.sweep.run_sweep`; :func:`summarize` gives the median and spread over
 seeds per epoch (Fig. 5a) and :func:`compare` the paired comparison of two schemes.
 
 **Choices 004 leaves open** (ours; every one is an argument):
@@ -573,7 +573,7 @@ def run_seq2seq_sweep(directory: str | os.PathLike, units: Sequence[tuple[str, f
                       seeds: Sequence[int] = range(100), chunk: int | None = None, progress: bool = True,
                       **options: Any) -> list[dict[str, Any]]:
     """004 Fig. 5a: :func:`train_seeds` for each (scheme, scale) unit, through the resumable
-    :func:`deqlab.experiments.sweep.run_sweep` (one stored result per unit and chunk of seeds,
+    :func:`deqlab.lab.experiments.sweep.run_sweep` (one stored result per unit and chunk of seeds,
     keyed by scheme, scale, seeds and options; a finished one is read back, not rerun).
 
     Args:
@@ -590,7 +590,7 @@ def run_seq2seq_sweep(directory: str | os.PathLike, units: Sequence[tuple[str, f
         :func:`train_seeds` (``test_error``, ``test_error_curve``, ``train_loss_curve``,
         ``converged_curve``, ``steps_curve``).
     """
-    from deqlab.experiments import sweep
+    from deqlab.lab.experiments import sweep
 
     where = f"{_WHERE}.run_seq2seq_sweep"
     if units is None:

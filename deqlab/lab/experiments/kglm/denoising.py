@@ -22,7 +22,7 @@ so that every layer's spectral norm *is* ``C`` (the paper's ``logspace(1e-2, 10,
 Fig. 6's horizontal axis is "the average spectral norm of each layer": the mean of the four
 layers' norms, computed exactly (:func:`deqlab.theory.kglm.kernels.conv_spectral_norm`).
 
-**Data** (:mod:`deqlab.data`): CIFAR-10 at full scale (004 §4), offline patches of
+**Data** (:mod:`deqlab.lab.data`): CIFAR-10 at full scale (004 §4), offline patches of
 scikit-learn's sample photographs at quick scale. Noisy inputs: ``clip(x + e, 0, 1)`` with
 ``e ~ N(0, 0.2)`` i.i.d. per pixel and channel (004 §4), ``0.2`` the standard deviation.
 
@@ -56,11 +56,11 @@ scikit-learn's sample photographs at quick scale. Noisy inputs: ``clip(x + e, 0,
    a Matérn kernel with random length scales and smoothness instead of App. F's squared
    exponential, and a ReLU on the output as well.
 
-**Seeds in one program.** As chapter 3's :mod:`deqlab.experiments.nonlinear.training`: each seed
+**Seeds in one program.** As chapter 3's :mod:`deqlab.lab.experiments.nonlinear.training`: each seed
 has its own initialisation, batch order and training noise; one compiled epoch (a ``lax.scan``
 over batches) is ``jax.vmap``-ped over the seeds; the per-seed results equal those of the seeds
 run one at a time (tested). :func:`run_denoising_sweep` runs the (scheme, scale) grid through the
-resumable :func:`deqlab.experiments.sweep.run_sweep`.
+resumable :func:`deqlab.lab.experiments.sweep.run_sweep`.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from deqlab import checks, data
+from deqlab import checks
 from deqlab.implicit import Implicit, fixed_point
+from deqlab.lab import data
 from deqlab.solvers import Anderson
 from deqlab.theory.kglm import kernels
 
@@ -353,8 +354,8 @@ def _check_options(options, where):
 def load_images(dataset: str = "image_patches", *, train_size: int | None = None, test_size: int | None = None,
                 image_size: int | None = None, data_path: str | os.PathLike | None = None):
     """Clean train and test images ``(n, 3, h, w)`` in [0, 1]: ``"image_patches"`` (offline,
-    :func:`deqlab.data.load_image_patches`, ``image_size`` x ``image_size`` patches, default 32)
-    or ``"cifar10"`` (:func:`deqlab.data.load_cifar10`; ``image_size`` must be None or 32); the
+    :func:`deqlab.lab.data.load_image_patches`, ``image_size`` x ``image_size`` patches, default 32)
+    or ``"cifar10"`` (:func:`deqlab.lab.data.load_cifar10`; ``image_size`` must be None or 32); the
     first ``train_size`` / ``test_size`` of each split (None: all)."""
     where = "denoising.load_images"
     checks.choice(dataset, "dataset", ("image_patches", "cifar10"), where)
@@ -432,7 +433,7 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
     start = 0
     ckpt = None
     if checkpoint_dir is not None:
-        from deqlab.experiments.sweep import Checkpoints
+        from deqlab.lab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
         restored, start = ckpt.resume({"weights": weights, "opt_state": opt_state, "history": history})
@@ -466,7 +467,7 @@ def run_denoising_sweep(directory: str | os.PathLike, *, variances: Sequence[flo
                         data_path: str | os.PathLike | None = None, checkpoints: bool = False,
                         progress: bool = True, **options: Any) -> list[dict[str, Any]]:
     """004 Fig. 6's grid: :func:`train_seeds` for every random variance and every kGLM ``C``,
-    through the resumable :func:`deqlab.experiments.sweep.run_sweep` (one stored result per
+    through the resumable :func:`deqlab.lab.experiments.sweep.run_sweep` (one stored result per
     (scheme, scale); finished units are not rerun). Defaults are the paper's grids (the variances
     as its code reads them, :data:`PAPER_CODE_VARIANCES`) and seeds.
 
@@ -474,7 +475,7 @@ def run_denoising_sweep(directory: str | os.PathLike, *, variances: Sequence[flo
         One row per (scheme, scale, seed): ``scheme``, ``scale``, ``seed``, ``norm`` (mean
         spectral norm of the initial layers), ``test_mse_curve``, ``converged_curve``.
     """
-    from deqlab.experiments import sweep
+    from deqlab.lab.experiments import sweep
 
     where = "denoising.run_denoising_sweep"
     seeds = _check_seeds(list(seeds), where)

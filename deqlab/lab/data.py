@@ -648,7 +648,7 @@ WIKITEXT_HUB = ("Salesforce/wikitext", "wikitext-103-raw-v1")
 
 AUSTEN_FILE = Path(__file__).with_name("corpora") / "pride_and_prejudice.txt.gz"
 """The bundled corpus: Jane Austen, *Pride and Prejudice* (1813), public domain (provenance in
-``deqlab/corpora/README.md``)."""
+``deqlab/lab/corpora/README.md``)."""
 
 _AUSTEN_FRACTIONS = (0.9, 0.05, 0.05)  # train / validation / test, contiguous, by paragraphs
 
@@ -686,7 +686,7 @@ def load_text(name: str = "austen", *, split: str = "train", source: str | None 
 
     * ``"austen"`` (the offline default, ``source="bundled"``): Jane Austen's *Pride and
       Prejudice*, 684768 characters, shipped inside deqlab as package data (249 KB gzipped; see
-      ``deqlab/corpora/README.md`` for provenance and licence). It is bundled because a corpus must
+      ``deqlab/lab/corpora/README.md`` for provenance and licence). It is bundled because a corpus must
       exist on every machine with no download: neither the Python standard library nor any package
       the book already depends on ships English prose of useful size, and Hugging Face ``datasets``
       only downloads. Paragraphs are runs of non-blank lines, re-joined; the split is contiguous:
@@ -694,7 +694,7 @@ def load_text(name: str = "austen", *, split: str = "train", source: str | None 
     * ``"wikitext-103"`` (003 §5.2, 001 App. D): the raw Wikitext-103 through Hugging Face
       ``datasets`` (:data:`WIKITEXT_HUB`; needs the network once, then its cache).
       ``source="parquet"`` reads the same files from a local copy of the dataset's repository
-      instead (``path`` or :func:`deqlab.data.data_directory`, the folder that holds
+      instead (``path`` or :func:`deqlab.lab.data.data_directory`, the folder that holds
       ``wikitext-103-raw-v1/{split}-*.parquet``), with no network.
 
     Args:

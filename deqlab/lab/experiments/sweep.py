@@ -15,7 +15,7 @@ and is removed once the result is stored. :class:`Checkpoints` wraps orbax-check
 when a :class:`Checkpoints` is made, so the rest of this module works without it).
 
 Used by the training experiment of chapter 3 (001 §4.1, Fig. 5:
-:mod:`deqlab.experiments.nonlinear.training`).
+:mod:`deqlab.lab.experiments.nonlinear.training`).
 """
 
 from __future__ import annotations

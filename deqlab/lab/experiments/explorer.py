@@ -11,7 +11,7 @@ other values, change the list of values and run the cell again.
 ::
 
     import numpy as np
-    from deqlab.experiments import explorer
+    from deqlab.lab.experiments import explorer
 
     grid = np.linspace(0, 2 * np.pi, 200)
     explorer.slider(

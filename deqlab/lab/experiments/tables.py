@@ -4,7 +4,7 @@ A notebook cell that ends with ``table(...)`` shows a real HTML ``<table>`` on t
 in JupyterLab / Colab (``_repr_html_``), and a valid Markdown pipe table wherever only Markdown is
 rendered (``_repr_markdown_``)::
 
-    from deqlab.experiments import table
+    from deqlab.lab.experiments import table
 
     table([("relu", 0.5, 1e-3), ("erf", 0.25, 2e-4)],
           columns=["$\\phi$", "$\\chi$", "error"],

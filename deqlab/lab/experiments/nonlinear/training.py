@@ -24,7 +24,7 @@ one at a time (the tests check it to float32 tolerance).
 than ``1 - failure_tolerance`` of the training samples reached the solver's tolerance.
 
 **Sweeps.** :func:`run_training_sweep` runs a grid of (family, scale) units through the resumable
-runner :func:`deqlab.experiments.sweep.run_sweep`, one stored result per unit; :func:`summarize`
+runner :func:`deqlab.lab.experiments.sweep.run_sweep`, one stored result per unit; :func:`summarize`
 reduces the per-seed rows to Fig. 5's mean and median test error and the failure fraction.
 """
 
@@ -40,8 +40,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import checks, data, ensembles
+from deqlab import checks, ensembles
 from deqlab.implicit import Implicit
+from deqlab.lab import data
 from deqlab.nn import DEQ
 
 __all__ = ["FAMILIES", "ResidualTanhCell", "EquilibriumClassifier", "train_seeds", "run_training_sweep",
@@ -167,11 +168,11 @@ def train_seeds(family: str, scale: float, seeds: Sequence[int], *, dataset: str
         family: ensemble of the DEQ weight (:data:`FAMILIES`).
         scale: sqrt(V) of the DEQ weight, >= 0.
         seeds: distinct integers >= 0; seed s sets the initialisation and the batch order.
-        dataset: ``"digits"`` (offline) or ``"mnist"`` (:func:`deqlab.data.load_dataset`).
+        dataset: ``"digits"`` (offline) or ``"mnist"`` (:func:`deqlab.lab.data.load_dataset`).
         data_path: local data directory for ``"mnist"``.
         train_size: use only the first ``train_size`` training samples (None: all).
         checkpoint_dir: if given, the state after each epoch is saved there with orbax
-            (:class:`deqlab.experiments.sweep.Checkpoints`) and a rerun resumes from it.
+            (:class:`deqlab.lab.experiments.sweep.Checkpoints`) and a rerun resumes from it.
         progress: tqdm bar over the epochs.
         **options: ``width`` (64), ``epochs`` (5), ``batch_size`` (64), ``learning_rate`` (1e-2,
             001 §4.1's tuned Adam rate), ``solver`` ("anderson"), ``tol`` (1e-4), ``max_steps``
@@ -220,7 +221,7 @@ def train_seeds(family: str, scale: float, seeds: Sequence[int], *, dataset: str
     start = 0
     ckpt = None
     if checkpoint_dir is not None:
-        from deqlab.experiments.sweep import Checkpoints
+        from deqlab.lab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
         restored, start = ckpt.resume({"params": params, "opt_state": opt_state, "history": history})
@@ -256,14 +257,14 @@ def run_training_sweep(directory: str | os.PathLike, *, families: Sequence[str] 
                        dataset: str = "digits", train_size: int | None = None, checkpoints: bool = False,
                        progress: bool = True, **options: Any) -> list[dict[str, Any]]:
     """The grid of 001 Fig. 5: :func:`train_seeds` for every (family, scale), through the
-    resumable :func:`deqlab.experiments.sweep.run_sweep` (one stored result per unit, keyed by
+    resumable :func:`deqlab.lab.experiments.sweep.run_sweep` (one stored result per unit, keyed by
     the unit's family, scale, seeds, dataset and options; finished units are not rerun).
 
     Returns:
         One row per (family, scale, seed): ``family``, ``scale``, ``seed``, ``test_error``,
         ``best_test_error``, ``solver_failed``, ``diverged``, ``converged_curve``, ``test_error_curve``.
     """
-    from deqlab.experiments import sweep
+    from deqlab.lab.experiments import sweep
 
     where = "nonlinear.training.run_training_sweep"
     seeds = list(seeds)

@@ -1,0 +1,13 @@
+"""The book's own code: what the pages of *Equilibrium* run, apart from the library.
+
+* :mod:`deqlab.lab.experiments`: the experiment drivers of every chapter, the scale setting
+  (``DEQLAB_SCALE``: :func:`~deqlab.lab.experiments.pick`), ``glue``, tables, the interactive
+  explorers and the resumable sweep runner with its checkpoints;
+* :mod:`deqlab.lab.exercises`: the graders of the exercises;
+* :mod:`deqlab.lab.data`: datasets (each with an offline default) and tokenizers;
+* :mod:`deqlab.lab.stats`: the statistics behind the pages' verdicts.
+
+It needs the ``lab`` extra (``pip install "deqlab[lab]"``: matplotlib, tqdm, orbax-checkpoint,
+scikit-learn, pillow, sentencepiece). It imports the library (:mod:`deqlab`, :mod:`deqlab.nn`,
+:mod:`deqlab.theory`); the library never imports it, and ``import deqlab`` does not load it.
+"""
