@@ -86,7 +86,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 
 __all__ = [
@@ -910,10 +910,27 @@ def solve(
     config = get_solver(solver, tol=tol, max_steps=max_steps, stop=stop)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
+    if not callable(f):
+        raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
+    flattener = Flattener(z0, batch_axis)
+    precision_module.check_tol(config.resolved_tol(flattener.dtype), flattener.dtype, "solve")
+    # Checks on concrete values run here, eagerly; the structural checks (check_problem) run where
+    # f is traced, in _solve_traced, once per compilation.
+    _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
+    solution = _eager.cached_call(
+        _solve_traced, f, (z0, args, init_state),
+        dict(config=config, batch_axis=batch_axis, unrolled=unrolled, has_aux=has_aux, precision=precision),
+    )
+    if throw:
+        raise_if_failed(solution)
+    return solution
+
+
+def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision):
+    """The computation of :func:`solve` (run under its cached jit, see :mod:`deqlab._eager`)."""
     flattener = Flattener(z0, batch_axis)
     check_problem(f, z0, args, has_aux)
     resolved_tol = config.resolved_tol(flattener.dtype)
-    precision_module.check_tol(resolved_tol, flattener.dtype, "solve")
     level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
 
     def func(z_flat):
@@ -957,8 +974,6 @@ def solve(
         state=state,
         aux=aux,
     )
-    if throw:
-        raise_if_failed(solution)
     return solution
 
 
