@@ -466,6 +466,36 @@ def fixed_point(
 
     Returns:
         The forward :class:`~deqlab.solvers.Solution`; differentiate through ``.value``.
+
+    Raises:
+        ValueError: on a malformed problem (as :func:`deqlab.solvers.solve`), or SHINE with a
+            solver other than Broyden.
+        SolverError: with ``on_failure="raise"``, when a solve failed: eagerly, raised directly
+            after the computation returns; under ``jit`` / ``grad`` / ``vmap``, from a host
+            callback (wrapped in JAX's runtime error). ``on_failure="warn"`` issues
+            :class:`BackwardWarning` the same way.
+
+    Caching and warm starts:
+        The computation runs under an internal ``jax.jit`` keyed on the function object ``f``
+        (by identity), the static configuration (solver object with its resolved ``tol`` and
+        ``max_steps``, ``backward`` object, ``batch_axis``, ``has_aux``, ``precision``) and the
+        non-array leaves of ``args``; the arrays of ``z0``, ``args`` and ``init_state`` are
+        traced. A second eager call, or an eager ``jax.grad`` through it, with the same ``f``
+        and shapes reuses the compiled computation (JAX caches the derivative of the internal
+        jit too). A new ``f`` object each call compiles again; arrays ``f`` reads from globals
+        or mutable objects are frozen at compilation (pass them in ``args``). ``init_state`` (a
+        previous ``Solution.state``) is an input of the differentiated computation, with a
+        zero cotangent: warm starts work under ``grad``, ``jit`` and ``vmap``, and the implicit
+        gradient does not depend on them (Unrolled differentiates through the iterations from
+        the warm start, so its gradient misses the start's own dependence on ``args`` unless
+        the start was computed differentiably, e.g. by an unrolled solve).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> def f(z, w, x):
+        ...     return jnp.tanh(w * z + x)
+        >>> loss = lambda w: jnp.sum(deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3)).value)
+        >>> g = jax.grad(loss)(0.5)  # a second call reuses the compiled computation
     """
     mode = get_backward(backward)
     config = get_solver(solver, tol=tol, max_steps=max_steps)

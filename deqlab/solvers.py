@@ -902,6 +902,31 @@ def solve(
 
     Returns:
         :class:`Solution` with per-sample ``result``, ``converged``, ``stats`` and ``state``.
+
+    Raises:
+        ValueError: on a malformed problem (f's output structure, shapes or dtypes, NaN or inf
+            in concrete inputs, a bad ``init_state`` or option).
+        SolverError: with ``throw=True``, when some sample failed (eager calls only).
+
+    Caching:
+        The computation runs under an internal ``jax.jit`` whose cache key is the function
+        object ``f`` (by identity), the static configuration (the solver object with its
+        ``tol`` / ``max_steps`` / ``stop``, ``batch_axis``, ``unrolled``, ``has_aux``,
+        ``precision``) and the non-array leaves of ``args`` (Python numbers stay Python numbers
+        and are part of the key); the array leaves of ``z0``, ``args`` and ``init_state`` are
+        traced. A second eager call with the same ``f`` and shapes costs the jit dispatch
+        (milliseconds instead of a compilation); ``jax.jit``, ``jax.vmap`` and ``jax.grad`` from
+        outside compose with it. A new ``f`` object each call (a ``lambda`` written in the call)
+        compiles again, and, as under ``jax.jit``, arrays that ``f`` reads from globals or a
+        mutable object are frozen at compilation: pass changing arrays in ``args``. Checks on
+        concrete values and ``throw`` run outside the jit (see :mod:`deqlab._eager`).
+
+    Example:
+        >>> import jax.numpy as jnp, deqlab
+        >>> f = lambda z, x: 0.5 * jnp.tanh(z) + x
+        >>> sol = deqlab.solve(f, jnp.zeros(3), jnp.ones(3))
+        >>> bool(sol.converged)
+        True
     """
     if not isinstance(throw, bool):
         raise checks.fail("throw", "True or False", throw, "solve")
