@@ -158,8 +158,9 @@ def test_warm_start_gradient_matches_cold_start(solver, backward):
     def warm_state(w, x):
         # Unrolled differentiates through the iterations: the start must carry their gradient
         # (an unrolled partial solve); the others' gradients do not depend on the start.
-        if backward != "unrolled":
-            w, x = jax.lax.stop_gradient((w, x))
+        if backward != "unrolled":  # a differentiable solve's state: traced under grad
+            return deqlab.fixed_point(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
+                                      backward=Implicit(on_failure="ignore")).state
         partial = deqlab.solve(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
                                unrolled=backward == "unrolled")
         return partial.state
