@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.solvers import (
     Broyden,
@@ -466,13 +466,68 @@ def fixed_point(
 
     Returns:
         The forward :class:`~deqlab.solvers.Solution`; differentiate through ``.value``.
+
+    Raises:
+        ValueError: on a malformed problem (as :func:`deqlab.solvers.solve`), or SHINE with a
+            solver other than Broyden.
+        SolverError: with ``on_failure="raise"``, when a solve failed: eagerly, raised directly
+            after the computation returns; under ``jit`` / ``grad`` / ``vmap``, from a host
+            callback (wrapped in JAX's runtime error). ``on_failure="warn"`` issues
+            :class:`BackwardWarning` the same way.
+
+    Caching and warm starts:
+        The computation runs under an internal ``jax.jit`` keyed on the function object ``f``
+        (by identity), the static configuration (solver object with its resolved ``tol`` and
+        ``max_steps``, ``backward`` object, ``batch_axis``, ``has_aux``, ``precision``) and the
+        non-array leaves of ``args``; the arrays of ``z0``, ``args`` and ``init_state`` are
+        traced. A second eager call, or an eager ``jax.grad`` through it, with the same ``f``
+        and shapes reuses the compiled computation (JAX caches the derivative of the internal
+        jit too). A new ``f`` object each call compiles again; arrays ``f`` reads from globals
+        or mutable objects are frozen at compilation (pass them in ``args``). ``init_state`` (a
+        previous ``Solution.state``) is an input of the differentiated computation, with a
+        zero cotangent: warm starts work under ``grad``, ``jit`` and ``vmap``, and the implicit
+        gradient does not depend on them (Unrolled differentiates through the iterations from
+        the warm start, so its gradient misses the start's own dependence on ``args`` unless
+        the start was computed differentiably, e.g. by an unrolled solve).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> def f(z, w, x):
+        ...     return jnp.tanh(w * z + x)
+        >>> loss = lambda w: jnp.sum(deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3)).value)
+        >>> g = jax.grad(loss)(0.5)  # a second call reuses the compiled computation
     """
     mode = get_backward(backward)
     config = get_solver(solver, tol=tol, max_steps=max_steps)
-    # Validate the problem up front, so that errors name the user's arguments.
+    if not callable(f):
+        raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
+    # Validate the problem up front, so that errors name the user's arguments (the checks that
+    # trace f run in _fixed_point_traced, once per compilation).
     probe = Flattener(z0, batch_axis)
-    resolved_tol = config.resolved_tol(probe.dtype)
-    config = dataclasses.replace(config, tol=resolved_tol)
+    config = dataclasses.replace(config, tol=config.resolved_tol(probe.dtype))
+    if isinstance(mode, SHINE) and not isinstance(config, Broyden):
+        raise checks.fail("solver", "'broyden' or a deqlab.solvers.Broyden (SHINE reuses its "
+                          "inverse-Jacobian estimate)", type(config).__name__, "fixed_point")
+    _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
+    # Called eagerly, failures are reported from the concrete results after the cached computation
+    # returns (a warning or SolverError raised here, as without the cache); under an outer
+    # transformation, from a host callback inside it (_signal).
+    inside = _eager.is_traced((z0, args, init_state))
+    sol = _eager.cached_call(
+        _fixed_point_traced, f, (z0, args, init_state),
+        dict(mode=mode, config=config, batch_axis=batch_axis, has_aux=has_aux, precision=precision,
+             signal=inside),
+    )
+    if not inside:
+        _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
+    return sol
+
+
+def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, has_aux, precision, signal):
+    """The computation of :func:`fixed_point` (run under its cached jit, see :mod:`deqlab._eager`);
+    ``signal``: report forward failures here (under an outer transformation)."""
+    probe = Flattener(z0, batch_axis)
+    resolved_tol = config.tol
     forward = dict(solver=config, batch_axis=batch_axis, precision=precision)
     check_problem(f, z0, args, has_aux)
     f, args = _close_over_nothing(f, z0, args, _level(precision, resolved_tol, probe.dtype))
@@ -485,7 +540,8 @@ def fixed_point(
         sol = solve(step_map, z0, *args, unrolled=True, init_state=init_state, **forward)
     elif isinstance(mode, Phantom):
         sol = solve(
-            step_map, jax.lax.stop_gradient(z0), *jax.lax.stop_gradient(args), init_state=init_state, **forward
+            step_map, jax.lax.stop_gradient(z0), *jax.lax.stop_gradient(args),
+            init_state=jax.lax.stop_gradient(init_state), **forward
         )
         z = jax.lax.stop_gradient(sol.value)
         d = mode.damping
@@ -494,14 +550,12 @@ def fixed_point(
                 z = jax.tree_util.tree_map(lambda a, b: (1 - d) * a + d * b, z, step_map(z, *args))
         sol = sol._replace(value=z)
     elif isinstance(mode, SHINE):
-        if not isinstance(config, Broyden):
-            raise checks.fail("solver", "'broyden' or a deqlab.solvers.Broyden (SHINE reuses its "
-                              "inverse-Jacobian estimate)", type(config).__name__, "fixed_point")
         sol = _shine(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
     else:
         sol = _implicit(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
 
-    _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
+    if signal:
+        _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
     if mode.on_failure == "nan":
         sol = sol._replace(value=_nan_where_failed(sol.value, sol.result, batch_axis, "z0"))
     if has_aux:
@@ -509,6 +563,16 @@ def fixed_point(
             aux = f(sol.value, *args)[1]
         sol = sol._replace(aux=aux, stats=sol.stats._replace(nfe=sol.stats.nfe + 1))
     return sol
+
+
+def _zero_cotangent(tree):
+    """Zero cotangents shaped like ``tree`` (float0 for integer and boolean leaves)."""
+    def zero(leaf):
+        if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            return jnp.zeros_like(leaf)
+        return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
+
+    return jax.tree_util.tree_map(zero, tree)
 
 
 def _level(precision, tol, dtype):
@@ -529,15 +593,15 @@ def _implicit(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
     )
 
     @jax.custom_vjp
-    def equilibrium(z0, args):
+    def equilibrium(z0, args, init_state):
         return solve(f, z0, *args, init_state=init_state, **forward)
 
-    def equilibrium_fwd(z0, args):
+    def equilibrium_fwd(z0, args, init_state):
         sol = solve(f, z0, *args, init_state=init_state, **forward)
-        return sol, (sol.value, z0, args)
+        return sol, (sol.value, z0, args, init_state)
 
     def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args = residuals
+        z_star, z0, args, init_state = residuals
         adjoint = adjoint_solve(f, z_star, args, cotangent.value, **backward_options)
         _signal("adjoint", mode.on_failure, adjoint.result, adjoint.stats.best_residual)
         u = adjoint.value
@@ -546,10 +610,10 @@ def _implicit(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
         with precision_module.matmul_precision(_level(forward["precision"], backward_options["tol"], dtype)):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
-        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar
+        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, _zero_cotangent(init_state)
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(z0, args)
+    return equilibrium(z0, args, init_state)
 
 
 def _shine(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
@@ -560,20 +624,23 @@ def _shine(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
     level = _level(forward["precision"], tol, dtype)
 
     @jax.custom_vjp
-    def equilibrium(z0, args):
+    def equilibrium(z0, args, init_state):
         return solve(f, z0, *args, init_state=init_state, **forward)
 
-    def equilibrium_fwd(z0, args):
+    def equilibrium_fwd(z0, args, init_state):
         sol = solve(f, z0, *args, init_state=init_state, **forward)
         us, vs = sol.state.history[:2]
         # The pair counter is shared by the batch (solvers.Broyden), but a sample's history stops
         # with it: after s recorded steps its current cycle holds ((s - 1) mod m) + 1 pairs.
+        # A warm start continues the history of init_state, whose (batch-shared) counter held c0
+        # pairs: after s more steps the cycle holds ((c0 + s - 1) mod m) + 1 (c0 for s = 0).
         steps = jnp.reshape(sol.stats.steps, (-1,))  # () without a batch axis: one row
-        count = jnp.where(steps > 0, (steps - 1) % config.m + 1, 0)
-        return sol, (sol.value, z0, args, us, vs, count)
+        start = jnp.zeros((), jnp.int32) if init_state is None else jnp.asarray(init_state.history[2], jnp.int32)
+        count = jnp.where(steps > 0, (start + steps - 1) % config.m + 1, start)
+        return sol, (sol.value, z0, args, init_state, us, vs, count)
 
     def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, us, vs, count = residuals
+        z_star, z0, args, init_state, us, vs, count = residuals
         flattener = Flattener(z_star, batch_axis)
         work = precision_module.working_dtype(flattener.dtype)
         used = (jnp.arange(config.m)[None, :] < count[:, None]).astype(work)
@@ -585,10 +652,10 @@ def _shine(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
                 u = jax.tree_util.tree_map(jnp.add, cotangent.value, vjp_z(u)[0])
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
-        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar
+        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, _zero_cotangent(init_state)
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(z0, args)
+    return equilibrium(z0, args, init_state)
 
 
 # --------------------------------------------------------------------------------------------

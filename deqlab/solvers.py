@@ -86,7 +86,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 
 __all__ = [
@@ -902,6 +902,31 @@ def solve(
 
     Returns:
         :class:`Solution` with per-sample ``result``, ``converged``, ``stats`` and ``state``.
+
+    Raises:
+        ValueError: on a malformed problem (f's output structure, shapes or dtypes, NaN or inf
+            in concrete inputs, a bad ``init_state`` or option).
+        SolverError: with ``throw=True``, when some sample failed (eager calls only).
+
+    Caching:
+        The computation runs under an internal ``jax.jit`` whose cache key is the function
+        object ``f`` (by identity), the static configuration (the solver object with its
+        ``tol`` / ``max_steps`` / ``stop``, ``batch_axis``, ``unrolled``, ``has_aux``,
+        ``precision``) and the non-array leaves of ``args`` (Python numbers stay Python numbers
+        and are part of the key); the array leaves of ``z0``, ``args`` and ``init_state`` are
+        traced. A second eager call with the same ``f`` and shapes costs the jit dispatch
+        (milliseconds instead of a compilation); ``jax.jit``, ``jax.vmap`` and ``jax.grad`` from
+        outside compose with it. A new ``f`` object each call (a ``lambda`` written in the call)
+        compiles again, and, as under ``jax.jit``, arrays that ``f`` reads from globals or a
+        mutable object are frozen at compilation: pass changing arrays in ``args``. Checks on
+        concrete values and ``throw`` run outside the jit (see :mod:`deqlab._eager`).
+
+    Example:
+        >>> import jax.numpy as jnp, deqlab
+        >>> f = lambda z, x: 0.5 * jnp.tanh(z) + x
+        >>> sol = deqlab.solve(f, jnp.zeros(3), jnp.ones(3))
+        >>> bool(sol.converged)
+        True
     """
     if not isinstance(throw, bool):
         raise checks.fail("throw", "True or False", throw, "solve")
@@ -910,10 +935,27 @@ def solve(
     config = get_solver(solver, tol=tol, max_steps=max_steps, stop=stop)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
+    if not callable(f):
+        raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
+    flattener = Flattener(z0, batch_axis)
+    precision_module.check_tol(config.resolved_tol(flattener.dtype), flattener.dtype, "solve")
+    # Checks on concrete values run here, eagerly; the structural checks (check_problem) run where
+    # f is traced, in _solve_traced, once per compilation.
+    _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
+    solution = _eager.cached_call(
+        _solve_traced, f, (z0, args, init_state),
+        dict(config=config, batch_axis=batch_axis, unrolled=unrolled, has_aux=has_aux, precision=precision),
+    )
+    if throw:
+        raise_if_failed(solution)
+    return solution
+
+
+def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision):
+    """The computation of :func:`solve` (run under its cached jit, see :mod:`deqlab._eager`)."""
     flattener = Flattener(z0, batch_axis)
     check_problem(f, z0, args, has_aux)
     resolved_tol = config.resolved_tol(flattener.dtype)
-    precision_module.check_tol(resolved_tol, flattener.dtype, "solve")
     level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
 
     def func(z_flat):
@@ -957,8 +999,6 @@ def solve(
         state=state,
         aux=aux,
     )
-    if throw:
-        raise_if_failed(solution)
     return solution
 
 

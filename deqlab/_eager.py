@@ -1,0 +1,140 @@
+"""Fast eager calls: the computation of :func:`deqlab.solve` and :func:`deqlab.fixed_point` under
+one internal ``jax.jit``, cached on the function and the static configuration.
+
+Called outside ``jit``, a solve used to trace and compile its loop (``lax.while_loop``) on every
+call: about a second even for a 4x8 problem. :func:`cached_call` runs the computation under a
+``jax.jit`` whose static arguments are the function ``f`` (hashed by identity, as a Python function
+is), the solver and backward objects (frozen dataclasses, hashed by value), the other options and
+the non-array leaves of the inputs; the array leaves (jax and NumPy arrays and NumPy scalars, and
+tracers of outer transformations) are its traced arguments. This is how equinox's ``filter_jit``
+partitions its arguments (``equinox.is_array``), without depending on equinox: a Python ``int`` that
+``f`` uses as a shape stays a Python ``int``, and a new value of it compiles again.
+
+The second call with the same ``f`` object, configuration, non-array leaves and array shapes and
+dtypes reuses the compiled computation; ``jax.grad``, ``jax.vmap`` and ``jax.jit`` from outside go
+through the internal ``jit`` (JAX caches its derivatives and batched versions on the traced jaxpr,
+so an eager ``jax.grad`` hits the cache too). A new ``f`` object (a ``lambda`` written in the call,
+a ``functools.partial`` made each time) compiles again, as with ``jax.jit`` itself; and, as with
+``jax.jit``, what ``f`` reads from globals or from a mutable object at trace time is baked into the
+compiled computation: pass changing arrays as arguments, not through ``f``'s closure.
+
+Inputs that cannot be cached (an unhashable non-array leaf or ``f``) and functions that need
+concrete array values (``float(arg)``, NumPy on an argument) run the uncached computation, as
+before.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["cached_call", "is_array", "check_finite", "is_traced"]
+
+# A function that needs concrete argument values cannot run under the internal jit: such calls
+# fall back to the uncached computation (where the arguments are concrete, as before the cache).
+_NEEDS_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+
+def is_array(leaf: Any) -> bool:
+    """A leaf traced by the internal jit: a jax array (or tracer), a NumPy array or scalar."""
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+
+
+def is_traced(tree: Any) -> bool:
+    """True when any leaf of ``tree`` is a tracer of an outer transformation."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+class _Static:
+    """A pytree node with no children holding a non-array output leaf (in its aux data), so that
+    it passes through ``jax.jit``'s outputs unchanged."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.value), lambda value, _: _Static(value))
+
+
+def _partition(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = tuple(is_array(leaf) for leaf in leaves)
+    dynamic = [leaf for leaf, keep in zip(leaves, arrays) if keep]
+    static = tuple(None if keep else leaf for leaf, keep in zip(leaves, arrays))
+    return dynamic, (treedef, arrays, static)
+
+
+def _combine(dynamic, static):
+    treedef, arrays, leaves = static
+    dynamic = iter(dynamic)
+    return jax.tree_util.tree_unflatten(
+        treedef, [next(dynamic) if keep else leaf for keep, leaf in zip(arrays, leaves)]
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _jitted(body, f, static, options, dynamic):
+    out = body(f, *_combine(dynamic, static), **dict(options))
+    return jax.tree_util.tree_map(lambda leaf: leaf if is_array(leaf) else _Static(leaf), out)
+
+
+def _unwrap(out):
+    return jax.tree_util.tree_map(
+        lambda leaf: leaf.value if isinstance(leaf, _Static) else leaf, out,
+        is_leaf=lambda leaf: isinstance(leaf, _Static),
+    )
+
+
+def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, options: dict) -> Any:
+    """``body(f, *inputs, **options)`` under a ``jax.jit`` cached on ``(body, f, options, the
+    non-array leaves of inputs)`` with the array leaves of ``inputs`` traced.
+
+    ``body`` must be a module-level function (its identity is part of the key). Falls back to the
+    uncached ``body(f, *inputs, **options)`` when the key is unhashable or when tracing ``f`` with
+    traced arguments needs their concrete values.
+    """
+    dynamic, static = _partition(inputs)
+    key = tuple(sorted(options.items()))
+    try:
+        hash((f, static, key))
+    except TypeError:
+        return body(f, *inputs, **options)
+    try:
+        return _unwrap(_jitted(body, f, static, key, dynamic))
+    except _NEEDS_CONCRETE:
+        return body(f, *inputs, **options)
+
+
+@jax.jit
+def _finite_flags(leaves):
+    return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
+
+
+def check_finite(named: list[tuple[str, Any]]) -> None:
+    """Raise ValueError naming the first input that holds NaN or inf (concrete floating leaves
+    only: tracers are skipped, and inside ``jit`` such inputs surface as ``Result.NONFINITE``).
+    One compiled reduction for all the leaves."""
+    owners, leaves = [], []
+    for name, tree in named:
+        for leaf in jax.tree_util.tree_leaves(tree):
+            if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
+                continue
+            if jnp.issubdtype(leaf.dtype, jnp.inexact):
+                owners.append(name)
+                leaves.append(leaf)
+    if not leaves:
+        return
+    with jax.ensure_compile_time_eval():  # concrete constants under an outer jit: evaluate them
+        flags = np.asarray(_finite_flags(leaves))
+    for name, finite in zip(owners, flags):
+        if not finite:
+            raise ValueError(f"`{name}` contains NaN or inf; inputs must be finite.")

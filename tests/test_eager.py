@@ -1,0 +1,205 @@
+"""Eager calls of solve / fixed_point hit a compilation cache (issue 15 item 4), and warm starts
+compose with grad, jit and vmap (item 5). No timings: retraces are counted by a Python counter in
+f, which runs only while f is traced."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import deqlab
+from deqlab.implicit import SHINE, BackwardWarning, Implicit, JacobianFree, Phantom, Unrolled
+from deqlab.solvers import SolverError
+
+F32 = jnp.float32
+
+
+def _problem(batch=4, width=8, seed=0):
+    rng = np.random.default_rng(seed)
+    q, r = np.linalg.qr(rng.standard_normal((width, width)))
+    w = jnp.asarray(0.6 * q * np.sign(np.diag(r)), F32)
+    x = jnp.asarray(rng.standard_normal((batch, width)), F32)
+    return jnp.zeros((batch, width), F32), w, x
+
+
+class Counted:
+    """z = tanh(W z + x), counting its traces."""
+
+    def __init__(self):
+        self.traces = 0
+
+    def __call__(self, z, w, x):
+        self.traces += 1
+        return jnp.tanh(z @ w.T + x)
+
+
+def test_second_eager_solve_does_not_retrace():
+    z0, w, x = _problem()
+    f = Counted()
+    first = deqlab.solve(f, z0, w, x, batch_axis=0)
+    traced = f.traces
+    assert traced >= 1
+    second = deqlab.solve(f, z0, w, 1.5 * x, batch_axis=0)
+    assert f.traces == traced
+    assert bool(jnp.all(second.converged))
+    np.testing.assert_allclose(second.value, f(second.value, w, 1.5 * x), atol=1e-4)
+    assert not np.allclose(first.value, second.value)
+    # Another configuration or shape compiles again.
+    deqlab.solve(f, z0, w, x, batch_axis=0, solver="picard")
+    assert f.traces > traced
+
+
+def test_second_eager_fixed_point_and_gradient_do_not_retrace():
+    z0, w, x = _problem()
+    f = Counted()
+
+    def loss(w, x):
+        return jnp.sum(deqlab.fixed_point(f, z0, w, x, batch_axis=0).value ** 2)
+
+    deqlab.fixed_point(f, z0, w, x, batch_axis=0)
+    traced = f.traces
+    deqlab.fixed_point(f, z0, w, 0.5 * x, batch_axis=0)
+    assert f.traces == traced
+    grad = jax.grad(loss)
+    g1 = grad(w, x)
+    traced = f.traces
+    g2 = grad(w, 0.5 * x)
+    assert f.traces == traced  # eager grad: tracers of the outer transformation hit the cache
+    assert not np.allclose(g1, g2)
+    # A new function object with the same body is a new key: it compiles again (documented).
+    deqlab.fixed_point(lambda z, w, x: f(z, w, x), z0, w, x, batch_axis=0)
+    assert f.traces > traced
+
+
+def test_cached_gradient_matches_jit_and_vmap():
+    z0, w, x = _problem()
+    f = Counted()
+
+    def loss(w, x):
+        return jnp.sum(deqlab.fixed_point(f, z0, w, x, batch_axis=0).value ** 2)
+
+    eager = jax.grad(loss)(w, x)
+    jitted = jax.jit(jax.grad(loss))(w, x)
+    np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-6)
+    per_sample = jax.vmap(lambda xi: jax.grad(
+        lambda w: jnp.sum(deqlab.fixed_point(f, z0[0], w, xi).value ** 2))(w))(x)
+    np.testing.assert_allclose(per_sample.sum(0), eager, rtol=1e-3, atol=1e-4)
+
+
+def test_non_array_arguments_are_static_parts_of_the_key():
+    # Python numbers are not converted to arrays: a new value compiles again and gives its own
+    # (right) answer; the same value hits the cache.
+    z0 = jnp.zeros((3, 4), F32)
+    traces = []
+
+    def f(z, scale, offset):
+        traces.append(1)
+        return 0.5 * jnp.tanh(z) + scale * offset
+
+    a = deqlab.solve(f, z0, 0.1, jnp.ones(4, F32))
+    count = len(traces)
+    a2 = deqlab.solve(f, z0, 0.1, 2 * jnp.ones(4, F32))
+    assert len(traces) == count
+    b = deqlab.solve(f, z0, 0.2, jnp.ones(4, F32))
+    assert len(traces) > count
+    np.testing.assert_allclose(a.value, f(a.value, 0.1, 1.0), atol=1e-5)
+    np.testing.assert_allclose(a2.value, f(a2.value, 0.1, 2.0), atol=1e-5)
+    np.testing.assert_allclose(b.value, f(b.value, 0.2, 1.0), atol=1e-5)
+    g = jax.grad(lambda s: deqlab.fixed_point(lambda z, s: 0.5 * jnp.tanh(z) + s, z0, s).value.sum())(F32(0.1))
+    assert np.isfinite(g) and g > 0
+
+
+def test_eager_failures_warn_and_raise_from_concrete_values():
+    z0, w, x = _problem()
+    f = Counted()
+    for _ in range(2):  # the second call hits the cache and still reports
+        with pytest.warns(BackwardWarning, match="forward solve did not converge"):
+            deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2)
+        with pytest.raises(SolverError, match="forward solve failed for 4/4"):
+            deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2, backward=Implicit(on_failure="raise"))
+        with pytest.raises(SolverError):
+            deqlab.solve(f, z0, w, x, batch_axis=0, max_steps=2, throw=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        deqlab.fixed_point(f, z0, w, x, batch_axis=0)  # converged: silent
+    with pytest.raises(ValueError, match="NaN"):
+        deqlab.fixed_point(f, z0, w, x.at[0, 0].set(jnp.nan), batch_axis=0)
+    with pytest.raises(ValueError, match="same pytree structure"):
+        deqlab.solve(lambda z, w, x: (z, z), z0, w, x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm starts (item 5)
+
+BACKWARDS = {
+    "implicit": Implicit(),
+    "implicit-gmres": Implicit(solver="gmres"),
+    "unrolled": Unrolled(),
+    "phantom": Phantom(),
+    "jacobian_free": JacobianFree(),
+    "shine": SHINE(),
+}
+CASES = [(s, b) for s in ("picard", "anderson", "broyden") for b in BACKWARDS if b != "shine" or s == "broyden"]
+TOL = 1e-5
+PARTIAL = 4  # steps of the solve whose state starts the warm one
+
+
+@pytest.mark.parametrize("solver,backward", CASES)
+def test_warm_start_gradient_matches_cold_start(solver, backward):
+    z0, w, x = _problem(batch=3, width=6, seed=1)
+    mode = BACKWARDS[backward]
+    options = dict(solver=solver, tol=TOL, max_steps=200, batch_axis=0, backward=mode)
+
+    def f(z, w, x):
+        return jnp.tanh(z @ w.T + x)
+
+    def warm_state(w, x):
+        # Unrolled differentiates through the iterations: the start must carry their gradient
+        # (an unrolled partial solve); the others' gradients do not depend on the start.
+        if backward != "unrolled":  # a differentiable solve's state: traced under grad
+            return deqlab.fixed_point(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
+                                      backward=Implicit(on_failure="ignore")).state
+        partial = deqlab.solve(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
+                               unrolled=backward == "unrolled")
+        return partial.state
+
+    def cold(w, x):
+        sol = deqlab.fixed_point(f, z0, w, x, **options)
+        return jnp.sum(sol.value ** 2), sol.stats.steps
+
+    def warm(w, x, state):
+        sol = deqlab.fixed_point(f, z0, w, x, init_state=state, **options)
+        return jnp.sum(sol.value ** 2), sol.stats.steps
+
+    def warm_inside(w, x):  # the warm start computed under the same trace as the gradient
+        return warm(w, x, warm_state(w, x))
+
+    g_cold, steps_cold = jax.grad(cold, has_aux=True)(w, x)
+    state = warm_state(w, x)
+    scale = float(jnp.max(jnp.abs(g_cold)))
+    atol = 50 * TOL * scale
+    results = {
+        "grad": jax.grad(warm, has_aux=True)(w, x, state),
+        "jit(grad)": jax.jit(jax.grad(warm, has_aux=True))(w, x, state),
+        "grad inside": jax.grad(warm_inside, has_aux=True)(w, x),
+        "jit(grad inside)": jax.jit(jax.grad(warm_inside, has_aux=True))(w, x),
+    }
+    for name, (g_warm, steps_warm) in results.items():
+        if backward == "unrolled" and name in ("grad", "jit(grad)"):
+            continue  # a constant start cuts the unrolled gradient of its first steps
+        np.testing.assert_allclose(g_warm, g_cold, atol=atol, err_msg=name)
+        assert int(jnp.max(steps_warm)) < int(jnp.max(steps_cold)), name
+    # vmap over problems (each sample solved on its own, batch_axis=None inside).
+    xs = jnp.stack([x, 0.5 * x])
+
+    def one(x):
+        g, steps = jax.grad(warm_inside, has_aux=True)(w, x)
+        return g, steps
+
+    g_vmapped, steps_vmapped = jax.vmap(one)(xs)
+    for i in range(2):
+        g_ref, steps_ref = jax.grad(cold, has_aux=True)(w, xs[i])
+        np.testing.assert_allclose(g_vmapped[i], g_ref, atol=50 * TOL * float(jnp.max(jnp.abs(g_ref))))
+        assert int(jnp.max(steps_vmapped[i])) < int(jnp.max(steps_ref))
