@@ -15,8 +15,12 @@ dtypes reuses the compiled computation; ``jax.grad``, ``jax.vmap`` and ``jax.jit
 through the internal ``jit`` (JAX caches its derivatives and batched versions on the traced jaxpr,
 so an eager ``jax.grad`` hits the cache too). A new ``f`` object (a ``lambda`` written in the call,
 a ``functools.partial`` made each time) compiles again, as with ``jax.jit`` itself; and, as with
-``jax.jit``, what ``f`` reads from globals or from a mutable object at trace time is baked into the
-compiled computation: pass changing arrays as arguments, not through ``f``'s closure.
+``jax.jit``, what ``f`` reads at trace time is baked into the compiled computation. One common case
+is guarded: the arrays ``f`` reads directly from its closure or from module globals (``f = lambda
+z, x: jnp.tanh(W @ z + x)`` in a notebook, then ``W = ...`` again) are part of the key by identity,
+so rebinding them compiles again instead of silently reusing the old ``W``. Arrays reached
+indirectly (inside a list, an object, a function ``f`` calls) and NumPy arrays changed in place are
+not seen: pass changing arrays as arguments of ``f``.
 
 Inputs that cannot be cached (an unhashable non-array leaf or ``f``) and functions that need
 concrete array values (``float(arg)``, NumPy on an argument) run the uncached computation, as
@@ -81,8 +85,9 @@ def _combine(dynamic, static):
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _jitted(body, f, static, options, dynamic):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _jitted(body, f, static, options, captured, dynamic):
+    # `captured` (the arrays f reads from its closure and globals, by identity) is only a key.
     out = body(f, *_combine(dynamic, static), **dict(options))
     return jax.tree_util.tree_map(lambda leaf: leaf if is_array(leaf) else _Static(leaf), out)
 
@@ -92,6 +97,44 @@ def _unwrap(out):
         lambda leaf: leaf.value if isinstance(leaf, _Static) else leaf, out,
         is_leaf=lambda leaf: isinstance(leaf, _Static),
     )
+
+
+class _ByIdentity:
+    """Hashes and compares an object by identity, and keeps it alive while a cache entry holds it
+    (so that its ``id`` cannot be reused by another object)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _ByIdentity) and other.obj is self.obj
+
+
+def _captured_arrays(f) -> tuple:
+    """The arrays ``f`` reads directly from its closure cells and from the globals it names."""
+    while isinstance(f, functools.partial):
+        f = f.func
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return ()
+    values = [cell.cell_contents for cell in (getattr(f, "__closure__", None) or ())
+              if _cell_filled(cell)]
+    names = getattr(f, "__globals__", {})
+    values += [names[name] for name in code.co_names if name in names]
+    return tuple(_ByIdentity(v) for v in values if is_array(v))
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell (a variable not yet assigned)
+        return False
+    return True
 
 
 def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, options: dict) -> Any:
@@ -104,12 +147,13 @@ def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, 
     """
     dynamic, static = _partition(inputs)
     key = tuple(sorted(options.items()))
+    captured = _captured_arrays(f)
     try:
         hash((f, static, key))
     except TypeError:
         return body(f, *inputs, **options)
     try:
-        return _unwrap(_jitted(body, f, static, key, dynamic))
+        return _unwrap(_jitted(body, f, static, key, captured, dynamic))
     except _NEEDS_CONCRETE:
         return body(f, *inputs, **options)
 

@@ -203,3 +203,32 @@ def test_warm_start_gradient_matches_cold_start(solver, backward):
         g_ref, steps_ref = jax.grad(cold, has_aux=True)(w, xs[i])
         np.testing.assert_allclose(g_vmapped[i], g_ref, atol=50 * TOL * float(jnp.max(jnp.abs(g_ref))))
         assert int(jnp.max(steps_vmapped[i])) < int(jnp.max(steps_ref))
+
+
+def test_rebinding_a_global_array_that_f_reads_compiles_again():
+    """A notebook habit: f reads a global W; W = ... again must not reuse the old W silently."""
+    global _W
+    _W = 0.3 * jnp.eye(4, dtype=jnp.float32)
+    f = lambda z, x: jnp.tanh(z @ _W + x)  # noqa: E731
+    x = jnp.ones((2, 4), jnp.float32)
+    first = deqlab.solve(f, jnp.zeros((2, 4), jnp.float32), x, batch_axis=0).value
+    _W = -0.3 * jnp.eye(4, dtype=jnp.float32)
+    second = deqlab.solve(f, jnp.zeros((2, 4), jnp.float32), x, batch_axis=0).value
+    expected = deqlab.solve(lambda z, x, w: jnp.tanh(z @ w + x), jnp.zeros((2, 4), jnp.float32), x, _W,
+                            batch_axis=0).value
+    assert not np.allclose(first, second)
+    np.testing.assert_allclose(second, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_rebinding_a_closed_over_array_compiles_again():
+    def make(w):
+        return lambda z, x: jnp.tanh(z @ w + x)
+
+    x = jnp.ones((2, 4), jnp.float32)
+    w = 0.3 * jnp.eye(4, dtype=jnp.float32)
+    f = make(w)
+    first = deqlab.fixed_point(f, jnp.zeros((2, 4), jnp.float32), x, batch_axis=0).value
+    # the same function object with its cell rebound (what a loop over `w` in a notebook does)
+    f.__closure__[0].cell_contents = -w
+    second = deqlab.fixed_point(f, jnp.zeros((2, 4), jnp.float32), x, batch_axis=0).value
+    assert not np.allclose(first, second)
