@@ -140,6 +140,15 @@ class LinearSolver:
         super().__init_subclass__(**kwargs)
         _configuration_class(cls)
 
+    def __new__(cls, *args, **kwargs):
+        if cls.solve is LinearSolver.solve:
+            raise TypeError(
+                f"{cls.__name__} cannot be instantiated: a deqlab.implicit.LinearSolver subclass must "
+                f"define solve(self, operator, b, *, tol, max_steps) -> u; {cls.__name__} does not "
+                "define `solve`."
+            )
+        return super().__new__(cls)
+
     def __post_init__(self):
         where = f"implicit.{type(self).__name__}"
         if self.tol is not None:
@@ -163,6 +172,9 @@ class LinearSolver:
             ``u``, a pytree shaped like ``b``.
         """
         raise NotImplementedError
+
+
+dataclasses.dataclass(frozen=True, kw_only=True)(LinearSolver)
 
 
 class GMRES(LinearSolver):
