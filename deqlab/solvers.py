@@ -45,8 +45,9 @@ Error-controlled stopping (``stop="error"``)
     (max-abs error, absolute for states of size at most 1 and relative above; ``s`` is ``safety``,
     default 1.5). These are Banach's a-posteriori bounds for a map contracting at rate q: Picard
     returns z + damping (f(z) - z), within c(q) = damping q / (1 - q) of its step from z*; Anderson
-    and Broyden return z, within c(q) = 1 / (1 - q) of the residual. The rate is estimated per sample
-    from the solve itself: for Picard the largest of the last three residual ratios
+    and Broyden return z, within c(q) = 1 / (1 - q) of the residual
+    (:meth:`Solver.error_bound_factor`). The rate is estimated per sample from the solve itself
+    (:attr:`Solver.rate_estimate`): for Picard the largest of the last three residual ratios
     ``||g_k|| / ||g_{k-1}||`` (g = f(z) - z); for Anderson and Broyden, whose residual ratios
     measure the acceleration rather than f, the largest secant quotient
     ``||f(z') - f(z)|| / ||z' - z||`` over all steps so far. Where the estimate is unreliable (a rate at or above 0.999, which a residual that
