@@ -15,11 +15,22 @@ The core in five lines::
     deqlab.stability.spectral_radius(f, z_star, *args, key=key)   # monitor rho(df/dz) at z*
     tol=None follows z0's dtype (float32 1e-5, float64 1e-10); precision=None follows tol (TPUs)
     layer = deqlab.nn.DEQ(TanhCell(64, 16, rngs=rngs), solver="broyden", backward=Implicit())
+    class Mine(deqlab.Solver): init(z, fz) -> state; propose(z, fz, state) -> (z_next, state)
 """
 
 from deqlab import checks, ensembles, precision, solvers, stability
-from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled, check_gradients, fixed_point
-from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, SolverError, solve
+from deqlab.implicit import (
+    GMRES,
+    SHINE,
+    Backward,
+    Implicit,
+    JacobianFree,
+    Phantom,
+    Unrolled,
+    check_gradients,
+    fixed_point,
+)
+from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
 
 __version__ = "0.5.0"
 
@@ -32,9 +43,12 @@ __all__ = [
     "solve",
     "fixed_point",
     "check_gradients",
+    "Solver",
     "Picard",
     "Anderson",
     "Broyden",
+    "Backward",
+    "GMRES",
     "Implicit",
     "Unrolled",
     "Phantom",

@@ -12,7 +12,10 @@ the same fixed-point solvers as the forward pass or by GMRES (Saad & Schultz 198
 ever formed.
 
 Backward modes of :func:`fixed_point` are objects, like the forward solvers (the strings
-``"implicit"``, ``"unrolled"``, ``"phantom"`` are shortcuts for their defaults):
+``"implicit"``, ``"unrolled"``, ``"phantom"`` are shortcuts for their defaults). Each is a
+subclass of :class:`Backward` that defines ``solve(problem)``, and so can be a mode of your own;
+the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolver`; the string
+``"gmres"`` is its alias). All are hashable pytrees with static fields:
 
 - :class:`Implicit` ``(solver, tol, max_steps, on_failure)``: the above, through
   ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
@@ -48,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -57,12 +60,14 @@ import numpy as np
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.solvers import (
-    Broyden,
+    SOLVERS,
     Flattener,
     Result,
     Solution,
+    Solver,
     SolverError,
     SolveStats,
+    _configuration_class,
     check_problem,
     get_solver,
     relative_residual,
@@ -73,6 +78,12 @@ __all__ = [
     "fixed_point",
     "adjoint_solve",
     "check_gradients",
+    "Backward",
+    "Problem",
+    "LinearSolver",
+    "GMRES",
+    "LINEAR_SOLVERS",
+    "get_adjoint_solver",
     "Implicit",
     "Unrolled",
     "Phantom",
@@ -87,9 +98,6 @@ __all__ = [
 #: What a failed solve does to a gradient (see the module docstring).
 FAILURE_POLICIES = ("warn", "nan", "raise", "ignore")
 
-_GMRES_RESTART = 20
-"""Krylov subspace size between GMRES restarts in the adjoint solve."""
-
 
 class BackwardWarning(RuntimeWarning):
     """A solve behind a gradient (forward or adjoint) did not converge for some samples."""
@@ -99,13 +107,267 @@ def _check_policy(value, where):
     return checks.choice(value, "on_failure", FAILURE_POLICIES, where)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Implicit:
+# --------------------------------------------------------------------------------------------
+# Adjoint linear solvers
+
+
+class LinearSolver:
+    """Base class of the adjoint linear solvers: ``(I - J_f(z*)^T) u = g``, matrix-free (003 Eq. 11).
+
+    The adjoint of :func:`adjoint_solve` can be found either as a fixed point (any
+    :class:`deqlab.Solver`) or as the solution of this linear system by a Krylov method, a
+    subclass of this class. A subclass defines ``solve(operator, b, *, tol, max_steps)`` and is
+    made a frozen keyword-only dataclass and a pytree with static fields, as solvers are.
+
+    Args:
+        tol: relative residual of the linear system to reach per sample (> 0); None: the
+            dtype's default (:func:`deqlab.precision.default_tol`). A ``tol`` given to
+            :func:`adjoint_solve` or :class:`Implicit` overrides it.
+        max_steps: bound on the operator applications (>= 1); overridden likewise.
+
+    Raises:
+        ValueError: a setting outside its range, naming it and the valid range.
+
+    Example:
+        >>> fixed_point(f, z0, x, backward=Implicit(solver=GMRES(restart=10)))
+    """
+
+    tol: float | None = None
+    max_steps: int = 100
+    name: ClassVar[str] = "linear"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _configuration_class(cls)
+
+    def __new__(cls, *args, **kwargs):
+        if cls.solve is LinearSolver.solve:
+            raise TypeError(
+                f"{cls.__name__} cannot be instantiated: a deqlab.implicit.LinearSolver subclass must "
+                f"define solve(self, operator, b, *, tol, max_steps) -> u; {cls.__name__} does not "
+                "define `solve`."
+            )
+        return super().__new__(cls)
+
+    def __post_init__(self):
+        where = f"implicit.{type(self).__name__}"
+        if self.tol is not None:
+            checks.positive_number(self.tol, "tol", where)
+        checks.positive_int(self.max_steps, "max_steps", where)
+
+    def resolved_tol(self, dtype) -> float:
+        """``tol``, or the default of ``dtype``."""
+        return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
+
+    def solve(self, operator: Callable[[Any], Any], b: Any, *, tol: float, max_steps: int) -> Any:
+        """Solve ``operator(u) = b`` (required in a subclass).
+
+        Args:
+            operator: the linear map ``u -> u - J_f^T u`` on pytrees shaped like ``b``.
+            b: the right-hand side, the cotangent g.
+            tol: relative residual to aim for (the result is checked per sample afterwards).
+            max_steps: bound on the applications of ``operator``.
+
+        Returns:
+            ``u``, a pytree shaped like ``b``.
+        """
+        raise NotImplementedError
+
+
+dataclasses.dataclass(frozen=True, kw_only=True)(LinearSolver)
+
+
+class GMRES(LinearSolver):
+    """Restarted GMRES (Saad & Schultz 1986; ``jax.scipy.sparse.linalg.gmres``) for the adjoint.
+
+    ``max_steps`` bounds the operator applications: ``ceil(max_steps / restart)`` restart cycles
+    of ``min(restart, max_steps)`` products each. ``Implicit(solver="gmres")`` is this with its
+    defaults. The linear system is solved for the whole batch at once (its samples are coupled
+    only through GMRES's inner products); each sample's residual is checked afterwards.
+
+    Args:
+        restart: Krylov subspace size between restarts (>= 1).
+        tol, max_steps: as for :class:`LinearSolver`.
+
+    Example:
+        >>> fixed_point(f, z0, x, backward=Implicit(solver=GMRES(restart=30), max_steps=300))
+    """
+
+    restart: int = 20
+    name = "gmres"
+
+    def __post_init__(self):
+        super().__post_init__()
+        checks.positive_int(self.restart, "restart", "implicit.GMRES")
+
+    def solve(self, operator, b, *, tol, max_steps):
+        # jax's ``maxiter`` counts restart cycles of ``restart`` products each: divide, so that
+        # ``max_steps`` bounds the operator applications as it does for the other solvers (a
+        # float32 adjoint that cannot reach ``tol`` otherwise costs ``restart`` times the budget).
+        restart = min(self.restart, max_steps)
+        u, _ = jax.scipy.sparse.linalg.gmres(
+            operator, b, tol=tol, atol=0.0, restart=restart, maxiter=-(-max_steps // restart),
+        )
+        return u
+
+
+#: Adjoint linear solvers by name (each name is a shortcut for the object with its defaults).
+#: This table is the one place where the name ``"gmres"`` is understood.
+LINEAR_SOLVERS = {cls.name: cls for cls in (GMRES,)}
+
+
+def get_adjoint_solver(solver: Any = "anderson", *, name: str = "solver", **overrides) -> Solver | LinearSolver:
+    """An adjoint solver object from a name or an object.
+
+    Args:
+        solver: a forward solver name (:data:`deqlab.solvers.SOLVERS`), a linear solver name
+            (:data:`LINEAR_SOLVERS`: ``"gmres"``), or a :class:`deqlab.Solver` or
+            :class:`LinearSolver` object.
+        name: the argument the user wrote, for error messages.
+        **overrides: settings (``tol``, ``max_steps``) replacing the object's; None is ignored.
+
+    Returns:
+        A :class:`deqlab.Solver` or :class:`LinearSolver`.
+
+    Raises:
+        ValueError: an unknown name or object (the message lists the valid ones), or an invalid
+            override.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(solver, LinearSolver):
+        return dataclasses.replace(solver, **overrides) if overrides else solver
+    if isinstance(solver, str) and solver in LINEAR_SOLVERS:
+        return LINEAR_SOLVERS[solver](**overrides)
+    if isinstance(solver, Solver) or (isinstance(solver, str) and solver in SOLVERS):
+        return get_solver(solver, name=name, **overrides)
+    raise ValueError(
+        f"`{name}` must be one of {sorted(SOLVERS) + sorted(LINEAR_SOLVERS)}, a deqlab.Solver "
+        f"or a deqlab.implicit.LinearSolver object such as GMRES(restart=20), got {solver!r}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Backward modes
+
+
+_SAME = object()  # Problem.forward: keep the problem's own init_state
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a backward mode differentiates: the fixed point of ``f(z, *args)`` from ``z0``.
+
+    Built by :func:`fixed_point` and handed to :meth:`Backward.solve`.
+
+    Attributes:
+        f: the map, returning z only (``has_aux`` is handled by :func:`fixed_point`); closes over
+            nothing traced.
+        z0, args: the initial guess and the arguments (a tuple of pytrees) to differentiate.
+        solver: the forward :class:`deqlab.Solver`, its ``tol`` resolved.
+        batch_axis, precision, init_state: as in :func:`deqlab.solvers.solve`.
+        tol: the forward tolerance; dtype: the dtype of the solve.
+    """
+
+    f: Callable[..., Any]
+    z0: Any
+    args: tuple
+    solver: Solver
+    batch_axis: int | None
+    precision: Any
+    init_state: Any
+    tol: float
+    dtype: Any
+
+    @property
+    def level(self):
+        """The matmul precision of f's evaluations (``precision``, or what ``tol`` needs)."""
+        return _level(self.precision, self.tol, self.dtype)
+
+    def forward(self, z0: Any = None, args: tuple | None = None, *, init_state: Any = _SAME,
+                **options) -> Solution:
+        """:func:`deqlab.solvers.solve` of this problem (``z0`` / ``args`` / ``init_state``
+        replaced where given; ``options`` such as ``unrolled=True`` passed on). A mode that wraps
+        the solve in ``jax.custom_vjp`` passes ``init_state`` in as a primal input (never through
+        a closure: it may be traced)."""
+        z0 = self.z0 if z0 is None else z0
+        args = self.args if args is None else args
+        init_state = self.init_state if init_state is _SAME else init_state
+        return solve(self.f, z0, *args, solver=self.solver, batch_axis=self.batch_axis,
+                     precision=self.precision, init_state=init_state, **options)
+
+
+class Backward:
+    """Base class of the backward modes of :func:`fixed_point` (how its gradient is computed).
+
+    A subclass defines ``solve(problem) -> Solution``: the forward solve of ``problem`` (a
+    :class:`Problem`) such that differentiating the returned ``Solution.value`` with respect to
+    ``problem.args`` gives this mode's gradient (through ``jax.custom_vjp``, unrolling, or a
+    differentiable step from the detached fixed point). :func:`fixed_point` then applies the
+    ``on_failure`` policy to the forward result and adds ``aux``. Subclasses are made frozen,
+    keyword-only dataclasses and pytrees with static fields (do not decorate them), so a
+    backward object can be an argument of a ``jax.jit``-ed function.
+
+    Args:
+        on_failure: ``"warn"`` (default), ``"nan"``, ``"raise"`` or ``"ignore"``: what a failed
+            forward (or adjoint) solve does (module docstring).
+
+    Raises:
+        ValueError: a setting outside its range, naming it and the valid range.
+        TypeError: a subclass without ``solve`` is instantiated (the message names it).
+
+    Example:
+        The Jacobian-free gradient written as a mode of one's own::
+
+            class OneStep(deqlab.implicit.Backward):
+                def solve(self, problem):
+                    sol = problem.forward(jax.lax.stop_gradient(problem.z0),
+                                          jax.lax.stop_gradient(problem.args))
+                    z = jax.lax.stop_gradient(sol.value)
+                    return sol._replace(value=problem.f(z, *problem.args))
+
+            deqlab.fixed_point(f, z0, x, backward=OneStep())
+    """
+
+    on_failure: str = "warn"
+    name: ClassVar[str] = "backward"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _configuration_class(cls)
+
+    def __new__(cls, *args, **kwargs):
+        if cls.solve is Backward.solve:
+            raise TypeError(
+                f"{cls.__name__} cannot be instantiated: a deqlab.implicit.Backward subclass must "
+                f"define solve(self, problem) -> Solution; {cls.__name__} does not define `solve`."
+            )
+        return super().__new__(cls)
+
+    def __post_init__(self):
+        _check_policy(self.on_failure, f"implicit.{type(self).__name__}")
+
+    def solve(self, problem: Problem) -> Solution:
+        """The forward solve of ``problem``, differentiable in this mode's way (required).
+
+        Args:
+            problem: the :class:`Problem` built by :func:`fixed_point`.
+
+        Returns:
+            The forward :class:`~deqlab.solvers.Solution`, whose ``value`` carries the gradient.
+        """
+        raise NotImplementedError
+
+
+dataclasses.dataclass(frozen=True, kw_only=True)(Backward)
+
+
+class Implicit(Backward):
     """Implicit backward pass: solve the adjoint fixed point u = g + J_f(z*)^T u (003 Eq. 11).
 
     Args:
-        solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, or
-            ``"gmres"``; None: the forward solver.
+        solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, a
+            :class:`LinearSolver` object such as :class:`GMRES`, or ``"gmres"`` (its defaults);
+            None: the forward solver.
         tol, max_steps: of the adjoint solve; None: the forward ones.
         on_failure: ``"warn"``, ``"nan"``, ``"raise"`` or ``"ignore"`` (module docstring).
     """
@@ -113,37 +375,36 @@ class Implicit:
     solver: Any = None
     tol: float | None = None
     max_steps: int | None = None
-    on_failure: str = "warn"
     name = "implicit"
 
     def __post_init__(self):
         where = "implicit.Implicit"
-        if self.solver is not None and self.solver != "gmres":
-            get_solver(self.solver, name="solver")
+        if self.solver is not None:
+            get_adjoint_solver(self.solver, name="solver")
         if self.tol is not None:
             checks.positive_number(self.tol, "tol", where)
         if self.max_steps is not None:
             checks.positive_int(self.max_steps, "max_steps", where)
         _check_policy(self.on_failure, where)
 
+    def solve(self, problem):
+        return _implicit(problem, self)
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Unrolled:
+
+class Unrolled(Backward):
     """Backpropagation through ``max_steps`` forward iterations (``lax.scan``).
 
     Args:
         on_failure: policy for samples whose forward solve failed (module docstring).
     """
 
-    on_failure: str = "warn"
     name = "unrolled"
 
-    def __post_init__(self):
-        _check_policy(self.on_failure, "implicit.Unrolled")
+    def solve(self, problem):
+        return problem.forward(unrolled=True)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Phantom:
+class Phantom(Backward):
     """Phantom gradient (Geng et al. 2021): ``steps`` damped steps from z*, differentiated.
 
     Args:
@@ -154,7 +415,6 @@ class Phantom:
 
     steps: int = 5
     damping: float = 0.5
-    on_failure: str = "warn"
     name = "phantom"
 
     def __post_init__(self):
@@ -162,8 +422,17 @@ class Phantom:
         checks.unit_interval(self.damping, "damping", "implicit.Phantom")
         _check_policy(self.on_failure, "implicit.Phantom")
 
+    def solve(self, problem):
+        sol = problem.forward(jax.lax.stop_gradient(problem.z0), jax.lax.stop_gradient(problem.args),
+                              init_state=jax.lax.stop_gradient(problem.init_state))
+        z = jax.lax.stop_gradient(sol.value)
+        d = self.damping
+        with precision_module.matmul_precision(problem.level):
+            for _ in range(self.steps):
+                z = jax.tree_util.tree_map(lambda a, b: (1 - d) * a + d * b, z, problem.f(z, *problem.args))
+        return sol._replace(value=z)
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+
 class JacobianFree(Phantom):
     """Jacobian-free backpropagation (Fung et al. 2022): ``dL/da ~ g^T df/da (z*, a)``.
 
@@ -178,7 +447,6 @@ class JacobianFree(Phantom):
 
     steps: int = 1
     damping: float = 1.0
-    on_failure: str = "warn"
     name = "jacobian_free"
 
     def __post_init__(self):
@@ -189,17 +457,18 @@ class JacobianFree(Phantom):
         _check_policy(self.on_failure, "implicit.JacobianFree")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SHINE:
+class SHINE(Backward):
     """SHINE (Ramzi et al. 2022): the adjoint from the forward Broyden estimate.
 
-    The forward solve must be :class:`deqlab.solvers.Broyden`; its final inverse-Jacobian estimate
-    ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is kept, and the adjoint of 003 Eq. 11,
-    ``u = (I - J_f^T)^{-1} g``, is approximated by ``-B^T g``: no adjoint solve. ``refine`` > 0
-    then takes that many steps ``u <- g + J_f^T u`` from this estimate (one vector-Jacobian product
-    each; SHINE's "refine" variant, which uses the estimate as the adjoint solve's start). The
-    estimate is only as good as Broyden's secant updates along the forward path: Ramzi et al. add
-    extra "outer-problem" updates (OPA) to improve it in the direction of ``g``; we do not.
+    The forward solve must be :class:`deqlab.solvers.Broyden` (or any solver with an
+    ``inverse_jacobian_transpose(state, x, steps)`` method, :meth:`Broyden.inverse_jacobian_transpose`);
+    its final inverse-Jacobian estimate ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is
+    kept, and the adjoint of 003 Eq. 11, ``u = (I - J_f^T)^{-1} g``, is approximated by
+    ``-B^T g``: no adjoint solve. ``refine`` > 0 then takes that many steps ``u <- g + J_f^T u``
+    from this estimate (one vector-Jacobian product each; SHINE's "refine" variant, which uses
+    the estimate as the adjoint solve's start). The estimate is only as good as Broyden's secant
+    updates along the forward path: Ramzi et al. add extra "outer-problem" updates (OPA) to
+    improve it in the direction of ``g``; we do not.
 
     Args:
         refine: adjoint fixed-point steps after the estimate (>= 0).
@@ -207,27 +476,35 @@ class SHINE:
     """
 
     refine: int = 0
-    on_failure: str = "warn"
     name = "shine"
 
     def __post_init__(self):
         checks.integer(self.refine, "refine", "implicit.SHINE", minimum=0)
         _check_policy(self.on_failure, "implicit.SHINE")
 
+    def solve(self, problem):
+        if not callable(getattr(problem.solver, "inverse_jacobian_transpose", None)):
+            raise checks.fail("solver", "'broyden' or a deqlab.solvers.Broyden (SHINE reuses its "
+                              "inverse-Jacobian estimate; any solver with an "
+                              "inverse_jacobian_transpose method works)", type(problem.solver).__name__,
+                              "fixed_point")
+        return _shine(problem, self)
+
 
 #: The backward modes by name (each name is a shortcut for the object with its defaults).
 BACKWARDS = {cls.name: cls for cls in (Implicit, Unrolled, Phantom, JacobianFree, SHINE)}
 
 
-def get_backward(backward: Any) -> Implicit | Unrolled | Phantom | SHINE:
+def get_backward(backward: Any) -> Backward:
     """A backward object from a name (its defaults) or an object (unchanged)."""
-    if isinstance(backward, (Implicit, Unrolled, Phantom, SHINE)):
+    if isinstance(backward, Backward):
         return backward
     if isinstance(backward, str) and backward in BACKWARDS:
         return BACKWARDS[backward]()
     raise ValueError(
         f"`backward` must be one of {list(BACKWARDS)} or an object such as "
-        f"deqlab.implicit.Implicit(solver='gmres'), got {backward!r}."
+        f"deqlab.implicit.Implicit(solver='gmres') (an instance of a deqlab.implicit.Backward "
+        f"subclass), got {backward!r}."
     )
 
 
@@ -336,11 +613,12 @@ def adjoint_solve(
         f, z_star, args: the map and its fixed point, ``z_star = f(z_star, *args)``.
         cotangent: g = dL/dz*, shaped like ``z_star``.
         solver: a forward solver name or object (the adjoint map is affine, so Anderson and
-            Broyden are Krylov-like here), or ``"gmres"`` for ``jax.scipy.sparse.linalg.gmres``.
+            Broyden are Krylov-like here), a :class:`LinearSolver` such as :class:`GMRES`, or
+            ``"gmres"`` for ``GMRES()`` (:func:`get_adjoint_solver`).
         tol, max_steps, batch_axis: as in :func:`deqlab.solvers.solve` (``tol`` None: the
-            dtype's default); for GMRES ``tol`` is the relative residual of the linear system per
-            sample, checked after the solve, and ``max_steps`` bounds the operator applications
-            (restart cycles of 20 products).
+            solver's, else the dtype's default); for a linear solver ``tol`` is the relative
+            residual of the linear system per sample, checked after the solve, and ``max_steps``
+            bounds the operator applications (GMRES: restart cycles of ``restart`` products).
         precision: matmul precision of the vector-Jacobian products; None: what ``tol`` needs
             (:func:`deqlab.precision.required_precision`).
 
@@ -351,10 +629,7 @@ def adjoint_solve(
         raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
     _check_cotangent(cotangent, z_star)
     flattener = Flattener(z_star, batch_axis, "z_star")
-    if solver == "gmres":
-        config = get_solver("anderson", tol=tol, max_steps=max_steps)  # validates tol / max_steps
-    else:
-        config = get_solver(solver, tol=tol, max_steps=max_steps)
+    config = get_adjoint_solver(solver, tol=tol, max_steps=max_steps)
     resolved_tol = config.resolved_tol(flattener.dtype)
     level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
     with precision_module.matmul_precision(level):
@@ -363,7 +638,7 @@ def adjoint_solve(
     def adjoint_map(u):
         return jax.tree_util.tree_map(jnp.add, cotangent, vjp_z(u)[0])
 
-    if solver != "gmres":
+    if isinstance(config, Solver):
         # A sample whose cotangent is NaN (a loss that is NaN there, e.g. on_failure="nan") keeps
         # NaN and is reported NONFINITE; the others are solved as usual.
         g_flat = flattener.flatten(cotangent)
@@ -379,14 +654,7 @@ def adjoint_solve(
     def operator(u):
         return jax.tree_util.tree_map(jnp.subtract, u, vjp_z(u)[0])
 
-    # jax's ``maxiter`` counts restart cycles of ``restart`` products each: divide, so that
-    # ``max_steps`` bounds the operator applications as it does for the other solvers (a float32
-    # adjoint that cannot reach ``tol`` otherwise costs ``restart`` times the budget).
-    restart = min(_GMRES_RESTART, config.max_steps)
-    u, _ = jax.scipy.sparse.linalg.gmres(
-        operator, cotangent, tol=resolved_tol, atol=0.0, restart=restart,
-        maxiter=-(-config.max_steps // restart),
-    )
+    u = config.solve(operator, cotangent, tol=resolved_tol, max_steps=config.max_steps)
     u_flat = flattener.flatten(u)
     residual = relative_residual(flattener.flatten(adjoint_map(u)), u_flat)
     finite = jnp.all(jnp.isfinite(u_flat), axis=1) & jnp.isfinite(residual)
@@ -459,8 +727,9 @@ def fixed_point(
             :func:`deqlab.solvers.solve` (``tol`` None: the dtype's default; ``precision`` None:
             what ``tol`` needs, for the forward solve and the adjoint products alike).
         backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`,
-            :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), or one of their
-            names for the defaults. Its ``on_failure`` decides what failed solves do.
+            :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), one of their
+            names for the defaults, or an instance of your own :class:`Backward` subclass. Its
+            ``on_failure`` decides what failed solves do.
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
 
@@ -505,9 +774,11 @@ def fixed_point(
     # trace f run in _fixed_point_traced, once per compilation).
     probe = Flattener(z0, batch_axis)
     config = dataclasses.replace(config, tol=config.resolved_tol(probe.dtype))
-    if isinstance(mode, SHINE) and not isinstance(config, Broyden):
+    if isinstance(mode, SHINE) and not callable(getattr(config, "inverse_jacobian_transpose", None)):
         raise checks.fail("solver", "'broyden' or a deqlab.solvers.Broyden (SHINE reuses its "
-                          "inverse-Jacobian estimate)", type(config).__name__, "fixed_point")
+                          "inverse-Jacobian estimate; any solver with an "
+                          "inverse_jacobian_transpose method works)", type(config).__name__,
+                          "fixed_point")
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer
@@ -528,7 +799,6 @@ def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, ha
     ``signal``: report forward failures here (under an outer transformation)."""
     probe = Flattener(z0, batch_axis)
     resolved_tol = config.tol
-    forward = dict(solver=config, batch_axis=batch_axis, precision=precision)
     check_problem(f, z0, args, has_aux)
     f, args = _close_over_nothing(f, z0, args, _level(precision, resolved_tol, probe.dtype))
 
@@ -536,23 +806,9 @@ def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, ha
         out = f(z, *a)
         return out[0] if has_aux else out
 
-    if isinstance(mode, Unrolled):
-        sol = solve(step_map, z0, *args, unrolled=True, init_state=init_state, **forward)
-    elif isinstance(mode, Phantom):
-        sol = solve(
-            step_map, jax.lax.stop_gradient(z0), *jax.lax.stop_gradient(args),
-            init_state=jax.lax.stop_gradient(init_state), **forward
-        )
-        z = jax.lax.stop_gradient(sol.value)
-        d = mode.damping
-        with precision_module.matmul_precision(_level(precision, resolved_tol, probe.dtype)):
-            for _ in range(mode.steps):
-                z = jax.tree_util.tree_map(lambda a, b: (1 - d) * a + d * b, z, step_map(z, *args))
-        sol = sol._replace(value=z)
-    elif isinstance(mode, SHINE):
-        sol = _shine(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
-    else:
-        sol = _implicit(step_map, z0, args, mode, forward, resolved_tol, probe.dtype, batch_axis, init_state)
+    problem = Problem(f=step_map, z0=z0, args=tuple(args), solver=config, batch_axis=batch_axis,
+                      precision=precision, init_state=init_state, tol=resolved_tol, dtype=probe.dtype)
+    sol = mode.solve(problem)
 
     if signal:
         _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
@@ -579,25 +835,23 @@ def _level(precision, tol, dtype):
     return precision_module.required_precision(tol, dtype) if precision is None else precision
 
 
-def _implicit(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
+def _implicit(problem, mode):
     """The forward solve under ``jax.custom_vjp``, with the adjoint solve as its backward pass."""
-    backward_solver = forward["solver"] if mode.solver is None else mode.solver
-    if backward_solver != "gmres":
-        backward_solver = get_solver(backward_solver, name="solver")
     backward_options = dict(
-        solver=backward_solver,
-        tol=tol if mode.tol is None else mode.tol,
-        max_steps=forward["solver"].max_steps if mode.max_steps is None else mode.max_steps,
-        batch_axis=batch_axis,
-        precision=forward["precision"],
+        solver=problem.solver if mode.solver is None else mode.solver,
+        tol=problem.tol if mode.tol is None else mode.tol,
+        max_steps=problem.solver.max_steps if mode.max_steps is None else mode.max_steps,
+        batch_axis=problem.batch_axis,
+        precision=problem.precision,
     )
+    f = problem.f
 
     @jax.custom_vjp
     def equilibrium(z0, args, init_state):
-        return solve(f, z0, *args, init_state=init_state, **forward)
+        return problem.forward(z0, args, init_state=init_state)
 
     def equilibrium_fwd(z0, args, init_state):
-        sol = solve(f, z0, *args, init_state=init_state, **forward)
+        sol = problem.forward(z0, args, init_state=init_state)
         return sol, (sol.value, z0, args, init_state)
 
     def equilibrium_bwd(residuals, cotangent):
@@ -606,47 +860,41 @@ def _implicit(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
         _signal("adjoint", mode.on_failure, adjoint.result, adjoint.stats.best_residual)
         u = adjoint.value
         if mode.on_failure == "nan":
-            u = _nan_where_failed(u, adjoint.result, batch_axis, "cotangent")
-        with precision_module.matmul_precision(_level(forward["precision"], backward_options["tol"], dtype)):
+            u = _nan_where_failed(u, adjoint.result, problem.batch_axis, "cotangent")
+        with precision_module.matmul_precision(_level(problem.precision, backward_options["tol"], problem.dtype)):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
         return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, _zero_cotangent(init_state)
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(z0, args, init_state)
+    return equilibrium(problem.z0, problem.args, problem.init_state)
 
 
-def _shine(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
+def _shine(problem, mode):
     """The forward Broyden solve under ``jax.custom_vjp``; the backward pass applies ``-B^T`` of its
-    final history (``SolverState.history`` = (us, vs, count, ...), B = -I + sum u_i v_i^T) to the
-    cotangent, then ``mode.refine`` adjoint steps."""
-    config = forward["solver"]
-    level = _level(forward["precision"], tol, dtype)
+    final inverse-Jacobian estimate (:meth:`deqlab.solvers.Broyden.inverse_jacobian_transpose`) to
+    the cotangent, then ``mode.refine`` adjoint steps."""
+    config = problem.solver
+    f = problem.f
 
     @jax.custom_vjp
     def equilibrium(z0, args, init_state):
-        return solve(f, z0, *args, init_state=init_state, **forward)
+        return problem.forward(z0, args, init_state=init_state)
 
     def equilibrium_fwd(z0, args, init_state):
-        sol = solve(f, z0, *args, init_state=init_state, **forward)
-        us, vs = sol.state.history[:2]
-        # The pair counter is shared by the batch (solvers.Broyden), but a sample's history stops
-        # with it: after s recorded steps its current cycle holds ((s - 1) mod m) + 1 pairs.
-        # A warm start continues the history of init_state, whose (batch-shared) counter held c0
-        # pairs: after s more steps the cycle holds ((c0 + s - 1) mod m) + 1 (c0 for s = 0).
-        steps = jnp.reshape(sol.stats.steps, (-1,))  # () without a batch axis: one row
-        start = jnp.zeros((), jnp.int32) if init_state is None else jnp.asarray(init_state.history[2], jnp.int32)
-        count = jnp.where(steps > 0, (start + steps - 1) % config.m + 1, start)
-        return sol, (sol.value, z0, args, init_state, us, vs, count)
+        sol = problem.forward(z0, args, init_state=init_state)
+        # The solver's state is frozen per sample when it stops (Solver.freeze_state); its steps,
+        # counted from the warm start's own pairs, tell how many of the shared buffer's pairs
+        # belong to each sample's estimate.
+        start = None if init_state is None else init_state.history
+        return sol, (sol.value, z0, args, init_state, sol.state.history, sol.stats.steps, start)
 
     def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, init_state, us, vs, count = residuals
-        flattener = Flattener(z_star, batch_axis)
-        work = precision_module.working_dtype(flattener.dtype)
-        used = (jnp.arange(config.m)[None, :] < count[:, None]).astype(work)
+        z_star, z0, args, init_state, history, steps, start = residuals
+        flattener = Flattener(z_star, problem.batch_axis)
         g_flat = flattener.flatten(cotangent.value)
-        u = flattener.unflatten(-Broyden._apply_transpose(us, vs, used, g_flat))
-        with precision_module.matmul_precision(level):
+        u = flattener.unflatten(-config.inverse_jacobian_transpose(history, g_flat, steps=steps, start=start))
+        with precision_module.matmul_precision(problem.level):
             _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
             for _ in range(mode.refine):
                 u = jax.tree_util.tree_map(jnp.add, cotangent.value, vjp_z(u)[0])
@@ -655,7 +903,7 @@ def _shine(f, z0, args, mode, forward, tol, dtype, batch_axis, init_state):
         return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, _zero_cotangent(init_state)
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(z0, args, init_state)
+    return equilibrium(problem.z0, problem.args, problem.init_state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -750,7 +998,8 @@ def check_gradients(
     def residuals(args):
         sol = solve(f, z0, *args, **options)
         cotangent = jax.grad(loss)(sol.value)
-        adjoint_solver = solver if not isinstance(mode, Implicit) or mode.solver is None else mode.solver
+        mode_solver = getattr(mode, "solver", None)  # Implicit's adjoint solver, if any
+        adjoint_solver = solver if mode_solver is None else mode_solver
         adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, tol=tol,
                                 max_steps=max_steps, batch_axis=batch_axis)
         return sol, adjoint

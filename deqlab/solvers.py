@@ -5,6 +5,16 @@ finds it. Every solver here works on a pytree ``z`` and returns a :class:`Soluti
 value, a per-sample :class:`Result`, and statistics (steps, function evaluations, the residual
 trace and the best residual).
 
+Writing a solver
+    The built-in solvers (:class:`Picard`, :class:`Anderson`, :class:`Broyden`) are subclasses of
+    :class:`Solver`, and so can be yours: define ``init(z, fz)`` and ``propose(z, fz, state)`` on
+    flattened ``(B, D)`` arrays, and the shared loop gives it everything below (per-sample
+    stopping, result codes, statistics, ``init_state`` warm starts, ``stop="error"``). The loop
+    has no special case for any solver: what differs between them is declared by hooks on
+    :class:`Solver` (``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``,
+    ``freeze_state``). Solver objects are hashable pytrees with static fields, so they can be
+    passed to ``jax.jit``-ed functions.
+
 Tolerance rule (one rule for every solver)
     A sample has converged when its *relative residual*
 
@@ -35,8 +45,9 @@ Error-controlled stopping (``stop="error"``)
     (max-abs error, absolute for states of size at most 1 and relative above; ``s`` is ``safety``,
     default 1.5). These are Banach's a-posteriori bounds for a map contracting at rate q: Picard
     returns z + damping (f(z) - z), within c(q) = damping q / (1 - q) of its step from z*; Anderson
-    and Broyden return z, within c(q) = 1 / (1 - q) of the residual. The rate is estimated per sample
-    from the solve itself: for Picard the largest of the last three residual ratios
+    and Broyden return z, within c(q) = 1 / (1 - q) of the residual
+    (:meth:`Solver.error_bound_factor`). The rate is estimated per sample from the solve itself
+    (:attr:`Solver.rate_estimate`): for Picard the largest of the last three residual ratios
     ``||g_k|| / ||g_{k-1}||`` (g = f(z) - z); for Anderson and Broyden, whose residual ratios
     measure the acceleration rather than f, the largest secant quotient
     ``||f(z') - f(z)|| / ||z' - z||`` over all steps so far. Where the estimate is unreliable (a rate at or above 0.999, which a residual that
@@ -80,7 +91,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -97,9 +108,12 @@ __all__ = [
     "Flattener",
     "check_problem",
     "SolverError",
+    "Solver",
+    "RATE_ESTIMATES",
     "Picard",
     "Anderson",
     "Broyden",
+    "BroydenState",
     "SOLVERS",
     "get_solver",
     "solve",
@@ -189,8 +203,89 @@ RATE_LIMIT = 0.999
 RATE_WINDOW = 3
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _SolverConfig:
+#: How the error rule estimates the contraction rate q (see :attr:`Solver.rate_estimate`).
+RATE_ESTIMATES = ("residual_ratio", "secant")
+
+
+class Solver:
+    """Base class of the forward fixed-point solvers: subclass it to write your own.
+
+    A solver is a frozen configuration (tolerances, history sizes, step lengths) plus two methods
+    on flattened ``(B, D)`` arrays (B samples of D numbers each; :func:`solve` flattens any pytree):
+
+    - ``init(z, fz) -> state``: the solver's state (history) at the first iterate ``z`` with
+      ``fz = f(z)``. A pytree of arrays whose leading axis is the batch (scalars are shared by
+      the batch); ``()`` for a solver without memory.
+    - ``propose(z, fz, state) -> (z_next, state)``: the next iterate from the accepted iterate
+      ``z`` and ``fz = f(z)``.
+
+    and nothing else: the shared loop of :func:`solve` evaluates f, judges every sample on its own
+    (the tolerance rule, ``stop="residual"`` or ``"error"``, divergence and non-finite checks, the
+    module docstring), freezes samples that stopped, keeps the statistics and returns a
+    :class:`SolverState` for warm starts (``init_state``). Subclasses are made frozen, keyword-only
+    dataclasses and pytrees automatically (do not decorate them with ``@dataclasses.dataclass``):
+    their annotated class attributes are configuration fields, static in the pytree (hashable,
+    so a solver can be an argument of a ``jax.jit``-ed function and is part of its cache key).
+
+    Optional hooks (class attributes and methods a subclass may override; the defaults suit a
+    solver that returns its last accepted iterate and keeps no per-sample history):
+
+    - ``record(z, fz, state) -> state``: update the state with an evaluated proposal (default:
+      unchanged). Called after every proposal, with ``z`` the proposal and ``fz = f(z)``.
+    - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
+    - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
+    - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
+      more proposal from the iterate that met ``tol``.
+    - :attr:`freeze_state`: whether a sample's state stops changing when the sample stops.
+    - ``__post_init__``: validate the subclass's own fields (call ``super().__post_init__()``).
+
+    Args:
+        tol: tolerance of the stopping rule (> 0); None: the default of the iterate's dtype
+            (:func:`deqlab.precision.default_tol`).
+        max_steps: iteration limit (>= 1).
+        divergence_factor: a sample whose absolute residual grows by more than this (> 1) over
+            the best one seen is reported :attr:`Result.DIVERGED`.
+        stop: ``"residual"`` (relative residual <= tol) or ``"error"`` (estimated error of the
+            returned value <= tol), see the module docstring.
+        safety: factor (>= 1) on the error estimate of ``stop="error"``.
+        check_every: judge convergence every this many steps (>= 1; module docstring).
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range), or a
+            hook attribute with an invalid value.
+        TypeError: a subclass that does not define ``init`` or ``propose`` is instantiated (the
+            message names the class and the missing methods).
+
+    Example:
+        A damped fixed-point iteration (003 Eq. 5 with a step of one half) in four lines::
+
+            class Damped(deqlab.Solver):
+                def init(self, z, fz):
+                    return ()
+
+                def propose(self, z, fz, state):
+                    return 0.5 * z + 0.5 * fz, state
+
+            sol = deqlab.solve(f, z0, *args, solver=Damped(tol=1e-6, max_steps=500), batch_axis=0)
+            sol.result, sol.stats.steps   # per-sample codes and step counts, as for Picard
+
+        A subclass with settings declares them as annotated class attributes, validated in
+        ``__post_init__``::
+
+            class Relaxed(deqlab.Solver):
+                beta: float = 0.5
+
+                def __post_init__(self):
+                    super().__post_init__()
+                    deqlab.checks.unit_interval(self.beta, "beta", "Relaxed")
+
+                def init(self, z, fz):
+                    return ()
+
+                def propose(self, z, fz, state):
+                    return z + self.beta * (fz - z), state
+    """
+
     tol: float | None = None
     max_steps: int = 100
     divergence_factor: float = 1e4
@@ -198,9 +293,60 @@ class _SolverConfig:
     safety: float = 1.5
     check_every: int = 1
 
-    name = "base"
+    #: Short name of the solver (the built-ins are in :data:`SOLVERS` under it).
+    name: ClassVar[str] = "solver"
+
+    #: How ``stop="error"`` estimates the contraction rate q of f near z*, per sample:
+    #:
+    #: - ``"secant"`` (default): the largest secant quotient ``||f(z') - f(z)|| / ||z' - z||``
+    #:   over every step so far, a lower estimate of f's Lipschitz constant along the path. Right
+    #:   for any solver, and the only right one for accelerated solvers (Anderson, Broyden), whose
+    #:   residual ratios measure the acceleration rather than f.
+    #: - ``"residual_ratio"``: the largest of the last three residual ratios
+    #:   ``||g_k|| / ||g_{k-1}||`` (g = f(z) - z; over a chunk of k steps, the k-th root). Right
+    #:   for a stationary iteration z <- T(z) (Picard, damped or not), whose ratios converge to
+    #:   T's rate; the first three steps have no estimate (the residual rule decides).
+    rate_estimate: ClassVar[str] = "secant"
+
+    #: True when the value returned for a converged sample is one more proposal,
+    #: ``propose(z, f(z), state)``, from the iterate z that met ``tol``: f(z) was evaluated to
+    #: judge z, so the step costs nothing, and it is closer to z* when the iteration contracts
+    #: (Picard). Keep it False (the default) for solvers whose next step mixes a history that a
+    #: stopped sample no longer updates (Anderson, Broyden). Override :meth:`error_bound_factor`
+    #: with it: the error bound is then about the stepped value.
+    steps_past_convergence: ClassVar[bool] = False
+
+    #: True when a sample's state (every per-sample leaf of it) must stay what it was at the step
+    #: the sample stopped, e.g. because it is used after the solve: Broyden's inverse-Jacobian
+    #: estimate at each sample's own equilibrium, which :class:`deqlab.implicit.SHINE` reuses.
+    #: False (default): a stopped sample's state may go on changing (it no longer matters, and the
+    #: loop skips a per-sample select). Unrolled solves always freeze it.
+    freeze_state: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        where = f"solvers.{cls.__name__}"
+        if cls.rate_estimate not in RATE_ESTIMATES:
+            raise checks.fail("rate_estimate", f"one of {list(RATE_ESTIMATES)}", cls.rate_estimate, where)
+        for flag in ("steps_past_convergence", "freeze_state"):
+            if not isinstance(getattr(cls, flag), bool):
+                raise checks.fail(flag, "True or False", getattr(cls, flag), where)
+        _configuration_class(cls)
+
+    def __new__(cls, *args, **kwargs):
+        missing = [m for m in ("init", "propose") if getattr(cls, m) is getattr(Solver, m)]
+        if missing:
+            signatures = {"init": "init(self, z, fz) -> state",
+                          "propose": "propose(self, z, fz, state) -> (z_next, state)"}
+            raise TypeError(
+                f"{cls.__name__} cannot be instantiated: a deqlab.Solver subclass must define "
+                + " and ".join(signatures[m] for m in missing) + f"; {cls.__name__} does not define "
+                + " or ".join(f"`{m}`" for m in missing) + "."
+            )
+        return super().__new__(cls)
 
     def __post_init__(self):
+        """Validate the shared settings; subclasses validate theirs and call this first."""
         where = f"solvers.{type(self).__name__}"
         if self.tol is not None:
             checks.positive_number(self.tol, "tol", where)
@@ -215,26 +361,80 @@ class _SolverConfig:
         """The tolerance of a solve in ``dtype``: ``tol``, or the dtype's default."""
         return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
 
-    # Each solver implements: init(z, fz) -> state and propose(z, fz, state) -> (z_next, state).
-    # Arrays are (B, D); states are pytrees of arrays whose leading axis is the batch.
-    def init(self, z, fz):
+    def init(self, z: jax.Array, fz: jax.Array) -> Any:
+        """The solver's state at the first iterate (required in a subclass).
+
+        Args:
+            z: the first iterate, shape ``(B, D)`` (``z0`` flattened).
+            fz: ``f(z)``, shape ``(B, D)`` (a sample where it is not finite has ``fz = z``).
+
+        Returns:
+            A pytree of arrays, leading axis B for per-sample leaves (scalars are shared by the
+            batch); ``()`` when the solver keeps nothing. Its structure must not depend on the
+            values (it is a ``lax.while_loop`` carry).
+        """
         raise NotImplementedError
 
-    def propose(self, z, fz, state):
+    def propose(self, z: jax.Array, fz: jax.Array, state: Any) -> tuple[jax.Array, Any]:
+        """The next iterate (required in a subclass).
+
+        Args:
+            z: the current accepted iterate, shape ``(B, D)``.
+            fz: ``f(z)``, shape ``(B, D)``.
+            state: the solver's state (from :meth:`init` or :meth:`record`).
+
+        Returns:
+            ``(z_next, state)``: the proposal, shape and dtype of ``z``, and the state (the loop
+            passes it to :meth:`record` with ``f(z_next)``).
+
+        Example:
+            Picard's proposal (003 Eq. 5) is ``return fz, state``.
+        """
         raise NotImplementedError
 
-    def record(self, z, fz, state):
-        """Update the solver's history with an evaluated proposal (default: nothing to keep)."""
+    def record(self, z: jax.Array, fz: jax.Array, state: Any) -> Any:
+        """Update the state with an evaluated proposal (optional hook; default: unchanged).
+
+        Args:
+            z: the proposal :meth:`propose` returned, shape ``(B, D)``.
+            fz: ``f(z)`` (possibly non-finite for samples the loop then rejects).
+            state: the state :meth:`propose` returned.
+
+        Returns:
+            The new state, same structure as ``state``.
+        """
         return state
 
-    # True when one more proposal from a converged iterate needs no new information: the step is
-    # then taken on the returned value (plain and damped Picard; not Anderson or Broyden, whose
-    # next step mixes a history that a frozen sample no longer updates).
-    steps_past_convergence = False
+    def error_bound_factor(self, q: jax.Array) -> jax.Array:
+        """The factor c(q) of Banach's a-posteriori bound used by ``stop="error"`` (optional hook).
+
+        The returned value of a sample is within ``c(q) ||f(z) - z||`` of z* (max-abs norms, z the
+        last accepted iterate) when f contracts at rate q. The default, ``1 / (1 - q)``, is the
+        bound for returning z itself; a solver with :attr:`steps_past_convergence` bounds its
+        stepped value instead (Picard: ``damping q / (1 - q)``).
+
+        Args:
+            q: per-sample rate estimates in [0, 0.999), shape ``(B,)``.
+
+        Returns:
+            c(q), shape ``(B,)``.
+        """
+        return 1.0 / (1.0 - q)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Picard(_SolverConfig):
+dataclasses.dataclass(frozen=True, kw_only=True)(Solver)
+
+
+def _configuration_class(cls):
+    """Make ``cls`` a frozen keyword-only dataclass and a pytree whose fields are all static
+    (metadata): it has no leaves, is hashable, and can be passed to ``jax.jit``-ed functions."""
+    dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    fields = [field.name for field in dataclasses.fields(cls)]
+    jax.tree_util.register_dataclass(cls, data_fields=[], meta_fields=fields)
+    return cls
+
+
+class Picard(Solver):
     """Damped Picard iteration z <- (1 - damping) z + damping f(z) (003 Eq. 5 for damping=1).
 
     Args:
@@ -243,10 +443,20 @@ class Picard(_SolverConfig):
         stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (module docstring).
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
         check_every: judge convergence every this many steps (module docstring).
+
+    Hooks (see :class:`Solver`): ``rate_estimate = "residual_ratio"`` (a stationary iteration:
+    its residual ratios tend to the damped map's rate), ``steps_past_convergence = True`` (a
+    converged sample returns ``z + damping (f(z) - z)`` from the iterate that met ``tol``) and
+    :meth:`error_bound_factor` ``damping q / (1 - q)`` for that stepped value.
+
+    Example:
+        >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3),
+        ...                    solver=Picard(damping=0.8, tol=1e-6))
     """
 
     damping: float = 1.0
     name = "picard"
+    rate_estimate = "residual_ratio"
     steps_past_convergence = True
 
     def __post_init__(self):
@@ -261,14 +471,18 @@ class Picard(_SolverConfig):
             return fz, state
         return z + self.damping * (fz - z), state
 
+    def error_bound_factor(self, q):
+        """Banach's bound for the stepped value: within ``q / (1 - q)`` of its step
+        ``damping ||f(z) - z||`` from z (the damped map contracting at rate q)."""
+        return q * float(self.damping) / (1.0 - q)
+
 
 _EXACT = jax.lax.Precision.HIGHEST
 """The solvers' own small products (Gram matrices, mixing, secant updates) are never demoted to
 bfloat16 passes on accelerators: they decide the step, and they are cheap next to f."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Anderson(_SolverConfig):
+class Anderson(Solver):
     """Anderson acceleration (type II) with a history of ``m`` iterates (Anderson 1965;
     Walker & Ni 2011).
 
@@ -356,8 +570,21 @@ class Anderson(_SolverConfig):
         return fs, gs, gram, count + 1
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Broyden(_SolverConfig):
+class BroydenState(NamedTuple):
+    """The state of :class:`Broyden`: ``m`` rank-one pairs ``us``, ``vs`` (shape ``(B, m, D)``)
+    of ``B = -I + sum_i u_i v_i^T``, the number ``count`` of pairs in the current cycle (a scalar
+    shared by the batch), the last iterate ``z``, its residual ``g = f(z) - z`` and the next
+    direction ``B g``."""
+
+    us: jax.Array
+    vs: jax.Array
+    count: jax.Array
+    z: jax.Array
+    g: jax.Array
+    direction: jax.Array
+
+
+class Broyden(Solver):
     """Limited-memory ("good") Broyden's method on g(z) = f(z) - z (003 Eq. 6 and 10).
 
     The inverse-Jacobian estimate starts at B_0 = -I and receives the rank-one update of 003
@@ -375,23 +602,82 @@ class Broyden(_SolverConfig):
         m: history size (number of rank-one pairs kept, >= 1).
         step: step length alpha of 003 Eq. 6, in (0, 1].
         tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
+
+    The state (``SolverState.history``) is a :class:`BroydenState`; :meth:`inverse_jacobian`
+    and :meth:`inverse_jacobian_transpose` apply its estimate B (what
+    :class:`deqlab.implicit.SHINE` reuses). ``freeze_state = True``: a sample's pairs stop changing
+    when it stops, so B is each sample's estimate at its own equilibrium.
+
+    Example:
+        >>> sol = deqlab.solve(f, z0, x, solver=Broyden(m=8, tol=1e-6), batch_axis=0)
+        >>> Broyden(m=8).inverse_jacobian_transpose(sol.state.history, g, steps=sol.stats.steps)
     """
 
     m: int = 8
     step: float = 1.0
     name = "broyden"
+    freeze_state = True
 
     def __post_init__(self):
         super().__post_init__()
         checks.positive_int(self.m, "m", "solvers.Broyden")
         checks.unit_interval(self.step, "step", "solvers.Broyden")
 
-    # State: (us, vs, count, z, g, direction) with direction = B g at the current z. The pair
-    # counter is a scalar for the reason given in Anderson (all active samples share it).
+    # State: BroydenState(us, vs, count, z, g, direction) with direction = B g at the current z.
+    # The pair counter is a scalar for the reason given in Anderson (all active samples share it).
     def init(self, z, fz):
         history = _empty_history(z, self.m)
         g = fz - z
-        return history, history, jnp.zeros((), jnp.int32), z, g, -g
+        return BroydenState(history, history, jnp.zeros((), jnp.int32), z, g, -g)
+
+    def pairs_in_use(self, state: BroydenState, steps: jax.Array | None = None,
+                     start: BroydenState | None = None) -> jax.Array:
+        """Weights (1 or 0) of the rank-one pairs of ``state`` that make up each sample's B.
+
+        Args:
+            state: the ``SolverState.history`` of a Broyden solve with this ``m``.
+            steps: steps taken by each sample (``Solution.stats.steps``, shape ``(B,)`` or
+                ``()``), which tell how many pairs of the shared buffer each sample's estimate
+                holds (a sample that stopped early stopped adding pairs); None: the state's own
+                counter, right when every sample took every step.
+            start: the state a warm start continued (``init_state.history``), whose pairs the
+                history still holds; None: a cold start.
+
+        Returns:
+            Shape ``(m,)`` with ``steps`` None, else ``(B, m)``, in at least float32.
+        """
+        work = precision_module.working_dtype(state.us.dtype)
+        if steps is None:
+            return (jnp.arange(self.m) < state.count).astype(work)
+        steps = jnp.reshape(steps, (-1,))  # () without a batch axis: one row
+        # After s recorded steps a sample's current cycle holds ((s - 1) mod m) + 1 pairs; a warm
+        # start continues a cycle that held c0 pairs (its counter is shared by the batch):
+        # ((c0 + s - 1) mod m) + 1, and c0 when the sample took no step.
+        c0 = jnp.zeros((), jnp.int32) if start is None else jnp.asarray(start.count, jnp.int32)
+        count = jnp.where(steps > 0, (c0 + steps - 1) % self.m + 1, c0)
+        return (jnp.arange(self.m)[None, :] < count[:, None]).astype(work)
+
+    def inverse_jacobian(self, state: BroydenState, x: jax.Array, steps: jax.Array | None = None) -> jax.Array:
+        """``B x`` for the inverse-Jacobian estimate ``B ~ (J_f - I)^{-1}`` of g = f - z held in
+        ``state`` (003 Eq. 10: ``B = -I + sum_i u_i v_i^T``), per sample.
+
+        Args:
+            state: ``SolverState.history`` of a Broyden solve (flattened rows).
+            x: shape ``(B, D)``, as the solve's flattened iterates.
+            steps: see :meth:`pairs_in_use`.
+
+        Returns:
+            ``B x``, shape and dtype of ``x``.
+        """
+        return self._apply(state.us, state.vs, self.pairs_in_use(state, steps), x)
+
+    def inverse_jacobian_transpose(self, state: BroydenState, x: jax.Array,
+                                   steps: jax.Array | None = None,
+                                   start: BroydenState | None = None) -> jax.Array:
+        """``B^T x`` for the estimate of :meth:`inverse_jacobian` (same arguments). With ``x`` a
+        loss gradient g, ``-B^T g`` approximates the adjoint ``(I - J_f^T)^{-1} g`` of 003 Eq. 11
+        (SHINE, Ramzi et al. 2022)."""
+        return self._apply_transpose(state.us, state.vs, self.pairs_in_use(state, steps, start), x)
 
     @staticmethod
     def _apply(us, vs, used, x):
@@ -406,7 +692,7 @@ class Broyden(_SolverConfig):
         return -x + _dots("bid,bi->bd", vs, coefficients).astype(x.dtype)
 
     def propose(self, z, fz, state):
-        return z - self.step * state[5], state
+        return z - self.step * state.direction, state
 
     def record(self, z, fz, state):
         us, vs, count, z_prev, g_prev, direction = state
@@ -431,7 +717,7 @@ class Broyden(_SolverConfig):
         us = _write_slot(us, count, u)
         vs = _write_slot(vs, count, v)
         direction = b_g + u * _dots("bd,bd->b", v, g)[:, None].astype(z.dtype)
-        return us, vs, count + 1, z, g, direction
+        return BroydenState(us, vs, count + 1, z, g, direction)
 
 
 def _dots(spec, a, b):
@@ -473,7 +759,7 @@ def _write_gram(gram, slot, dots):
 SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
 
 
-def get_solver(solver: str | _SolverConfig = "anderson", *, name: str = "solver", **overrides) -> _SolverConfig:
+def get_solver(solver: str | Solver = "anderson", *, name: str = "solver", **overrides) -> Solver:
     """Return a solver configuration from a name or a configured object.
 
     ``overrides`` whose value is None are ignored: a configured object keeps its own settings
@@ -481,13 +767,13 @@ def get_solver(solver: str | _SolverConfig = "anderson", *, name: str = "solver"
     the argument the user wrote, used in error messages.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if isinstance(solver, _SolverConfig):
+    if isinstance(solver, Solver):
         return dataclasses.replace(solver, **overrides) if overrides else solver
     if isinstance(solver, str) and solver in SOLVERS:
         return SOLVERS[solver](**overrides)
     raise ValueError(
         f"`{name}` must be one of {sorted(SOLVERS)} or a solver object such as "
-        f"deqlab.solvers.Anderson(m=5), got {solver!r}."
+        f"deqlab.solvers.Anderson(m=5) (an instance of a deqlab.Solver subclass), got {solver!r}."
     )
 
 
@@ -658,7 +944,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None):
     work = precision_module.working_dtype(dtype)
     big = jnp.finfo(work).max
     error_rule = config.stop == "error"
-    picard = isinstance(config, Picard)
+    # Which rate estimate the error rule uses (Solver.rate_estimate): residual ratios over a
+    # window of RATE_WINDOW steps, or the largest secant quotient of the solve.
+    ratios = config.rate_estimate == "residual_ratio"
     fz0 = func(z0_flat)
     # Adopt the layout of f's output: z0 is often a fresh, replicated zeros array while the input
     # (and so f(z0)) is sharded over the batch.
@@ -694,15 +982,12 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None):
         # The last RATE_WINDOW rate estimates (inf: none yet, so the residual rule decides), the
         # absolute residual of the accepted iterate (Picard's rate is a ratio of two of them) and
         # the error estimate of the value the sample would return.
-        carry0["rates"] = (jnp.full(res0.shape + (RATE_WINDOW,), jnp.inf, work) if picard
+        carry0["rates"] = (jnp.full(res0.shape + (RATE_WINDOW,), jnp.inf, work) if ratios
                            else jnp.zeros(res0.shape + (1,), work))
         carry0["abs"] = abs0
         carry0["err"] = jnp.full(res0.shape, jnp.inf, work)
 
     residual_floor = jnp.finfo(dtype).eps * math.sqrt(z0_flat.shape[1])
-    # The step Picard's returned value takes past its last accepted iterate (see _SolverConfig).
-    picard_step = float(getattr(config, "damping", 1.0))
-
     def bare(z, fz, state):
         """One solver step without any check: what the limit of plain iteration costs."""
         z_prop, state = config.propose(z, fz, state)
@@ -729,12 +1014,12 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None):
         abs_prop = jnp.where(finite, diff_norm, big)
         res = jnp.where(accept, res_prop, carry["res"])
         state = config.record(z_prop, fz_prop, state_prop)
-        if unrolled or isinstance(config, Broyden):
+        if unrolled or config.freeze_state:
             # Rejected and frozen samples never become active again, so their solver state is
             # irrelevant to the result; it is kept finite only when differentiating through the
-            # loop (a NaN in an unselected branch would still poison the gradient). Broyden's
-            # history is also kept as it was when the sample stopped: it is the inverse-Jacobian
-            # estimate at that sample's equilibrium that deqlab.implicit.SHINE reuses.
+            # loop (a NaN in an unselected branch would still poison the gradient). A solver with
+            # freeze_state (Broyden) also keeps it as it was when the sample stopped: Broyden's is
+            # the inverse-Jacobian estimate at that sample's equilibrium that SHINE reuses.
             state = _where_batch(accept, state, carry["state"])
         # The best iterate is the one closest to convergence in absolute terms: a relative
         # residual also falls when an iterate runs off to infinity (for f = 2z + 1 it tends to
@@ -745,19 +1030,19 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None):
         best_abs = jnp.where(improved, abs_prop, carry["best_abs"])
         extra = {}
         if error_rule:
-            if picard:
-                # Picard: successive residuals shrink by the contraction rate of the (damped) map,
+            if ratios:
+                # A stationary iteration (Picard): successive residuals shrink by the contraction rate of the (damped) map,
                 # ||g_k|| / ||g_{k-1}||; over a span of k steps, its k-th root.
                 ratio = abs_prop / carry["abs"]
                 rate = ratio if span == 1 else ratio ** (1.0 / span)
             else:
-                # Anderson / Broyden: their residual ratios measure the acceleration, not f. The
-                # secant quotient ||f(z') - f(z)|| / ||z' - z|| of the last step measures how much
+                # Accelerated solvers (Anderson, Broyden): their residual ratios measure the
+                # acceleration, not f. The secant quotient ||f(z') - f(z)|| / ||z' - z|| of the last step measures how much
                 # f stretches along it, a lower estimate of f's Lipschitz constant near z*.
                 step_norm = _row_norm(jax.lax.stop_gradient(z_prop - z_in))
                 rate = _row_norm(jax.lax.stop_gradient(fz_prop - fz_in)) / step_norm
             rate = jnp.where(finite & jnp.isfinite(rate), rate, jnp.inf).astype(work)
-            if picard:
+            if ratios:
                 # Picard's ratios rise towards the rate of its slowest mode as the faster ones die
                 # out: the last few (their maximum, against noise) estimate the rate now.
                 rates = jnp.concatenate([carry["rates"][:, 1:], rate[:, None]], axis=1)
@@ -770,9 +1055,10 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None):
             q = jnp.max(rates, axis=1)
             reliable = q < RATE_LIMIT
             q_safe = jnp.where(reliable, q, 0.0)
-            # Banach's a-posteriori bounds: Picard returns z + damping (f(z) - z), within
-            # q / (1 - q) of its step from z*; the others return z, within ||f(z) - z|| / (1 - q).
-            gain = (q_safe * picard_step if picard else 1.0) / (1.0 - q_safe)
+            # Banach's a-posteriori bounds (Solver.error_bound_factor): Picard returns
+            # z + damping (f(z) - z), within q / (1 - q) of its step from z*; the others return z,
+            # within ||f(z) - z|| / (1 - q).
+            gain = config.error_bound_factor(q_safe)
             size = jnp.max(jnp.abs(diff), axis=1).astype(work)
             scale = jnp.maximum(jnp.max(jnp.abs(jax.lax.stop_gradient(fz_prop)), axis=1).astype(work), 1.0)
             err_prop = jnp.where(reliable & finite, config.safety * gain * size / scale, jnp.inf)
@@ -860,7 +1146,7 @@ def solve(
     f: Callable[..., Any],
     z0: Any,
     *args: Any,
-    solver: str | _SolverConfig = "anderson",
+    solver: str | Solver = "anderson",
     tol: float | None = None,
     max_steps: int | None = None,
     batch_axis: int | None = None,
@@ -879,8 +1165,8 @@ def solve(
         z0: initial guess (an array or a pytree of real floating arrays).
         *args: further arguments of ``f`` (parameters, inputs), passed explicitly.
         solver: ``"picard"``, ``"anderson"``, ``"broyden"`` or a configured object such as
-            ``Anderson(m=5, tol=1e-6)``; its settings are kept unless ``tol`` / ``max_steps``
-            are given here.
+            ``Anderson(m=5, tol=1e-6)``, or an instance of your own :class:`Solver` subclass; its
+            settings are kept unless ``tol`` / ``max_steps`` are given here.
         tol: relative-residual tolerance (overrides the solver's). None (and a solver object
             without one): the default of z0's dtype, :func:`deqlab.precision.default_tol`
             (float64 1e-10, float32 1e-5, 16-bit 1e-2 / 5e-2). A tolerance the dtype cannot

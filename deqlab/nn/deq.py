@@ -36,8 +36,9 @@ class DEQ(nnx.Module):
         cell: an ``nnx.Module`` mapping ``(z, x)`` to ``z'`` of the same shape as z, with a
             ``width`` attribute (the size of z's last axis) and, to have x's width checked, an
             ``in_features`` attribute.
-        solver: forward solver, a name or a configured object (``Anderson(m=6, tol=1e-6)``); its
-            settings are kept unless ``tol`` / ``max_steps`` are given here.
+        solver: forward solver, a name or a configured object (``Anderson(m=6, tol=1e-6)``, or an
+            instance of your own :class:`deqlab.Solver` subclass); its settings are kept unless
+            ``tol`` / ``max_steps`` are given here.
         tol, max_steps: override the solver's; ``tol`` None (and a solver without one): the
             default of the solve's dtype (float32 1e-5, float64 1e-10).
         backward: ``"implicit"``, ``"unrolled"``, ``"phantom"`` or an object

@@ -1,0 +1,318 @@
+"""The extension points: a user-written deqlab.Solver and deqlab.implicit.Backward, accepted by
+solve, fixed_point and nn.DEQ, and solver objects as jit arguments (issue 15, item 3)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import deqlab
+from deqlab.implicit import GMRES, Backward, Implicit, JacobianFree, Phantom, Unrolled, adjoint_solve
+from deqlab.nn import DEQ, TanhCell
+from deqlab.solvers import Result, SolverState
+
+
+class Damped(deqlab.Solver):
+    def init(self, z, fz):
+        return ()
+
+    def propose(self, z, fz, state):
+        return 0.5 * z + 0.5 * fz, state
+
+
+class Counting(deqlab.Solver):
+    """A solver with a field and a per-sample state, to check both travel through the loop."""
+
+    beta: float = 0.5
+
+    def __post_init__(self):
+        super().__post_init__()
+        deqlab.checks.unit_interval(self.beta, "beta", "Counting")
+
+    def init(self, z, fz):
+        return jnp.zeros(z.shape[:1], jnp.int32)
+
+    def propose(self, z, fz, state):
+        return z + self.beta * (fz - z), state + 1
+
+
+N = 6
+W = (jax.random.normal(jax.random.key(0), (N, N)) * 0.5 / np.sqrt(N)).astype(jnp.float32)
+
+
+def tanh_map(z, x):
+    return jnp.tanh(z @ W.T + x)
+
+
+def test_damped_solves_a_batch_in_float32():
+    assert W.dtype == jnp.float32
+    x = jax.random.normal(jax.random.key(1), (4, N), jnp.float32)
+    z0 = jnp.zeros((4, N), jnp.float32)
+    sol = deqlab.solve(tanh_map, z0, x, solver=Damped(tol=1e-6, max_steps=500), batch_axis=0)
+    assert sol.value.dtype == jnp.float32
+    np.testing.assert_array_equal(sol.result, Result.SUCCESS)
+    assert np.all(np.asarray(sol.stats.best_residual) <= 1e-6)
+    np.testing.assert_allclose(tanh_map(sol.value, x), sol.value, atol=1e-5)
+    # Damped returns its last accepted iterate (steps_past_convergence is False by default)
+    assert sol.stats.steps.shape == (4,) and int(sol.stats.nfe) == int(jnp.max(sol.stats.steps)) + 1
+    # it is a half-damped Picard: the same iterates as Picard(damping=0.5), one step behind
+    picard = deqlab.solve(tanh_map, z0, x, solver=deqlab.Picard(damping=0.5, tol=1e-6, max_steps=500), batch_axis=0)
+    np.testing.assert_array_equal(sol.stats.steps, picard.stats.steps)
+
+
+def test_per_sample_result_codes_and_statistics():
+    # sample 1 is z -> 2 z + 1 (no attracting fixed point for the damped map: 1.5 z + 0.5 grows)
+    slope = jnp.array([0.5, 2.0, 0.3], jnp.float32)[:, None]
+
+    def f(z, slope):
+        return slope * z + 1.0
+
+    sol = deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope,
+                       solver=Damped(tol=1e-5, max_steps=40, divergence_factor=1e30), batch_axis=0)
+    assert list(np.asarray(sol.result)) == [Result.SUCCESS, Result.MAX_STEPS_REACHED, Result.SUCCESS]
+    steps = np.asarray(sol.stats.steps)
+    assert steps[1] == 40 and steps[0] < 40 and steps[2] < steps[0]  # faster contraction, fewer steps
+    np.testing.assert_allclose(sol.value[0], 2.0, rtol=1e-4)
+    np.testing.assert_allclose(sol.value[2], 1 / 0.7, rtol=1e-4)
+    with pytest.raises(deqlab.SolverError, match="sample 1: max_steps_reached"):
+        deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope, solver=Damped(tol=1e-5, max_steps=40,
+                     divergence_factor=1e30), batch_axis=0, throw=True)
+    # the default divergence test catches it instead
+    diverged = deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope, solver=Damped(max_steps=100), batch_axis=0)
+    assert int(diverged.result[1]) == Result.DIVERGED
+
+
+@pytest.mark.filterwarnings("ignore::deqlab.precision.PrecisionWarning")
+def test_custom_state_fields_and_warm_start():
+    x = jax.random.normal(jax.random.key(2), (3, N), jnp.float32)
+    z0 = jnp.zeros((3, N), jnp.float32)
+    solver = Counting(beta=0.7, tol=1e-30, max_steps=10)  # tol never met: exactly 10 steps
+    first = deqlab.solve(tanh_map, z0, x, solver=solver, batch_axis=0)
+    assert isinstance(first.state, SolverState)
+    np.testing.assert_array_equal(first.state.history, 10)  # the state counted the proposals
+    second = deqlab.solve(tanh_map, z0, x, solver=solver, batch_axis=0, init_state=first.state)
+    whole = deqlab.solve(tanh_map, z0, x, solver=dataclasses.replace(solver, max_steps=20), batch_axis=0)
+    np.testing.assert_array_equal(second.state.history, 20)
+    np.testing.assert_allclose(second.state.z, whole.state.z, rtol=1e-6)
+    with pytest.raises(ValueError, match="`beta`.*<= 1"):
+        Counting(beta=1.5)
+    with pytest.raises(ValueError, match="`init_state`"):
+        deqlab.solve(tanh_map, z0, x, solver=Damped(), batch_axis=0, init_state=first.state)
+
+
+def test_stop_error_with_a_custom_solver():
+    """stop="error" bounds the max-abs error of the value: check it against the exact z*."""
+    a = jnp.float32(0.9)
+
+    def f(z, b):
+        return a * z + b
+
+    b = jnp.array([[1.0, -2.0], [0.5, 3.0]], jnp.float32)
+    exact = b / (1 - a)
+    for tol in (1e-2, 1e-4):
+        sol = deqlab.solve(f, jnp.zeros((2, 2), jnp.float32), b, solver=Damped(tol=tol, max_steps=2000, stop="error"),
+                           batch_axis=0)
+        np.testing.assert_array_equal(sol.result, Result.SUCCESS)
+        assert sol.stats.error_estimate is not None and np.all(np.isfinite(sol.stats.error_estimate))
+        error = np.max(np.abs(np.asarray(sol.value - exact)), axis=1) / np.maximum(1, np.max(np.abs(np.asarray(exact)), 1))
+        assert np.all(error <= tol), (tol, error)
+        # the residual rule with the same tol would stop far from z* (|z*| = 30, rate 0.95)
+        loose = deqlab.solve(f, jnp.zeros((2, 2), jnp.float32), b, solver=Damped(tol=tol, max_steps=2000),
+                             batch_axis=0)
+        assert np.all(sol.stats.steps > loose.stats.steps)
+
+
+class MyPicard(deqlab.Solver):
+    """Picard(damping=0.5) written from the outside, its behaviour declared by the hooks only."""
+
+    rate_estimate = "residual_ratio"
+    steps_past_convergence = True
+
+    def init(self, z, fz):
+        return ()
+
+    def propose(self, z, fz, state):
+        return z + 0.5 * (fz - z), state
+
+    def error_bound_factor(self, q):
+        return q * 0.5 / (1.0 - q)
+
+
+@pytest.mark.parametrize("stop", ["residual", "error"])
+def test_the_loop_has_no_special_case_for_picard(stop):
+    """A user's copy of Picard with the same hooks gives bit-identical solves: the loop treats the
+    built-in solver through the hooks only."""
+    x = jax.random.normal(jax.random.key(12), (4, N), jnp.float32)
+    z0 = jnp.zeros((4, N), jnp.float32)
+    mine = deqlab.solve(tanh_map, z0, x, solver=MyPicard(tol=1e-5, stop=stop, max_steps=300), batch_axis=0)
+    builtin = deqlab.solve(tanh_map, z0, x, solver=deqlab.Picard(damping=0.5, tol=1e-5, stop=stop, max_steps=300),
+                           batch_axis=0)
+    for a, b in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(builtin)):
+        np.testing.assert_array_equal(a, b)
+    # without the hooks (Damped: secant rate, returns the iterate) the same iteration stops and
+    # returns differently
+    plain = deqlab.solve(tanh_map, z0, x, solver=Damped(tol=1e-5, stop=stop, max_steps=300), batch_axis=0)
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(plain),
+                                                         jax.tree_util.tree_leaves(builtin)))
+    if stop == "error":  # the rate estimates differ, hence the error estimates
+        assert not np.array_equal(plain.stats.error_estimate, builtin.stats.error_estimate)
+    else:  # the returned values differ by Picard's step past convergence
+        assert not np.array_equal(plain.value, builtin.value)
+
+
+def test_fixed_point_gradients_of_a_custom_solver():
+    """Implicit gradient of a linear map against the analytic one, d/db sum(c z*) = (I - A)^-T c."""
+    a = (jax.random.normal(jax.random.key(3), (N, N)) * 0.4 / np.sqrt(N)).astype(jnp.float32)
+    c = jax.random.normal(jax.random.key(4), (N,), jnp.float32)
+    b = jax.random.normal(jax.random.key(5), (N,), jnp.float32)
+    exact = np.linalg.solve(np.eye(N) - np.asarray(a, np.float64).T, np.asarray(c, np.float64))
+    solver = Damped(tol=1e-6, max_steps=500)
+
+    def loss(b, backward):
+        return jnp.dot(deqlab.fixed_point(lambda z, b: a @ z + b, jnp.zeros(N, jnp.float32), b, solver=solver,
+                                          backward=backward).value, c)
+
+    for backward in ("implicit", Implicit(solver="gmres"), Implicit(solver=GMRES(restart=4)), Unrolled(),
+                     Implicit(solver=Damped(max_steps=300))):
+        g = jax.grad(loss)(b, backward)
+        assert g.dtype == jnp.float32
+        np.testing.assert_allclose(g, exact, rtol=1e-4, atol=1e-5, err_msg=str(backward))
+    for backward in (Phantom(steps=3), JacobianFree()):
+        assert np.all(np.isfinite(jax.grad(loss)(b, backward)))
+    with pytest.raises(ValueError, match="`solver`.*broyden"):
+        jax.grad(loss)(b, "shine")
+
+
+def test_fixed_point_gradient_on_a_tanh_map_matches_finite_differences():
+    x = jax.random.normal(jax.random.key(6), (N,), jnp.float64)
+    w = W.astype(jnp.float64)
+    v = jax.random.normal(jax.random.key(7), (N,), jnp.float64)
+
+    def loss(x):
+        f = lambda z, x: jnp.tanh(w @ z + x)  # noqa: E731
+        return jnp.sum(deqlab.fixed_point(f, jnp.zeros(N), x, solver=Damped(tol=1e-12, max_steps=2000)).value ** 2)
+
+    eps = 1e-6
+    fd = (loss(x + eps * v) - loss(x - eps * v)) / (2 * eps)
+    np.testing.assert_allclose(jnp.dot(jax.grad(loss)(x), v), fd, rtol=1e-6)
+
+
+def test_nn_deq_with_a_custom_solver():
+    cell = TanhCell(8, 3, rngs=nnx.Rngs(0))
+    layer = DEQ(cell, solver=Damped(tol=1e-5, max_steps=300))
+    x = jax.random.normal(jax.random.key(8), (5, 3), jnp.float32)
+    z, sol = layer(x, return_solution=True)
+    assert z.dtype == jnp.float32
+    np.testing.assert_array_equal(sol.result, Result.SUCCESS)
+    np.testing.assert_allclose(cell(z, x), z, atol=1e-4)
+    reference = DEQ(cell, solver=deqlab.Anderson(tol=1e-6, max_steps=300))(x)
+    np.testing.assert_allclose(z, reference, atol=1e-4)
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    leaves = jax.tree_util.tree_leaves(nnx.state(grads, nnx.Param))
+    assert leaves and all(np.all(np.isfinite(leaf)) for leaf in leaves)
+    assert any(np.any(leaf != 0) for leaf in leaves)
+    # the layer goes through nnx.jit with the solver as part of its (static) graph
+    jitted = nnx.jit(lambda m, x: m(x))(layer, x)
+    np.testing.assert_allclose(jitted, z, atol=1e-6)
+
+
+def test_solver_and_backward_objects_are_jit_arguments():
+    x = jax.random.normal(jax.random.key(9), (4, N), jnp.float32)
+    assert jax.tree_util.tree_leaves(Damped()) == [] and jax.tree_util.tree_leaves(Implicit(solver=GMRES())) == []
+    assert hash(Damped(tol=1e-6)) == hash(Damped(tol=1e-6)) and Damped(tol=1e-6) != Damped(tol=1e-5)
+    traces = []
+
+    @jax.jit
+    def run(solver, x):
+        traces.append(solver)
+        return deqlab.solve(tanh_map, jnp.zeros_like(x), x, solver=solver, batch_axis=0).stats.steps
+
+    fast, slow = run(Damped(tol=1e-3), x), run(Damped(tol=1e-6), x)
+    assert np.all(np.asarray(fast) < np.asarray(slow))
+    run(Damped(tol=1e-3), x)  # same configuration: cached
+    assert len(traces) == 2
+    np.testing.assert_array_equal(run(deqlab.Anderson(m=3, tol=1e-6), x),
+                                  deqlab.solve(tanh_map, jnp.zeros_like(x), x, solver=deqlab.Anderson(m=3, tol=1e-6),
+                                               batch_axis=0).stats.steps)
+
+    @jax.jit
+    def grad(backward, solver, x):
+        return jax.grad(lambda x: jnp.sum(deqlab.fixed_point(tanh_map, jnp.zeros_like(x), x, solver=solver,
+                                                             batch_axis=0, backward=backward).value))(x)
+
+    np.testing.assert_allclose(grad(Implicit(solver=GMRES()), Damped(tol=1e-6, max_steps=300), x),
+                               grad(Implicit(), deqlab.Anderson(tol=1e-6), x), rtol=1e-4, atol=1e-5)
+
+
+def test_incomplete_subclasses_are_named():
+    class NoPropose(deqlab.Solver):
+        def init(self, z, fz):
+            return ()
+
+    class Nothing(deqlab.Solver):
+        pass
+
+    with pytest.raises(TypeError, match=r"NoPropose.*does not define `propose`"):
+        NoPropose()
+    with pytest.raises(TypeError, match=r"Nothing.*`init` or `propose`"):
+        Nothing(tol=1e-3)
+
+    class NoSolve(Backward):
+        pass
+
+    with pytest.raises(TypeError, match=r"NoSolve.*`solve`"):
+        NoSolve()
+    with pytest.raises(ValueError, match="`rate_estimate`.*'residual_ratio', 'secant'"):
+        class Wrong(deqlab.Solver):  # noqa: F841
+            rate_estimate = "guess"
+    with pytest.raises(ValueError, match="`max_steps`.*>= 1|`max_steps`.*positive"):
+        Damped(max_steps=0)
+    with pytest.raises(ValueError, match="`stop`.*'residual', 'error'"):
+        Damped(stop="sometimes")
+    with pytest.raises(ValueError, match="`restart`"):
+        GMRES(restart=0)
+    with pytest.raises(ValueError, match="`solver`.*gmres"):
+        adjoint_solve(tanh_map, jnp.zeros(N), (jnp.zeros(N),), jnp.ones(N), solver="bicgstab")
+
+
+def test_a_custom_backward_mode():
+    class OneStep(Backward):
+        def solve(self, problem):
+            sol = problem.forward(jax.lax.stop_gradient(problem.z0), jax.lax.stop_gradient(problem.args))
+            z = jax.lax.stop_gradient(sol.value)
+            return sol._replace(value=problem.f(z, *problem.args))
+
+    x = jax.random.normal(jax.random.key(10), (N,), jnp.float64)
+
+    def loss(x, backward):
+        return jnp.sum(deqlab.fixed_point(tanh_map, jnp.zeros(N), x, solver=Damped(tol=1e-10, max_steps=1000),
+                                          backward=backward).value ** 2)
+
+    np.testing.assert_allclose(jax.grad(loss)(x, OneStep()), jax.grad(loss)(x, JacobianFree()), rtol=1e-12)
+    assert OneStep(on_failure="nan").on_failure == "nan"
+    with pytest.raises(ValueError, match="`on_failure`"):
+        OneStep(on_failure="sometimes")
+
+
+def test_broyden_public_inverse_jacobian():
+    """Broyden's estimate applied through its public methods: B^T is the transpose of B, which is
+    the low-rank sum its named state holds."""
+    a = jax.random.normal(jax.random.key(11), (N, N), jnp.float64) * 0.3 / np.sqrt(N)
+    b = jnp.ones((1, N))
+    solver = deqlab.Broyden(m=40, tol=1e-12, max_steps=100)
+    sol = deqlab.solve(lambda z, b: z @ a.T + b, jnp.zeros((1, N)), b, solver=solver, batch_axis=0)
+    history = sol.state.history
+    eye = jnp.eye(N)
+    dense = jnp.stack([solver.inverse_jacobian(history, eye[i:i + 1])[0] for i in range(N)], axis=1)
+    dense_t = jnp.stack([solver.inverse_jacobian_transpose(history, eye[i:i + 1])[0] for i in range(N)], axis=1)
+    np.testing.assert_allclose(dense_t, dense.T, rtol=1e-10, atol=1e-12)
+    with_steps = solver.inverse_jacobian_transpose(history, eye[:1], steps=sol.stats.steps)
+    np.testing.assert_allclose(with_steps[0], dense_t[:, 0], rtol=1e-12)
+    # B = -I + sum_i u_i v_i^T over the pairs in use (003 Eq. 10), and not the bare -I
+    used = (np.arange(solver.m) < int(history.count)).astype(float)
+    explicit = -np.eye(N) + np.einsum("id,i,ie->de", np.asarray(history.us[0]), used, np.asarray(history.vs[0]))
+    np.testing.assert_allclose(dense, explicit, rtol=1e-12, atol=1e-14)
+    assert int(history.count) > 0 and not np.allclose(dense, -np.eye(N))
