@@ -86,7 +86,7 @@ def _dtype_name(dtype: Any) -> str:
 
 def default_tol(dtype: Any) -> float:
     """Default relative-residual tolerance of a solve whose iterate has this dtype."""
-    dtype = checks.floating_dtype(dtype)
+    dtype = checks.floating_dtype(dtype, "dtype", "precision.default_tol")
     return _DEFAULT_TOL.get(_dtype_name(dtype), 1e-5)
 
 
@@ -97,7 +97,7 @@ def attainable_tol(dtype: Any) -> float:
     matmul and the residual's norm this leaves a floor of one to a few epsilons (measured on the
     solver page of the book: float32 solves settle at 1-3e-7).
     """
-    return 4.0 * float(jnp.finfo(checks.floating_dtype(dtype)).eps)
+    return 4.0 * float(jnp.finfo(checks.floating_dtype(dtype, "dtype", "precision.attainable_tol")).eps)
 
 
 def check_tol(tol: float, dtype: Any, where: str = "solve") -> None:
