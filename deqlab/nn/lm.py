@@ -99,6 +99,10 @@ def solver_stats(solution=None, *, trace=None) -> dict[str, jax.Array]:
     ``residual_max`` the worst final relative residual; ``converged_fraction`` the fraction of
     sequences whose solve met its tolerance (unrolled: NaN, it has none); ``nfe`` evaluations of f.
     """
+    if (solution is None) == (trace is None):
+        raise ValueError("nn.solver_stats: give exactly one of `solution` (a DEQ's Solution) and `trace` "
+                         "(the residual trace of nn.unroll), got "
+                         f"{'neither' if solution is None else 'both'}.")
     if solution is not None:
         steps = jax.lax.stop_gradient(solution.stats.steps).astype(jnp.float32)
         return {
@@ -289,6 +293,9 @@ def shard_batch(mesh: jax.sharding.Mesh, *arrays: Any):
     out = []
     for a in arrays:
         a = np.asarray(a) if not isinstance(a, jax.Array) else a
+        if a.ndim < 1:
+            raise checks.fail("arrays", "arrays with a leading batch axis", f"an array of shape {a.shape}",
+                              "nn.shard_batch")
         if jax.process_count() > 1:
             out.append(jax.make_array_from_process_local_data(sharding, np.asarray(a)))
             continue

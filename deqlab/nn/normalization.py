@@ -120,6 +120,8 @@ class SpectralNorm(nnx.Module):
                  input_shape: Any = None, power_steps: int = 20):
         where = "nn.SpectralNorm"
         _check_layer(layer, where)
+        if not isinstance(rngs, nnx.Rngs):
+            raise checks.fail("rngs", "an nnx.Rngs such as nnx.Rngs(0)", rngs, where)
         self.layer = layer
         self.target = checks.positive_number(target, "target", where)
         if not isinstance(exact, bool):
@@ -174,6 +176,7 @@ class SpectralNorm(nnx.Module):
     def update(self, steps: int = 1) -> None:
         """Advance the power iteration ``u <- W^T W u / ||W^T W u||`` by ``steps`` steps (no-op
         when ``exact``); not differentiated."""
+        steps = checks.integer(steps, "steps", "nn.SpectralNorm.update", minimum=0)
         if self.exact or steps == 0:
             return
         kernel = jax.lax.stop_gradient(_value(self.layer.kernel))
@@ -185,8 +188,9 @@ class SpectralNorm(nnx.Module):
         self.u[...] = u
 
     def kernel(self) -> jax.Array:
-        """The kernel the layer computes with, ``target * W / sigma``."""
-        return self.target * _value(self.layer.kernel) / self.sigma()
+        """The kernel the layer computes with, ``target * W / sigma`` (a zero kernel stays zero)."""
+        kernel = _value(self.layer.kernel)
+        return self.target * kernel / jnp.maximum(self.sigma(), jnp.finfo(kernel.dtype).tiny)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _with_kernel(self.layer, self.kernel())(x)
