@@ -102,6 +102,17 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _directory(directory: Any, name: str, where: str) -> Path:
+    """``directory`` as a ``Path``, created if missing; not an existing file."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise checks.fail(name, "a path (str or os.PathLike)", type(directory).__name__, where)
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise checks.fail(name, "a directory (created if missing)", f"{str(path)!r}, an existing file", where)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[str, Any]],
               directory: str | os.PathLike, *, checkpoints: bool = False, progress: bool = True,
               description: str = "sweep") -> list[dict[str, Any]]:
@@ -129,6 +140,10 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
     where = "sweep.run_sweep"
     if not callable(fn):
         raise checks.fail("fn", "a callable fn(config) -> dict", type(fn).__name__, where)
+    if not isinstance(checkpoints, (bool, np.bool_)):
+        raise checks.fail("checkpoints", "True or False", checkpoints, where)
+    if isinstance(configs, (Mapping, str)):
+        raise checks.fail("configs", "a list of dicts (one per configuration)", type(configs).__name__, where)
     configs = list(configs)
     keys = []
     for i, config in enumerate(configs):
@@ -138,8 +153,7 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
         first = next(i for i, k in enumerate(keys) if keys.index(k) != i)
         raise checks.fail("configs", "configurations that are all different", f"a repeat of {configs[first]!r}",
                           where)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _directory(directory, "directory", where)
 
     from tqdm import tqdm
 
@@ -157,7 +171,11 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
             if not isinstance(result, Mapping):
                 raise checks.fail("fn", "a function returning a dict", f"a {type(result).__name__} for {config!r}",
                                   where)
-            result = _jsonable(result)
+            try:
+                result = _jsonable(result)
+            except TypeError as error:
+                raise checks.fail("fn", "a function returning a dict of JSON-able results (numbers, strings, "
+                                  "lists, arrays)", f"{error} in the result for {config!r}", where) from None
             text = json.dumps({"format": _FORMAT, "config": json.loads(_canonical(config, where)),
                                "result": result}, sort_keys=True)
             _write_atomic(result_path(directory, config), text)
@@ -213,9 +231,8 @@ class Checkpoints:
             raise ImportError("sweep.Checkpoints needs orbax-checkpoint: pip install orbax-checkpoint") from error
         max_to_keep = checks.positive_int(max_to_keep, "max_to_keep", "sweep.Checkpoints")
         self._ocp = ocp
-        path = Path(directory).absolute()
+        path = _directory(directory, "directory", "sweep.Checkpoints").absolute()
         self.directory = path
-        path.mkdir(parents=True, exist_ok=True)
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
         self._manager = ocp.CheckpointManager(path, options=options)
 
