@@ -127,8 +127,11 @@ def choice(value: Any, name: str, options: Iterable[str], where: str | None = No
 
 
 def floating_dtype(dtype: Any, name: str = "dtype", where: str | None = None) -> np.dtype:
-    """A real floating-point dtype (float16, bfloat16, float32, float64)."""
+    """A real floating-point dtype (float16, bfloat16, float32, float64); ``None`` is refused
+    (``jnp.dtype(None)`` would silently answer the default float)."""
     requirement = "a real floating-point dtype such as jnp.float32"
+    if dtype is None:  # jnp.dtype(None) is the default float (float64 under x64): not what was meant
+        raise fail(name, requirement + " (None is not a dtype here)", dtype, where)
     try:
         result = jnp.dtype(dtype)
     except TypeError:

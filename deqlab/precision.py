@@ -86,7 +86,7 @@ def _dtype_name(dtype: Any) -> str:
 
 def default_tol(dtype: Any) -> float:
     """Default relative-residual tolerance of a solve whose iterate has this dtype."""
-    dtype = checks.floating_dtype(dtype)
+    dtype = checks.floating_dtype(dtype, "dtype", "precision.default_tol")
     return _DEFAULT_TOL.get(_dtype_name(dtype), 1e-5)
 
 
@@ -97,7 +97,7 @@ def attainable_tol(dtype: Any) -> float:
     matmul and the residual's norm this leaves a floor of one to a few epsilons (measured on the
     solver page of the book: float32 solves settle at 1-3e-7).
     """
-    return 4.0 * float(jnp.finfo(checks.floating_dtype(dtype)).eps)
+    return 4.0 * float(jnp.finfo(checks.floating_dtype(dtype, "dtype", "precision.attainable_tol")).eps)
 
 
 def check_tol(tol: float, dtype: Any, where: str = "solve") -> None:
@@ -173,6 +173,8 @@ def emulate_accelerator_matmuls(enabled: bool = True) -> Iterator[None]:
     Applies to code traced inside the context (call ``jax.jit`` functions for the first time
     inside it, or clear their cache).
     """
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise checks.fail("enabled", "True or False", enabled, "precision.emulate_accelerator_matmuls")
     token = _emulation.set(bool(enabled))
     try:
         yield
@@ -231,5 +233,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 
 def working_dtype(dtype: Any) -> np.dtype:
-    """The dtype of a solver's reductions and small systems: at least float32."""
-    return jnp.promote_types(dtype, jnp.float32)
+    """The dtype of a solver's reductions and small systems: at least float32 (``dtype`` a real
+    floating-point dtype; None or an integer dtype is refused, not promoted)."""
+    return jnp.promote_types(checks.floating_dtype(dtype, "dtype", "precision.working_dtype"), jnp.float32)

@@ -34,6 +34,8 @@ def _leaves(tree: Any, name: str, where: str) -> list:
     if not leaves:
         raise checks.fail(name, "a non-empty pytree of floating arrays", tree, where)
     for leaf in leaves:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise checks.fail(name, "a pytree of floating arrays (not Python numbers)", type(leaf).__name__, where)
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
             raise checks.fail(name, "a pytree of floating arrays", jnp.result_type(leaf), where)
     return leaves
@@ -54,6 +56,30 @@ def _batch(z: Any, batch_axis: int | None, name: str, where: str) -> int | None:
     if len(sizes) != 1:
         raise checks.fail(name, f"leaves of one size along batch_axis={batch_axis}", sorted(sizes), where)
     return sizes.pop()
+
+
+def _check_map(f: Any, z: Any, args: tuple, where: str, *, dtypes: bool) -> None:
+    """``f(z, *args)`` must be a pytree of the structure and shapes (and with ``dtypes``, the
+    dtypes) of ``z``: a map of z's space to itself, whose Jacobian is square."""
+    if not callable(f):
+        raise checks.fail("f", "a callable f(z, *args)", type(f).__name__, where)
+    try:
+        out = jax.eval_shape(lambda x: f(x, *args), z)
+    except Exception as error:  # noqa: BLE001 - any failure of f is reported as f's
+        raise ValueError(f"{where}: `f` could not be evaluated as f(z, *args): {type(error).__name__}: "
+                         f"{error}") from error
+    def signature(leaf):
+        return (tuple(jnp.shape(leaf)), jnp.result_type(leaf)) if dtypes else tuple(jnp.shape(leaf))
+
+    expected = jax.tree_util.tree_map(signature, z)
+    got = jax.tree_util.tree_map(signature, out)
+    if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(z) or got != expected:
+        def describe(tree):
+            return jax.tree_util.tree_map(lambda leaf: f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}", tree)
+
+        raise checks.fail("f", f"a map returning a pytree of the structure and shapes{' (and dtypes)' if dtypes else ''} of `z` "
+                          f"(f(z, *args) ~ z, a square Jacobian; z is {describe(z)})",
+                          f"a result {describe(out)}", where)
 
 
 def _squared_norm(tree: Any, batch_axis: int | None) -> jax.Array:
@@ -106,7 +132,8 @@ def jacobian_penalty(f: Callable[..., Any], z: Any, *args: Any, key: jax.Array, 
     not the equilibrium (as Bai et al. do).
 
     Args:
-        f: the map ``f(z, *args)``, a pytree of the structure of ``z``.
+        f: the map ``f(z, *args)``, a pytree of the structure and shapes of ``z`` (a scalar or a tuple is
+            refused: the penalty is of a square Jacobian).
         z: where the Jacobian is taken (pytree of floating arrays).
         *args: the other arguments of ``f``.
         key: PRNG key of the probes.
@@ -123,6 +150,7 @@ def jacobian_penalty(f: Callable[..., Any], z: Any, *args: Any, key: jax.Array, 
     probe = checks.choice(probe, "probe", PROBES, where)
     key = checks.prng_key(key, "key", where)
     _batch(z, batch_axis, "z", where)
+    _check_map(f, z, args, where, dtypes=False)
 
     def squared_product(k):
         _, tangent = jax.jvp(lambda x: f(x, *args), (z,), (_probe(k, z, probe),))
@@ -148,7 +176,7 @@ def spectral_radius(f: Callable[..., Any], z: Any, *args: Any, key: jax.Array, s
     The result is a monitor: it is computed under ``jax.lax.stop_gradient``.
 
     Args:
-        f: the map ``f(z, *args)``, a pytree of the structure of ``z``.
+        f: the map ``f(z, *args)``, a pytree of the structure, shapes and dtypes of ``z``.
         z: where the Jacobian is taken, usually the equilibrium ``z*``.
         *args: the other arguments of ``f``.
         key: PRNG key of the start vector.
@@ -162,6 +190,7 @@ def spectral_radius(f: Callable[..., Any], z: Any, *args: Any, key: jax.Array, s
     steps = checks.integer(steps, "steps", where, minimum=2)
     key = checks.prng_key(key, "key", where)
     _batch(z, batch_axis, "z", where)
+    _check_map(f, z, args, where, dtypes=True)
     z, args = jax.lax.stop_gradient((z, args))
     _, apply_jacobian = jax.linearize(lambda x: f(x, *args), z)
 

@@ -48,6 +48,50 @@ def test_check_solver_validates_tol_and_reference():
         exercises.check_solver(lambda *a, **k: None, reference="newton")
 
 
+def _loops_forever(*args, **kwargs):
+    while True:  # a stopping test that is never met
+        try:
+            pass
+        except Exception:  # noqa: BLE001 - even code that swallows every Exception is stopped
+            pass
+
+
+def _sleeps_forever(*args, **kwargs):
+    import time
+
+    time.sleep(3600)
+
+
+@pytest.mark.parametrize("student", [_loops_forever, _sleeps_forever])
+def test_grader_of_code_that_never_returns_times_out_naming_the_grader_and_the_limit(student):
+    import threading
+    import time
+
+    began = time.perf_counter()
+    with pytest.raises(exercises.GraderTimeout, match=r"exercises.check_residual did not finish within its time "
+                                                       r"limit of 0.5 s"):
+        exercises.check_residual(student, time_limit=0.5)
+    assert time.perf_counter() - began < 5
+    if student is _loops_forever:  # a Python loop is interrupted: its thread ends
+        time.sleep(0.2)
+        assert not any(t.name == "exercises.check_residual" for t in threading.enumerate())
+
+
+def test_grader_time_limit_is_configurable_and_checked(monkeypatch):
+    residual = lambda fz, z: deqlab.solvers.relative_residual(fz, z)  # noqa: E731
+    assert exercises.check_residual(residual, time_limit=float("inf")).passed
+    assert exercises.check_residual(residual, time_limit=30).passed
+    for bad in (0, -1.0, float("nan"), "10"):
+        with pytest.raises(ValueError, match=r"exercises.check_residual: `time_limit` must be a finite real number > 0"):
+            exercises.check_residual(residual, time_limit=bad)
+    monkeypatch.setenv("DEQLAB_GRADER_TIME_LIMIT", "0.3")
+    with pytest.raises(exercises.GraderTimeout, match=r"time limit of 0.3 s"):
+        exercises.check_layer(_loops_forever)
+    monkeypatch.setenv("DEQLAB_GRADER_TIME_LIMIT", "soon")
+    with pytest.raises(ValueError, match=r"`DEQLAB_GRADER_TIME_LIMIT` must be a number of seconds"):
+        exercises.check_layer(_loops_forever)
+
+
 # ------------------------------------------------------------------------------------------------
 # Page 1
 

@@ -30,7 +30,7 @@ def test_exact_spectral_norm_of_dense_kernel():
 def test_power_iteration_converges_and_never_overestimates():
     dense = _dense()
     exact = np.linalg.norm(np.asarray(dense.kernel[...]), 2)
-    layer = SpectralNorm(dense, target=0.9, power_steps=0, rngs=nnx.Rngs(1))
+    layer = SpectralNorm(dense, target=0.9, power_steps=1, rngs=nnx.Rngs(1))
     sigmas = []
     for _ in range(6):
         sigmas.append(float(layer.sigma()))
@@ -63,7 +63,7 @@ def test_update_estimates_reaches_nested_layers_and_deq_contracts():
     """A residual tanh cell at sqrt(V) = 3 (far past chapter 3's critical scale) whose W is
     normalised to 0.9: the map is a contraction (||J|| <= ||W|| = 0.9), so Picard converges."""
     cell = ResidualTanhCell(16, 8, ensemble="gaussian", scale=3.0, rngs=nnx.Rngs(0))
-    cell.recurrent = SpectralNorm(cell.recurrent, target=0.9, power_steps=0, rngs=nnx.Rngs(1))
+    cell.recurrent = SpectralNorm(cell.recurrent, target=0.9, power_steps=1, rngs=nnx.Rngs(1))
     deq = DEQ(cell, solver="picard", tol=1e-8, max_steps=400, batch_axis=0)
     before = float(cell.recurrent.sigma())
     update_estimates(deq, 100)
@@ -116,3 +116,28 @@ def test_bad_arguments():
         update_estimates(_dense(), -1)
     with pytest.raises(ValueError, match="`layer` must be"):
         WeightNorm("dense")
+
+
+@pytest.mark.parametrize("padding, strides", [("SAME", 1), ("VALID", 1), ("SAME", 2), ("CIRCULAR", 2)])
+def test_exact_spectral_norm_of_zero_padded_and_strided_convolutions(padding, strides):
+    """Not circular, stride 1: the FFT (circular) norm is not the operator's (it left 1.138 for a
+    target of 1 with zero padding); the layer's own matrix is normalised to ``target``, and its
+    gradient flows through the norm."""
+    conv = nnx.Conv(3, 4, kernel_size=(3, 3), padding=padding, strides=strides, rngs=nnx.Rngs(0),
+                    param_dtype=jnp.float64)
+    layer = SpectralNorm(conv, target=1.0, exact=True, input_shape=(6, 6), rngs=nnx.Rngs(1))
+    basis = jnp.eye(6 * 6 * 3).reshape(-1, 6, 6, 3)
+    matrix = np.asarray((layer(basis) - layer(jnp.zeros((1, 6, 6, 3)))).reshape(basis.shape[0], -1))
+    assert np.linalg.norm(matrix, 2) == pytest.approx(1.0, rel=1e-10)
+    grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 6, 6, 3))) ** 2))(layer)
+    assert bool(jnp.all(jnp.isfinite(grads["layer"]["kernel"][...])))
+
+
+def test_zero_padded_convolution_too_large_for_its_dense_matrix_is_refused():
+    from deqlab.nn.normalization import MAX_DENSE_CONV_INPUT
+
+    conv = nnx.Conv(3, 4, kernel_size=(3, 3), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=rf"`layer` must be a convolution with padding='CIRCULAR'.*{MAX_DENSE_CONV_INPUT}"):
+        SpectralNorm(conv, exact=True, input_shape=(32, 32), rngs=nnx.Rngs(0))
+    circular = nnx.Conv(3, 4, kernel_size=(3, 3), padding="CIRCULAR", rngs=nnx.Rngs(0))
+    SpectralNorm(circular, exact=True, input_shape=(32, 32), rngs=nnx.Rngs(0))  # the FFT norm: any size

@@ -169,6 +169,60 @@ def test_checkpoints_resume_within_a_configuration(tmp_path):
     assert not (tmp_path / "checkpoints" / sweep.config_key(configs[0])).exists()  # removed after success
 
 
+def test_checkpoints_refuse_a_second_save_of_a_step(tmp_path):
+    """orbax keeps the first save of a step and drops a second without a word: Checkpoints raises,
+    and a deleted step can be saved again."""
+    import jax.numpy as jnp
+
+    with sweep.Checkpoints(tmp_path, max_to_keep=3) as ckpt:
+        ckpt.save(1, {"a": jnp.ones(3)})
+        for step in (1, 0):
+            with pytest.raises(ValueError, match=r"Checkpoints.save: `step` must be an integer > 1, the newest step"):
+                ckpt.save(step, {"a": jnp.zeros(3)})
+        assert ckpt.restore({"a": jnp.zeros(3)})["a"].tolist() == [1.0, 1.0, 1.0]
+        ckpt.delete(1)
+        ckpt.save(1, {"a": jnp.zeros(3)})
+        assert ckpt.restore({"a": jnp.ones(3)}, 1)["a"].tolist() == [0.0, 0.0, 0.0]
+        with pytest.raises(ValueError, match=r"`step` must be a saved step \(one of \[1\]"):
+            ckpt.restore({"a": jnp.ones(3)}, 2)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "remove"])
+def test_checkpoints_corrupted_or_truncated_raise_a_checkpoint_error(tmp_path, damage):
+    import shutil
+
+    import jax.numpy as jnp
+
+    with sweep.Checkpoints(tmp_path) as ckpt:
+        ckpt.save(4, {"a": jnp.arange(100.0)})
+    item = tmp_path / "4" / "default"
+    files = [p for p in item.rglob("*") if p.is_file() and (p.parent.name == "d" or p.name == "manifest.ocdbt")]
+    assert files
+    if damage == "truncate":
+        for p in files:
+            with open(p, "r+b") as handle:
+                handle.truncate(10)
+    elif damage == "garbage":
+        for p in files:
+            p.write_bytes(b"garbage")
+    else:
+        shutil.rmtree(item)
+    with sweep.Checkpoints(tmp_path) as ckpt:
+        with pytest.raises(sweep.CheckpointError, match=rf"restore: the checkpoint of step 4 in {tmp_path}.*corrupted") as info:
+            ckpt.restore({"a": jnp.zeros(100)})
+    assert info.value.__cause__ is not None  # chained to orbax's error
+
+
+def test_checkpoints_failed_save_leaves_the_step_free(tmp_path):
+    import jax.numpy as jnp
+
+    with sweep.Checkpoints(tmp_path) as ckpt:
+        with pytest.raises(ValueError, match=r"`state` must be a non-empty pytree of arrays"):
+            ckpt.save(0, {"a": "text"})
+        ckpt.save(0, {"a": jnp.ones(2)})
+        assert ckpt.all_steps() == [0]
+
+
 @pytest.mark.parametrize("bad", [3, [], [0, 0], [-1], "01", [0.5]])
 def test_seed_list_rejects_what_is_not_distinct_seeds(bad):
     with pytest.raises(ValueError, match="seeds"):

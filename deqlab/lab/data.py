@@ -757,6 +757,11 @@ class CharTokenizer:
         return np.fromiter((self._index.get(c, self.unk_id) for c in text), np.int32, count=len(text))
 
     def decode(self, ids) -> str:
+        ids = np.asarray(ids)
+        if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids.dtype if not np.issubdtype(ids.dtype, np.integer) else (ids.min() if ids.min() < 0 else ids.max())
+            raise checks.fail("ids", f"integer token ids in [0, vocab_size) = [0, {self.vocab_size})", bad,
+                              "data.CharTokenizer.decode")
         chars = [""] * 2 + list(self.characters)
         return "".join(chars[i] if i >= 2 else ("?" if i == self.unk_id else "\n") for i in np.asarray(ids).tolist())
 
@@ -882,6 +887,12 @@ def text_tokenizer(paragraphs: list[str], kind: str = "sentencepiece", *, vocab_
 
 def encode_text(tokenizer, paragraphs: list[str]) -> np.ndarray:
     """All paragraphs as one int32 stream of ids, each paragraph followed by ``tokenizer.eos_id``."""
+    where = "data.encode_text"
+    if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "eos_id")):
+        raise checks.fail("tokenizer", "a tokenizer of text_tokenizer(...)", type(tokenizer).__name__, where)
+    if isinstance(paragraphs, str) or not all(isinstance(p, str) for p in paragraphs):
+        raise checks.fail("paragraphs", "a list of strings (e.g. load_text(...)), not one string",
+                          type(paragraphs).__name__, where)
     pieces = []
     eos = np.array([tokenizer.eos_id], np.int32)
     for p in paragraphs:
@@ -902,14 +913,17 @@ def lm_windows(ids, context: int = LM_CONTEXT) -> np.ndarray:
         fill a window is dropped.
 
     Raises:
-        ValueError: ``context`` not an integer >= 1, or ``ids`` not a 1-d integer array with at
-            least ``context + 1`` tokens.
+        ValueError: ``context`` not an integer >= 1, or ``ids`` not a 1-d array of integer ids
+            in ``[0, 2**31)`` with at least ``context + 1`` tokens.
     """
     where = "data.lm_windows"
     context = checks.positive_int(context, "context", where)
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise checks.fail("ids", "a 1-d array of integer token ids", f"{ids.dtype} of shape {ids.shape}", where)
+    if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+        bad = ids.min() if ids.min() < 0 else ids.max()
+        raise checks.fail("ids", "token ids >= 0 (and < 2**31: they are stored as int32)", int(bad), where)
     n = (len(ids) - 1) // context
     if n < 1:
         raise checks.fail("ids", f"at least context + 1 = {context + 1} tokens", f"{len(ids)} tokens", where)

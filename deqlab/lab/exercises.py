@@ -22,13 +22,25 @@ The graders, by page (calling conventions as in the pages' ``reader-code`` cells
 
 A check never raises because your code does: an exception inside it is a failed check whose line
 names the exception.
+
+**Time limit.** Every grader runs within a time limit (default :data:`TIME_LIMIT`, 300 s, or the
+environment variable ``DEQLAB_GRADER_TIME_LIMIT``; per call ``check_solver(..., time_limit=60)``,
+``time_limit=math.inf`` for none): code that never returns (a loop whose stopping test is never met)
+makes the grader raise :class:`GraderTimeout`, naming the grader and the limit, instead of hanging
+the notebook. The grader runs in a worker thread; at the limit a Python loop in it is interrupted,
+while a compiled loop (``jax.lax.while_loop`` under ``jit``) cannot be and runs on in the background
+until the kernel is restarted.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import html
 import math
+import os
+import threading
 from typing import Any, Callable
 
 import jax
@@ -42,6 +54,8 @@ __all__ = [
     "Check",
     "Report",
     "ExerciseFailed",
+    "GraderTimeout",
+    "TIME_LIMIT",
     "check_layer",
     "check_weight_tied",
     "check_residual",
@@ -54,6 +68,77 @@ __all__ = [
 
 class ExerciseFailed(AssertionError):
     """Raised by :meth:`Report.raise_if_failed` when some check of a grader failed."""
+
+
+class GraderTimeout(TimeoutError):
+    """Raised by a grader that did not finish within its time limit (see the module docstring)."""
+
+
+TIME_LIMIT = 300.0
+"""Default time limit of a grader, in seconds (overridden by ``DEQLAB_GRADER_TIME_LIMIT``, and per
+call by ``time_limit=``)."""
+
+
+class _Stop(BaseException):
+    """Raised asynchronously in a grader's worker thread at its time limit (a BaseException: the
+    graders' and your ``except Exception`` do not swallow it)."""
+
+
+def _time_limit(value: Any, where: str) -> float:
+    from deqlab import checks
+
+    if value is None:
+        env = os.environ.get("DEQLAB_GRADER_TIME_LIMIT")
+        if env is None:
+            return checks.positive_number(TIME_LIMIT, "exercises.TIME_LIMIT", where)
+        try:
+            value = float(env)
+        except ValueError:
+            raise checks.fail("DEQLAB_GRADER_TIME_LIMIT", "a number of seconds > 0 (or 'inf')", env, where) from None
+        name = "DEQLAB_GRADER_TIME_LIMIT"
+    else:
+        name = "time_limit"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == math.inf:
+        return math.inf
+    return checks.number(value, name, where, lower=0.0, lower_open=True)
+
+
+def _time_limited(grader: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``grader`` in a worker thread, at most ``time_limit`` seconds (the module docstring)."""
+    where = f"exercises.{grader.__name__}"
+
+    @functools.wraps(grader)
+    def wrapper(*args: Any, time_limit: float | None = None, **kwargs: Any) -> Any:
+        limit = _time_limit(time_limit, where)
+        if limit == math.inf:
+            return grader(*args, **kwargs)
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = grader(*args, **kwargs)
+            except _Stop:
+                pass
+            except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
+                box["error"] = error
+
+        thread = threading.Thread(target=target, name=where, daemon=True)
+        thread.start()
+        thread.join(limit)
+        if thread.is_alive():
+            # interrupt a Python loop at its next bytecode; a compiled loop runs on in the background
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Stop))
+            thread.join(1.0)
+            raise GraderTimeout(
+                f"{where} did not finish within its time limit of {limit:g} s: the code it grades probably "
+                "never returns (a loop whose stopping test is never met?). Raise the limit with "
+                f"{grader.__name__}(..., time_limit=seconds), for every grader with exercises.TIME_LIMIT or "
+                "the environment variable DEQLAB_GRADER_TIME_LIMIT.")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return wrapper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +294,7 @@ def _tanh_problem(seed: int, *, width: int = 16, batch: int = 4, scale: float, e
 # Page 1: the layer, the weight-tied network, the residual
 
 
+@_time_limited
 def check_layer(my_layer: Callable[..., Any]) -> Report:
     """Grade ``my_layer(z, W, U, b, x)``, the tanh DEQ layer tanh(z W^T + x U^T + b) on a batch of
     rows (page 1; 001 Eq. 21, 003 Eq. 4), against :func:`deqlab.lab.experiments.practice.tanh_map`.
@@ -246,6 +332,7 @@ def check_layer(my_layer: Callable[..., Any]) -> Report:
     return Report("check_layer(my_layer)", tuple(checks))
 
 
+@_time_limited
 def check_weight_tied(my_weight_tied: Callable[..., Any]) -> Report:
     """Grade ``my_weight_tied(f, z0, args, depth)``, the states z^[0..depth] of the weight-tied
     network z^[i+1] = f(z^[i]) (page 1; 003 Eq. 3), stacked on a new first axis."""
@@ -272,6 +359,7 @@ def check_weight_tied(my_weight_tied: Callable[..., Any]) -> Report:
     return Report("check_weight_tied(my_weight_tied)", tuple(checks))
 
 
+@_time_limited
 def check_residual(my_residual: Callable[..., Any]) -> Report:
     """Grade ``my_residual(fz, z)``, the per-row relative residual
     ||f(z) - z|| / (||f(z)|| + eps sqrt(D)) of :func:`deqlab.solvers.relative_residual` (page 1),
@@ -302,6 +390,7 @@ def check_residual(my_residual: Callable[..., Any]) -> Report:
 # Page 1 and 2: forward solvers
 
 
+@_time_limited
 def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol: float = 1e-5,
                  **options: Any) -> Report:
     """Grade a forward solver written as on pages 1 and 2: ``my_solve(f, z0, args, tol=...,
@@ -327,6 +416,8 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
         reference: ``deqlab``'s solver to compare with: ``"picard"``, ``"anderson"``, ``"broyden"``
             or a configured object such as ``deqlab.Picard(damping=0.7)``.
         tol: the tolerance passed to both, in [1e-6, 1e-2] (float32 problems).
+        time_limit: seconds before the grader gives up with :class:`GraderTimeout` (every grader
+            takes it; default :data:`TIME_LIMIT`); it is not passed to your solver.
         **options: passed to your solver as keyword arguments (e.g. ``beta=0.7`` for a damped
             Picard, ``m=5``).
     """
@@ -388,6 +479,7 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
 # Page 3: the implicit gradient
 
 
+@_time_limited
 def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
     """Grade ``my_fixed_point(f, params, x)`` of page 3: the equilibrium ``z* = f(z*, *params, x)`` of
     a batch of rows (z0 = 0, width ``params[0].shape[0]``), differentiable with respect to ``params``
@@ -483,6 +575,7 @@ def _digits_batch(n: int, seed: int = 0):
     return jnp.asarray(x[idx]), jnp.asarray(y[idx])
 
 
+@_time_limited
 def check_classifier(model: Any, *, x: Any = None, y: Any = None) -> Report:
     """Grade the DEQ classifier of page 5: an ``nnx.Module`` whose ``model(x)`` returns the logits
     ``model.readout(z*)`` at the equilibrium z* = ``model.cell(z*, x)`` (z0 = 0), differentiated
@@ -571,6 +664,7 @@ def _cell_width(cell, x) -> int:
     return int(width)
 
 
+@_time_limited
 def check_train_step(my_train_step: Callable[..., Any], model: Any, *, learning_rate: float = 0.1,
                      steps: int = 5, x: Any = None, y: Any = None) -> Report:
     """Grade ``my_train_step(model, optimizer, x, y)`` of page 5: one optimizer step on the mean

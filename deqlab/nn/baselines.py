@@ -147,6 +147,8 @@ def width_for_parameters(make: Callable[[int], nnx.Module], target: int, widths:
     sorted ``widths`` traces about log2(len(widths)) models (``nnx.eval_shape``: no arrays are made).
     """
     where = "nn.baselines.width_for_parameters"
+    if not callable(make):
+        raise checks.fail("make", "a callable make(width) -> nnx.Module", type(make).__name__, where)
     target = checks.positive_int(target, "target", where)
     widths = sorted({checks.positive_int(w, "widths", where) for w in widths})
     if not widths:

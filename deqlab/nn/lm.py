@@ -53,6 +53,9 @@ __all__ = [
     "STAT_NAMES",
 ]
 
+MAX_VOCAB_SIZE = 2**31 - 1
+"""The largest ``vocab_size`` of a :class:`LanguageModel`: token ids are int32 by default in JAX."""
+
 STAT_NAMES = ("steps_mean", "steps_max", "residual_max", "converged_fraction", "nfe")
 """Solver statistics of one forward pass, as returned by :func:`solver_stats`."""
 
@@ -96,6 +99,10 @@ def solver_stats(solution=None, *, trace=None) -> dict[str, jax.Array]:
     ``residual_max`` the worst final relative residual; ``converged_fraction`` the fraction of
     sequences whose solve met its tolerance (unrolled: NaN, it has none); ``nfe`` evaluations of f.
     """
+    if (solution is None) == (trace is None):
+        raise ValueError("nn.solver_stats: give exactly one of `solution` (a DEQ's Solution) and `trace` "
+                         "(the residual trace of nn.unroll), got "
+                         f"{'neither' if solution is None else 'both'}.")
     if solution is not None:
         steps = jax.lax.stop_gradient(solution.stats.steps).astype(jnp.float32)
         return {
@@ -167,17 +174,25 @@ class LanguageModel(nnx.Module):
         depth, solver, tol, max_steps, backward, precision: of the :class:`EquilibriumBlock`.
         rngs: ``nnx.Rngs`` of the embedding and head.
 
-    ``model(tokens)`` with int tokens (B, T) returns ``(logits (B, T, vocab), stats)``.
+    ``model(tokens)`` with int tokens (B, T) returns ``(logits (B, T, vocab), stats)``. Concrete
+    token ids outside ``[0, vocab_size)`` raise ``ValueError``; under ``jit`` (where they cannot be
+    read) such a position embeds as NaN: its logits are NaN (so is the loss) and its sequence's
+    solve reports ``Result.NONFINITE``; never a silently wrapped-around embedding.
     """
 
     def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
                  solver: Any = "broyden", tol: float | None = None, max_steps: int | None = 30,
                  backward: Any = "implicit", precision: Any = None, rngs: nnx.Rngs):
         where = "nn.LanguageModel"
-        checks.positive_int(vocab_size, "vocab_size", where)
+        # token ids are int32 under JAX's default configuration: a larger vocabulary cannot be indexed
+        vocab_size = checks.integer(vocab_size, "vocab_size", where, minimum=1, maximum=MAX_VOCAB_SIZE)
         if not isinstance(rngs, nnx.Rngs):
             raise checks.fail("rngs", "an nnx.Rngs such as nnx.Rngs(0)", rngs, where)
-        param_dtype = jax.tree_util.tree_leaves(nnx.state(cell, nnx.Param))[0].dtype
+        params = jax.tree_util.tree_leaves(nnx.state(cell, nnx.Param)) if isinstance(cell, nnx.Module) else []
+        if not params or not hasattr(cell, "in_features") or not hasattr(cell, "features"):
+            raise checks.fail("cell", "a sequence cell with parameters and `in_features`, `features` "
+                              "(nn.TransformerCell, nn.TrellisCell)", type(cell).__name__, where)
+        param_dtype = params[0].dtype
         self.vocab_size = vocab_size
         self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs)
         self.block = EquilibriumBlock(cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
@@ -185,18 +200,50 @@ class LanguageModel(nnx.Module):
         self.head = nnx.Linear(cell.features, vocab_size, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, depth: int | None = None):
-        if not jnp.issubdtype(jnp.asarray(tokens).dtype, jnp.integer) or jnp.ndim(tokens) != 2:
-            raise ValueError(f"nn.LanguageModel: `tokens` must be integer token ids of shape (batch, T), got "
-                             f"{jnp.asarray(tokens).dtype} of shape {tuple(jnp.shape(tokens))}.")
-        features, stats = self.block(self.embed(tokens), depth=depth)
-        return self.head(features), stats
+        tokens = _token_ids(tokens, self.vocab_size, "tokens", "nn.LanguageModel")
+        # Traced ids cannot be checked: an id outside [0, vocab_size) embeds as NaN (not as a
+        # wrapped-around row, as a negative index would), so its sequence's solve reports
+        # Result.NONFINITE, and the logits at that position are NaN.
+        valid = (tokens >= 0) & (tokens < self.vocab_size)
+        embedded = self.embed(jnp.clip(tokens, 0, self.vocab_size - 1))
+        embedded = jnp.where(valid[..., None], embedded, jnp.asarray(jnp.nan, embedded.dtype))
+        features, stats = self.block(embedded, depth=depth)
+        logits = self.head(features)
+        return jnp.where(valid[..., None], logits, jnp.asarray(jnp.nan, logits.dtype)), stats
+
+
+def _token_ids(tokens: Any, vocab_size: int, name: str, where: str) -> jax.Array:
+    """``tokens`` as an integer array of shape (batch, T); concrete ids must lie in [0, vocab_size)."""
+    if not isinstance(tokens, jax.Array):
+        try:
+            tokens = jnp.asarray(tokens)
+        except (TypeError, ValueError):
+            raise checks.fail(name, "integer token ids of shape (batch, T)", type(tokens).__name__, where) from None
+    if not jnp.issubdtype(tokens.dtype, jnp.integer) or tokens.ndim != 2:
+        raise checks.fail(name, "integer token ids of shape (batch, T)",
+                          f"{tokens.dtype} of shape {tuple(tokens.shape)}", where)
+    if not checks.is_traced(tokens) and tokens.size:
+        lo, hi = int(jnp.min(tokens)), int(jnp.max(tokens))
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise checks.fail(name, f"token ids in [0, vocab_size) = [0, {vocab_size})", f"an id {bad}", where)
+    return tokens
 
 
 def lm_loss(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int | None = None):
-    """Mean next-token cross-entropy (nats per token) and the forward pass's solver statistics."""
+    """Mean next-token cross-entropy (nats per token) and the forward pass's solver statistics.
+
+    ``targets`` are ids in ``[0, vocab_size)`` of the shape of ``tokens`` (checked when concrete;
+    under ``jit`` a target outside the range makes the loss NaN, never a silent number)."""
+    where = "nn.lm_loss"
+    targets = _token_ids(targets, model.vocab_size, "targets", where)
+    if tuple(targets.shape) != tuple(jnp.shape(tokens)):
+        raise checks.fail("targets", f"ids of the shape of `tokens` {tuple(jnp.shape(tokens))}",
+                          f"shape {tuple(targets.shape)}", where)
     logits, stats = model(tokens, depth=depth)
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.clip(targets, 0, model.vocab_size - 1))
+    loss = jnp.where((targets >= 0) & (targets < model.vocab_size), losses, jnp.nan).mean()
     return loss, stats
 
 
@@ -246,6 +293,9 @@ def shard_batch(mesh: jax.sharding.Mesh, *arrays: Any):
     out = []
     for a in arrays:
         a = np.asarray(a) if not isinstance(a, jax.Array) else a
+        if a.ndim < 1:
+            raise checks.fail("arrays", "arrays with a leading batch axis", f"an array of shape {a.shape}",
+                              "nn.shard_batch")
         if jax.process_count() > 1:
             out.append(jax.make_array_from_process_local_data(sharding, np.asarray(a)))
             continue

@@ -12,7 +12,9 @@ training.
   carried in the module's state (:class:`PowerIterate`, advanced by :func:`update_estimates`, once
   per training step as in Miyato et al.), or computed exactly: by an SVD for a dense kernel, by
   the FFT of the filters for a convolution with circular padding
-  (:func:`deqlab.theory.kglm.kernels.conv_spectral_norm`, Sedghi et al. 2018).
+  (:func:`deqlab.theory.kglm.kernels.conv_spectral_norm`, Sedghi et al. 2018), and by the SVD of
+  the convolution's dense matrix on the input shape for any other convolution (zero padding,
+  strides: the FFT formula is not its norm, neither exactly nor as a bound).
 - :class:`WeightNorm` (Salimans & Kingma 2016, "Weight normalization", Eq. 2): each output unit's
   weight vector is ``g v / ||v||`` with a learned gain ``g``; it decouples the norm from the
   direction but bounds ``||W||_2`` only through ``g`` (``||W||_2 <= ||g||_2``).
@@ -31,7 +33,11 @@ from flax import nnx
 
 from deqlab import checks
 
-__all__ = ["PowerIterate", "SpectralNorm", "WeightNorm", "update_estimates"]
+__all__ = ["PowerIterate", "SpectralNorm", "WeightNorm", "update_estimates", "MAX_DENSE_CONV_INPUT"]
+
+MAX_DENSE_CONV_INPUT = 2048
+"""The largest input (``h * w * in_features`` entries) of a convolution that is not circular, of
+stride 1, whose exact norm :class:`SpectralNorm` computes from its dense matrix (an SVD per call)."""
 
 
 class PowerIterate(nnx.Variable):
@@ -59,6 +65,18 @@ def _with_kernel(layer: nnx.Module, kernel: jax.Array) -> nnx.Module:
     return nnx.merge(graphdef, state)
 
 
+def _is_circular(layer: nnx.Module) -> bool:
+    """Whether the FFT formula is the norm of ``layer`` (an ``nnx.Conv``): circular padding,
+    stride and dilations 1, one feature group."""
+    def ones(value):
+        return value is None or all(int(v) == 1 for v in (value if isinstance(value, (tuple, list)) else (value,)))
+
+    padding = getattr(layer, "padding", None)
+    return (isinstance(padding, str) and padding.upper() == "CIRCULAR"
+            and all(ones(getattr(layer, a, 1)) for a in ("strides", "input_dilation", "kernel_dilation"))
+            and getattr(layer, "feature_group_count", 1) == 1)
+
+
 def _check_layer(layer: Any, where: str) -> None:
     if not isinstance(layer, nnx.Module) or not isinstance(getattr(layer, "kernel", None), nnx.Param):
         raise checks.fail("layer", "an nnx.Module with a `kernel` parameter (nnx.Linear, nnx.Conv)",
@@ -76,9 +94,15 @@ class SpectralNorm(nnx.Module):
     derivative of the top singular value once ``u`` has converged). ``sigma`` then never exceeds
     the true norm, so ``target * W / sigma`` can overshoot ``target`` while ``u`` lags behind a
     changing ``W``; :func:`update_estimates` advances ``u`` (call it after each optimiser step).
-    With ``exact=True``, ``sigma`` is the exact norm: an SVD (dense), or for a 2-D convolution
-    with circular padding the FFT formula of
-    :func:`deqlab.theory.kglm.kernels.conv_spectral_norm` at ``input_shape``.
+    With ``exact=True``, ``sigma`` is the exact norm: an SVD (dense); for a 2-D convolution with
+    ``padding="CIRCULAR"``, stride and dilation 1, the FFT formula of
+    :func:`deqlab.theory.kglm.kernels.conv_spectral_norm` at ``input_shape``; for any other 2-D
+    convolution (zero padding ``"SAME"``, ``"VALID"``, strides, dilations) the largest singular
+    value of the layer's dense matrix on an input of ``input_shape`` (built with ``jax.jacfwd``,
+    an SVD per call), for inputs of at most :data:`MAX_DENSE_CONV_INPUT` entries; a larger
+    input is refused (use circular padding, whose FFT norm is exact). The circular (FFT) norm of a
+    zero-padded convolution is not its norm: it can leave the operator norm above ``target``.
+    The norm is that of inputs of ``input_shape``: call the layer on images of that size.
 
     Args:
         layer: an ``nnx.Linear`` (kernel ``(in, out)``) or ``nnx.Conv`` (kernel ``(kh, kw, in,
@@ -87,7 +111,8 @@ class SpectralNorm(nnx.Module):
             a contraction).
         exact: exact ``sigma`` instead of the power iteration.
         input_shape: ``(h, w)`` of the images, for a convolution.
-        power_steps: power-iteration steps done at construction (so that ``u`` starts converged).
+        power_steps: power-iteration steps done at construction (so that ``u`` starts converged),
+            >= 1 (with none, ``u`` is a random vector and ``sigma`` can be far below the norm).
         rngs: ``nnx.Rngs`` for ``u``'s random start.
     """
 
@@ -95,6 +120,8 @@ class SpectralNorm(nnx.Module):
                  input_shape: Any = None, power_steps: int = 20):
         where = "nn.SpectralNorm"
         _check_layer(layer, where)
+        if not isinstance(rngs, nnx.Rngs):
+            raise checks.fail("rngs", "an nnx.Rngs such as nnx.Rngs(0)", rngs, where)
         self.layer = layer
         self.target = checks.positive_number(target, "target", where)
         if not isinstance(exact, bool):
@@ -105,14 +132,22 @@ class SpectralNorm(nnx.Module):
             if not exact:
                 raise checks.fail("exact", "True for a convolution (its power iteration would need the "
                                   "convolution operator; the FFT formula is exact)", exact, where)
-            if input_shape is None or len(tuple(input_shape)) != 2:
+            if input_shape is None or not hasattr(input_shape, "__len__") or len(tuple(input_shape)) != 2:
                 raise checks.fail("input_shape", "(h, w) of the convolution's input", input_shape, where)
             self.input_shape = tuple(checks.positive_int(s, "input_shape", where) for s in input_shape)
+            self.circular = _is_circular(layer)
+            size = self.input_shape[0] * self.input_shape[1] * kernel.shape[-2] * getattr(layer, "feature_group_count", 1)
+            if not self.circular and size > MAX_DENSE_CONV_INPUT:
+                raise checks.fail(
+                    "layer", f"a convolution with padding='CIRCULAR' and stride 1 (its FFT norm is exact) for an "
+                    f"input of {size} > MAX_DENSE_CONV_INPUT = {MAX_DENSE_CONV_INPUT} entries; the exact norm "
+                    "of a zero-padded or strided convolution needs its dense matrix",
+                    f"padding={getattr(layer, 'padding', None)!r}, input_shape={self.input_shape}", where)
         elif kernel.ndim != 2:
             raise checks.fail("layer", "a dense (2-D kernel) or 2-D convolutional (4-D kernel) layer",
                               kernel.shape, where)
         self.exact = exact
-        power_steps = checks.integer(power_steps, "power_steps", where, minimum=0)
+        power_steps = checks.integer(power_steps, "power_steps", where, minimum=1)
         u = _normalise(jax.random.normal(rngs.params(), (kernel.shape[-1],), kernel.dtype))
         self.u = PowerIterate(u)
         if not exact:
@@ -121,11 +156,17 @@ class SpectralNorm(nnx.Module):
     def sigma(self) -> jax.Array:
         """The normaliser of the kernel (see the class docstring)."""
         kernel = _value(self.layer.kernel)
-        if self.convolutional:
+        if self.convolutional and self.circular:
             from deqlab.theory.kglm.kernels import conv_spectral_norm
 
             # flax's (kh, kw, in, out) to the (out, in, kh, kw) of conv_spectral_norm
             return conv_spectral_norm(jnp.transpose(kernel, (3, 2, 0, 1)), self.input_shape)
+        if self.convolutional:
+            # the layer is affine in its input: its Jacobian at 0 is the convolution's matrix
+            apply = _with_kernel(self.layer, kernel)
+            x = jnp.zeros((1, *self.input_shape, self.layer.in_features), kernel.dtype)
+            matrix = jax.jacfwd(apply)(x)
+            return jnp.linalg.norm(matrix.reshape(-1, x.size), 2)
         if self.exact:
             return jnp.linalg.norm(kernel, 2)
         u = jax.lax.stop_gradient(_value(self.u))
@@ -135,6 +176,7 @@ class SpectralNorm(nnx.Module):
     def update(self, steps: int = 1) -> None:
         """Advance the power iteration ``u <- W^T W u / ||W^T W u||`` by ``steps`` steps (no-op
         when ``exact``); not differentiated."""
+        steps = checks.integer(steps, "steps", "nn.SpectralNorm.update", minimum=0)
         if self.exact or steps == 0:
             return
         kernel = jax.lax.stop_gradient(_value(self.layer.kernel))
@@ -146,8 +188,9 @@ class SpectralNorm(nnx.Module):
         self.u[...] = u
 
     def kernel(self) -> jax.Array:
-        """The kernel the layer computes with, ``target * W / sigma``."""
-        return self.target * _value(self.layer.kernel) / self.sigma()
+        """The kernel the layer computes with, ``target * W / sigma`` (a zero kernel stays zero)."""
+        kernel = _value(self.layer.kernel)
+        return self.target * kernel / jnp.maximum(self.sigma(), jnp.finfo(kernel.dtype).tiny)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _with_kernel(self.layer, self.kernel())(x)

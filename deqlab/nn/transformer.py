@@ -57,6 +57,7 @@ SQUARE_ENSEMBLES = ("goe", "antisymmetric")
 
 def alibi_slopes(heads: int) -> jax.Array:
     """ALiBi head slopes ``m_h = 2^(-8 h / H)``, h = 1..H (Press et al. 2022)."""
+    heads = checks.positive_int(heads, "heads", "nn.alibi_slopes")
     return 2.0 ** (-8.0 * jnp.arange(1, heads + 1) / heads)
 
 

@@ -43,6 +43,13 @@ __all__ = ["TrellisCell", "causal_conv"]
 def causal_conv(u: jax.Array, kernel: jax.Array, dilation: int, precision: Any = None) -> jax.Array:
     """Causal dilated 1-D convolution over the time axis -2 of ``u`` (..., T, C_in) with
     ``kernel`` (k, C_in, C_out): out_t = sum_j u_{t - j s} K_j, zero for t - j s < 0."""
+    where = "nn.causal_conv"
+    dilation = checks.positive_int(dilation, "dilation", where)
+    if jnp.ndim(u) < 2:
+        raise checks.fail("u", "an array (..., T, C_in)", f"shape {jnp.shape(u)}", where)
+    if jnp.ndim(kernel) != 3 or jnp.shape(kernel)[1] != jnp.shape(u)[-1]:
+        raise checks.fail("kernel", f"an array (k, C_in, C_out) with C_in = {jnp.shape(u)[-1]} (the last axis of `u`)",
+                          f"shape {jnp.shape(kernel)}", where)
     k = kernel.shape[0]
     length = u.shape[-2]
     out = 0.0

@@ -32,7 +32,7 @@ import numpy as np
 
 from deqlab import checks
 
-__all__ = ["config_key", "result_path", "load_result", "run_sweep", "Checkpoints"]
+__all__ = ["config_key", "result_path", "load_result", "run_sweep", "Checkpoints", "CheckpointError"]
 
 _FORMAT = 1  # version of the stored file layout; files of another version are not trusted
 
@@ -102,6 +102,17 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _directory(directory: Any, name: str, where: str) -> Path:
+    """``directory`` as a ``Path``, created if missing; not an existing file."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise checks.fail(name, "a path (str or os.PathLike)", type(directory).__name__, where)
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise checks.fail(name, "a directory (created if missing)", f"{str(path)!r}, an existing file", where)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[str, Any]],
               directory: str | os.PathLike, *, checkpoints: bool = False, progress: bool = True,
               description: str = "sweep") -> list[dict[str, Any]]:
@@ -129,6 +140,10 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
     where = "sweep.run_sweep"
     if not callable(fn):
         raise checks.fail("fn", "a callable fn(config) -> dict", type(fn).__name__, where)
+    if not isinstance(checkpoints, (bool, np.bool_)):
+        raise checks.fail("checkpoints", "True or False", checkpoints, where)
+    if isinstance(configs, (Mapping, str)):
+        raise checks.fail("configs", "a list of dicts (one per configuration)", type(configs).__name__, where)
     configs = list(configs)
     keys = []
     for i, config in enumerate(configs):
@@ -138,8 +153,7 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
         first = next(i for i, k in enumerate(keys) if keys.index(k) != i)
         raise checks.fail("configs", "configurations that are all different", f"a repeat of {configs[first]!r}",
                           where)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _directory(directory, "directory", where)
 
     from tqdm import tqdm
 
@@ -157,7 +171,11 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
             if not isinstance(result, Mapping):
                 raise checks.fail("fn", "a function returning a dict", f"a {type(result).__name__} for {config!r}",
                                   where)
-            result = _jsonable(result)
+            try:
+                result = _jsonable(result)
+            except TypeError as error:
+                raise checks.fail("fn", "a function returning a dict of JSON-able results (numbers, strings, "
+                                  "lists, arrays)", f"{error} in the result for {config!r}", where) from None
             text = json.dumps({"format": _FORMAT, "config": json.loads(_canonical(config, where)),
                                "result": result}, sort_keys=True)
             _write_atomic(result_path(directory, config), text)
@@ -173,12 +191,33 @@ def run_sweep(fn: Callable[..., Mapping[str, Any]], configs: Iterable[Mapping[st
     return rows
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read back (corrupted, truncated, or not the state
+    asked for); the message names the directory and the step, the orbax error is its ``__cause__``."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
+
+
+def _is_leaf_value(leaf: Any) -> bool:
+    return (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) or (
+        isinstance(leaf, (int, float, np.number)) and not isinstance(leaf, (bool, np.bool_)))
+
+
 class Checkpoints:
     """Checkpoints of a pytree of arrays in a directory, with orbax-checkpoint.
 
     ``CheckpointManager`` with ``StandardSave`` / ``StandardRestore``; saves are asynchronous and
     :meth:`save` waits for them to finish, so a checkpoint that :meth:`latest_step` reports is
     complete (orbax writes to a temporary directory and renames it when done).
+
+    Steps only increase: :meth:`save` of a step that is not above :meth:`latest_step` raises
+    ``ValueError`` (orbax would keep the first save and drop the second without a word); to
+    replace a saved step, :meth:`delete` it first. A checkpoint that cannot be read back
+    (corrupted, truncated, or of another structure than the template) raises
+    :class:`CheckpointError` naming the directory and the step.
 
     Args:
         directory: where the checkpoints live (created if missing).
@@ -192,8 +231,8 @@ class Checkpoints:
             raise ImportError("sweep.Checkpoints needs orbax-checkpoint: pip install orbax-checkpoint") from error
         max_to_keep = checks.positive_int(max_to_keep, "max_to_keep", "sweep.Checkpoints")
         self._ocp = ocp
-        path = Path(directory).absolute()
-        path.mkdir(parents=True, exist_ok=True)
+        path = _directory(directory, "directory", "sweep.Checkpoints").absolute()
+        self.directory = path
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
         self._manager = ocp.CheckpointManager(path, options=options)
 
@@ -201,10 +240,46 @@ class Checkpoints:
         """The newest saved step, or None."""
         return self._manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        """The saved steps, oldest first."""
+        return sorted(self._manager.all_steps())
+
     def save(self, step: int, state: Any) -> None:
-        """Save ``state`` (a pytree of arrays) as ``step`` and wait until it is on disk."""
-        self._manager.save(int(step), args=self._ocp.args.StandardSave(state))
-        self._manager.wait_until_finished()
+        """Save ``state`` (a non-empty pytree of arrays and numbers) as ``step``, an integer above
+        every saved step, and wait until it is on disk."""
+        where = "sweep.Checkpoints.save"
+        step = checks.integer(step, "step", where, minimum=0)
+        latest = self.latest_step()
+        if latest is not None and step <= latest:
+            raise checks.fail("step", f"an integer > {latest}, the newest step saved in {self.directory} "
+                              "(a saved step is not overwritten: delete it first with Checkpoints.delete)",
+                              step, where)
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(state)
+        bad = [type(leaf).__name__ for leaf in leaves if not _is_leaf_value(leaf)]
+        if not leaves or bad:
+            raise checks.fail("state", "a non-empty pytree of arrays and numbers",
+                              f"leaves of type {sorted(set(bad))}" if bad else state, where)
+        try:
+            saved = self._manager.save(step, args=self._ocp.args.StandardSave(state))
+            self._manager.wait_until_finished()
+        except Exception as error:
+            for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):  # a later save of the step can succeed
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"{where}: step {step} could not be written to {self.directory} "
+                                  f"({_first_line(error)}).") from error
+        if not saved:
+            raise CheckpointError(f"{where}: orbax did not save step {step} in {self.directory} "
+                                  f"(saved steps: {self.all_steps()}).")
+
+    def delete(self, step: int) -> None:
+        """Delete the saved ``step`` (then it can be saved again)."""
+        where = "sweep.Checkpoints.delete"
+        step = checks.integer(step, "step", where, minimum=0)
+        if step not in self.all_steps():
+            raise checks.fail("step", f"a saved step (one of {self.all_steps()} in {self.directory})", step, where)
+        self._manager.delete(step)
 
     def resume(self, state: Any) -> tuple[Any, int]:
         """``(state, 0)`` when nothing is saved yet, else the newest saved state (structure and
@@ -217,10 +292,22 @@ class Checkpoints:
     def restore(self, template: Any, step: int | None = None) -> Any:
         """The state saved at ``step`` (default the newest), with the structure and dtypes of
         ``template``."""
-        step = self.latest_step() if step is None else int(step)
+        where = "sweep.Checkpoints.restore"
+        steps = self.all_steps()
         if step is None:
-            raise ValueError("sweep.Checkpoints.restore: there is no checkpoint to restore")
-        return self._manager.restore(step, args=self._ocp.args.StandardRestore(template))
+            if not steps:
+                raise ValueError(f"{where}: there is no checkpoint to restore in {self.directory}")
+            step = steps[-1]
+        step = checks.integer(step, "step", where, minimum=0)
+        if step not in steps:
+            raise checks.fail("step", f"a saved step (one of {steps} in {self.directory})", step, where)
+        try:
+            return self._manager.restore(step, args=self._ocp.args.StandardRestore(template))
+        except Exception as error:
+            raise CheckpointError(
+                f"{where}: the checkpoint of step {step} in {self.directory} could not be restored: it is "
+                f"corrupted or truncated, or `template` does not have the structure, shapes and dtypes of the "
+                f"saved state ({_first_line(error)}).") from error
 
     def close(self) -> None:
         self._manager.wait_until_finished()

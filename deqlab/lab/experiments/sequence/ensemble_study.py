@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import time
 from typing import Any, Sequence
 
@@ -597,6 +598,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be an integer >= 1, got {args.seeds}")
+    bad = [v for v in args.sqrt_v if not math.isfinite(v) or v < 0]
+    if bad:
+        parser.error(f"--sqrt-v must be finite numbers >= 0, got {' '.join(map(str, bad))}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out must be a directory (created if missing), got {args.out!r}, an existing file")
     from deqlab.nn.lm import data_mesh
 
     config = study_config(args.scale)
