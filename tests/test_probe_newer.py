@@ -24,9 +24,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from deqlab import data, exercises, nn, precision, stability  # noqa: E402
-from deqlab.experiments import sweep  # noqa: E402
-from deqlab.experiments.sequence import ensemble_study  # noqa: E402
+from deqlab import nn, precision, stability  # noqa: E402
+from deqlab.lab import data, exercises  # noqa: E402
+from deqlab.lab.experiments import sweep  # noqa: E402
+from deqlab.lab.experiments.sequence import ensemble_study  # noqa: E402
 from deqlab.nn import baselines, normalization, transformer, trellis  # noqa: E402
 from tests.test_probe import NAN, E, Probe, R, _run  # noqa: E402
 
