@@ -90,8 +90,8 @@ def deqlab_configs(max_steps: int) -> list[Config]:
                 # Implicit backward (deqlab's default path); "same": the adjoint is solved by the
                 # forward solver, with the forward tolerance and iteration limit. Failures are
                 # measured by the harness (gradient error), not warned about.
-                options["backward"] = deqlab.implicit.Implicit(
-                    solver=None if backward == "same" else backward, on_failure="ignore")
+                options["backward"] = deqlab.implicit.Implicit(solver=None if backward == "same" else backward)
+            options["on_failure"] = "ignore"
 
             def run(args):
                 solve = deqlab.solve if backward is None else deqlab.fixed_point

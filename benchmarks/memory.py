@@ -82,7 +82,7 @@ def measure(args) -> dict:
 
         def loss(p, forward_solver=forward_solver, solver=solver):
             z = fixed_point(f, z0, *p, solver=forward_solver, batch_axis=0, max_steps=50,
-                            backward=Implicit(solver=solver, on_failure="ignore")).value
+                            backward=Implicit(solver=solver), on_failure="ignore").value
             return jnp.sum(z**2)
 
         largest[solver] = largest_array(jax.grad(loss), params)

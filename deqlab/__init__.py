@@ -10,7 +10,7 @@ the book's sources: 001 (Agarwala & Schoenholz 2022), 002 (Pennington, Schoenhol
 The core in five lines::
 
     sol = deqlab.solve(f, z0, *args, solver=Anderson(m=5), batch_axis=0)   # value, result, stats, state
-    sol = deqlab.fixed_point(f, z0, *args, backward=Implicit(solver="gmres", on_failure="nan"))
+    sol = deqlab.fixed_point(f, z0, *args, backward=Implicit(solver="gmres"), on_failure="nan")
     backward = "implicit" | Implicit(...) | Unrolled() | Phantom(steps=5, damping=0.5) | JacobianFree() | SHINE()
     deqlab.stability.spectral_radius(f, z_star, *args, key=key)   # monitor rho(df/dz) at z*
     tol=None follows z0's dtype (float32 1e-5, float64 1e-10); precision=None follows tol (TPUs)
@@ -18,7 +18,8 @@ The core in five lines::
     class Mine(deqlab.Solver): init(z, fz) -> state; propose(z, fz, state) -> (z_next, state)
 """
 
-from deqlab import checks, ensembles, precision, solvers, stability
+from deqlab import checks, ensembles, failures, precision, solvers, stability
+from deqlab.failures import SolverWarning
 from deqlab.implicit import (
     GMRES,
     SHINE,
@@ -37,6 +38,7 @@ __version__ = "0.5.0"
 __all__ = [
     "checks",
     "ensembles",
+    "failures",
     "precision",
     "solvers",
     "stability",
@@ -57,4 +59,5 @@ __all__ = [
     "Result",
     "Solution",
     "SolverError",
+    "SolverWarning",
 ]

@@ -17,40 +17,40 @@ subclass of :class:`Backward` that defines ``solve(problem)``, and so can be a m
 the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolver`; the string
 ``"gmres"`` is its alias). All are hashable pytrees with static fields:
 
-- :class:`Implicit` ``(solver, tol, max_steps, on_failure)``: the above, through
+- :class:`Implicit` ``(solver, tol, max_steps)``: the above, through
   ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
-- :class:`Unrolled` ``(on_failure)``: reverse-mode differentiation through ``max_steps`` forward
+- :class:`Unrolled` ``()``: reverse-mode differentiation through ``max_steps`` forward
   iterations (``lax.scan``; memory grows linearly with ``max_steps``). The reference the others
   are checked against.
-- :class:`Phantom` ``(steps, damping, on_failure)``: solve without gradient, then take ``steps``
+- :class:`Phantom` ``(steps, damping)``: solve without gradient, then take ``steps``
   damped steps z <- (1 - d) z + d f(z, a) from z* with gradient (Geng et al. 2021), an inexpensive
   approximation.
-- :class:`JacobianFree` ``(on_failure)``: one undamped step ``f(z*, a)`` from the detached z*, i.e.
+- :class:`JacobianFree` ``()``: one undamped step ``f(z*, a)`` from the detached z*, i.e.
   the implicit gradient with ``(I - J^T)^{-1}`` replaced by the identity (Fung et al. 2022,
   "JFB: Jacobian-free backpropagation for implicit networks"); the phantom gradient with no
   Neumann terms. One vector-Jacobian product; Fung et al. prove it a descent direction when f is
   a contraction.
-- :class:`SHINE` ``(refine, on_failure)``: the adjoint solve replaced by the forward Broyden
+- :class:`SHINE` ``(refine)``: the adjoint solve replaced by the forward Broyden
   solve's own inverse-Jacobian estimate, ``u = -B^T g`` with ``B ~ (J_f - I)^{-1}`` (Ramzi et al.
   2022, "SHINE: SHaring the INverse Estimate from the forward pass for bi-level optimization and
   implicit models"), optionally followed by ``refine`` fixed-point steps of the adjoint
   iteration from there (their "refine" variant). Needs ``solver="broyden"``.
 
-Failures are never silent. ``on_failure`` is one policy for both solves behind a gradient: a
-sample whose forward solve failed (its value, hence its gradient, is not the equilibrium's) and a
-sample whose adjoint solve failed (its gradient is inexact). ``"warn"`` (default) issues a
-:class:`BackwardWarning`; ``"nan"`` makes the failing samples' values and gradients NaN, so a
-loss that uses them is NaN; ``"raise"`` raises :class:`~deqlab.solvers.SolverError` (directly
-when the values are concrete; inside ``jit`` the error surfaces from a host callback, wrapped in
-JAX's runtime error); ``"ignore"`` leaves the per-sample ``Solution.result`` as the only record.
-Compare a backward linear solve that returns zeros when it fails (google/jaxopt issue 466).
+Failures are never silent. ``fixed_point(..., on_failure=...)`` is one policy for both solves
+behind a gradient, the same argument as :func:`deqlab.solve`'s and :class:`deqlab.nn.DEQ`'s
+(:mod:`deqlab.failures`): a sample whose forward solve failed (its value, hence its gradient, is
+not the equilibrium's) and a sample whose adjoint solve failed (its gradient is inexact).
+``"warn"`` (default) issues a :class:`BackwardWarning`; ``"nan"`` makes the failing samples'
+values and gradients NaN, so a loss that uses them is NaN (no host callback: the choice for
+TPUs); ``"raise"`` raises :class:`~deqlab.solvers.SolverError`; ``"ignore"`` leaves the
+per-sample ``Solution.result`` as the only record. Compare a backward linear solve that returns
+zeros when it fails (google/jaxopt issue 466).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any, Callable, ClassVar
 
 import jax
@@ -59,13 +59,13 @@ import numpy as np
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
+from deqlab.failures import FAILURE_POLICIES, SolverWarning, check_policy, nan_where_failed, signal
 from deqlab.solvers import (
     SOLVERS,
     Flattener,
     Result,
     Solution,
     Solver,
-    SolverError,
     SolveStats,
     _configuration_class,
     check_problem,
@@ -95,16 +95,8 @@ __all__ = [
     "BackwardWarning",
 ]
 
-#: What a failed solve does to a gradient (see the module docstring).
-FAILURE_POLICIES = ("warn", "nan", "raise", "ignore")
-
-
-class BackwardWarning(RuntimeWarning):
+class BackwardWarning(SolverWarning):
     """A solve behind a gradient (forward or adjoint) did not converge for some samples."""
-
-
-def _check_policy(value, where):
-    return checks.choice(value, "on_failure", FAILURE_POLICIES, where)
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,6 +258,8 @@ class Problem:
         solver: the forward :class:`deqlab.Solver`, its ``tol`` resolved.
         batch_axis, precision, init_state: as in :func:`deqlab.solvers.solve`.
         tol: the forward tolerance; dtype: the dtype of the solve.
+        on_failure: the caller's policy (:mod:`deqlab.failures`); :func:`fixed_point` applies it
+            to the forward result, a mode applies it to solves of its own (an adjoint solve).
     """
 
     f: Callable[..., Any]
@@ -277,6 +271,7 @@ class Problem:
     init_state: Any
     tol: float
     dtype: Any
+    on_failure: str = "warn"
 
     @property
     def level(self):
@@ -292,6 +287,7 @@ class Problem:
         z0 = self.z0 if z0 is None else z0
         args = self.args if args is None else args
         init_state = self.init_state if init_state is _SAME else init_state
+        options.setdefault("on_failure", "ignore")  # fixed_point reports the forward solve
         return solve(self.f, z0, *args, solver=self.solver, batch_axis=self.batch_axis,
                      precision=self.precision, init_state=init_state, **options)
 
@@ -302,18 +298,17 @@ class Backward:
     A subclass defines ``solve(problem) -> Solution``: the forward solve of ``problem`` (a
     :class:`Problem`) such that differentiating the returned ``Solution.value`` with respect to
     ``problem.args`` gives this mode's gradient (through ``jax.custom_vjp``, unrolling, or a
-    differentiable step from the detached fixed point). :func:`fixed_point` then applies the
-    ``on_failure`` policy to the forward result and adds ``aux``. Subclasses are made frozen,
+    differentiable step from the detached fixed point). :func:`fixed_point` then applies its
+    ``on_failure`` policy to the forward result and adds ``aux``; a mode with solves of its own
+    (an adjoint solve) applies ``problem.on_failure`` to them. Subclasses are made frozen,
     keyword-only dataclasses and pytrees with static fields (do not decorate them), so a
     backward object can be an argument of a ``jax.jit``-ed function.
 
-    Args:
-        on_failure: ``"warn"`` (default), ``"nan"``, ``"raise"`` or ``"ignore"``: what a failed
-            forward (or adjoint) solve does (module docstring).
-
     Raises:
         ValueError: a setting outside its range, naming it and the valid range.
-        TypeError: a subclass without ``solve`` is instantiated (the message names it).
+        TypeError: a subclass without ``solve`` is instantiated (the message names it), or an
+            ``on_failure`` is given (it is an argument of :func:`fixed_point` and
+            :class:`deqlab.nn.DEQ` since deqlab 0.6).
 
     Example:
         The Jacobian-free gradient written as a mode of one's own::
@@ -328,7 +323,6 @@ class Backward:
             deqlab.fixed_point(f, z0, x, backward=OneStep())
     """
 
-    on_failure: str = "warn"
     name: ClassVar[str] = "backward"
 
     def __init_subclass__(cls, **kwargs):
@@ -341,10 +335,16 @@ class Backward:
                 f"{cls.__name__} cannot be instantiated: a deqlab.implicit.Backward subclass must "
                 f"define solve(self, problem) -> Solution; {cls.__name__} does not define `solve`."
             )
+        if "on_failure" in kwargs:
+            raise TypeError(
+                f"implicit.{cls.__name__}: `on_failure` is no longer a setting of the backward mode; "
+                "pass it to the call: fixed_point(..., on_failure=...) or nn.DEQ(..., on_failure=...) "
+                "(one policy for the forward and the adjoint solve, deqlab 0.6)."
+            )
         return super().__new__(cls)
 
     def __post_init__(self):
-        _check_policy(self.on_failure, f"implicit.{type(self).__name__}")
+        pass
 
     def solve(self, problem: Problem) -> Solution:
         """The forward solve of ``problem``, differentiable in this mode's way (required).
@@ -369,7 +369,6 @@ class Implicit(Backward):
             :class:`LinearSolver` object such as :class:`GMRES`, or ``"gmres"`` (its defaults);
             None: the forward solver.
         tol, max_steps: of the adjoint solve; None: the forward ones.
-        on_failure: ``"warn"``, ``"nan"``, ``"raise"`` or ``"ignore"`` (module docstring).
     """
 
     solver: Any = None
@@ -385,7 +384,6 @@ class Implicit(Backward):
             checks.positive_number(self.tol, "tol", where)
         if self.max_steps is not None:
             checks.positive_int(self.max_steps, "max_steps", where)
-        _check_policy(self.on_failure, where)
 
     def solve(self, problem):
         return _implicit(problem, self)
@@ -395,7 +393,6 @@ class Unrolled(Backward):
     """Backpropagation through ``max_steps`` forward iterations (``lax.scan``).
 
     Args:
-        on_failure: policy for samples whose forward solve failed (module docstring).
     """
 
     name = "unrolled"
@@ -410,7 +407,6 @@ class Phantom(Backward):
     Args:
         steps: number of steps k (>= 1).
         damping: step fraction in (0, 1].
-        on_failure: policy for samples whose forward solve failed (module docstring).
     """
 
     steps: int = 5
@@ -420,7 +416,6 @@ class Phantom(Backward):
     def __post_init__(self):
         checks.positive_int(self.steps, "steps", "implicit.Phantom")
         checks.unit_interval(self.damping, "damping", "implicit.Phantom")
-        _check_policy(self.on_failure, "implicit.Phantom")
 
     def solve(self, problem):
         sol = problem.forward(jax.lax.stop_gradient(problem.z0), jax.lax.stop_gradient(problem.args),
@@ -442,7 +437,6 @@ class JacobianFree(Phantom):
     dropped); Fung et al. show it is still a descent direction when f is a contraction.
 
     Args:
-        on_failure: policy for samples whose forward solve failed (module docstring).
     """
 
     steps: int = 1
@@ -454,7 +448,6 @@ class JacobianFree(Phantom):
             raise ValueError("implicit.JacobianFree: `steps` and `damping` are fixed at 1 (use "
                              f"deqlab.implicit.Phantom for other values), got steps={self.steps!r}, "
                              f"damping={self.damping!r}.")
-        _check_policy(self.on_failure, "implicit.JacobianFree")
 
 
 class SHINE(Backward):
@@ -472,7 +465,6 @@ class SHINE(Backward):
 
     Args:
         refine: adjoint fixed-point steps after the estimate (>= 0).
-        on_failure: policy for samples whose forward solve failed (module docstring).
     """
 
     refine: int = 0
@@ -480,7 +472,6 @@ class SHINE(Backward):
 
     def __post_init__(self):
         checks.integer(self.refine, "refine", "implicit.SHINE", minimum=0)
-        _check_policy(self.on_failure, "implicit.SHINE")
 
     def solve(self, problem):
         if not callable(getattr(problem.solver, "inverse_jacobian_transpose", None)):
@@ -512,71 +503,20 @@ def get_backward(backward: Any) -> Backward:
 # Reporting failures
 
 
-def _magnitude(residual: np.ndarray) -> str:
-    """Order of magnitude of the worst residual, rounded so that a warning repeated every training
-    step shows once under Python's default filter."""
-    finite = residual[np.isfinite(residual)]
-    if finite.size < residual.size or finite.size == 0:
-        return "non-finite"
-    return f"below 1e{int(math.ceil(math.log10(max(float(finite.max()), 1e-300))))}"
-
-
-def _report(what, policy, result, residual):
-    """Host side of a failure report: warn, or raise :class:`SolverError`."""
-    result = np.atleast_1d(np.asarray(result))
-    residual = np.atleast_1d(np.asarray(residual, dtype=np.float64))
-    failed = np.flatnonzero(result != Result.SUCCESS)
-    if failed.size == 0:  # under vmap, lax.cond runs both branches
-        return
-    if policy == "raise":
-        shown = ", ".join(
-            f"sample {i}: {Result(int(result[i])).name.lower()} (residual {residual[i]:.3e})" for i in failed[:8]
-        )
-        more = f" and {failed.size - 8} more" if failed.size > 8 else ""
-        raise SolverError(
-            f"fixed_point: the {what} solve failed for {failed.size}/{result.size} samples: {shown}{more}."
-        )
-    hint = (
-        "their values and gradients are not the equilibrium's. Raise max_steps, loosen tol, or check "
-        "that f contracts (Solution.result reports each sample)"
-        if what == "forward"
-        else "their gradients are inaccurate. Raise the backward max_steps "
-        "(deqlab.implicit.Implicit(max_steps=...)), try Implicit(solver='gmres'), or check that the "
-        "forward solve converged"
-    )
-    warnings.warn(
-        f"fixed_point: the {what} solve did not converge for some samples (worst relative residual "
-        f"{_magnitude(residual[failed])}); {hint}.",
-        BackwardWarning,
-        stacklevel=2,
-    )
+_HINTS = {
+    "forward": "their values and gradients are not the equilibrium's. Raise max_steps, loosen tol, or "
+               "check that f contracts (Solution.result reports each sample)",
+    "adjoint": "their gradients are inaccurate. Raise the backward max_steps "
+               "(deqlab.implicit.Implicit(max_steps=...)), try Implicit(solver='gmres'), or check that "
+               "the forward solve converged",
+}
 
 
 def _signal(what, policy, result, residual):
-    """Apply ``policy`` to the per-sample results of a solve: warn or raise (NaN is the caller's)."""
-    if policy in ("ignore", "nan"):
-        return
-    if not checks.is_traced((result, residual)):
-        _report(what, policy, result, residual)
-        return
-    jax.lax.cond(
-        jnp.any(result != Result.SUCCESS),
-        lambda: jax.debug.callback(lambda r, s: _report(what, policy, r, s), result, residual),
-        lambda: None,
-    )
-
-
-def _nan_where_failed(tree, result, batch_axis, name):
-    """NaN in every entry of the failing samples of ``tree``.
-
-    Multiplied, not selected: a ``where`` would cut the gradient of the failing samples (the NaN
-    branch is a constant), and even an added NaN leaves the derivative at 1; times NaN, both the
-    value and every gradient through it are NaN, whatever the loss.
-    """
-    flattener = Flattener(tree, batch_axis, name)
-    flat = flattener.flatten(tree)
-    failed = jnp.reshape(result != Result.SUCCESS, (-1,))
-    return flattener.unflatten(flat * jnp.where(failed[:, None], jnp.nan, 1.0).astype(flat.dtype))
+    """``"warn"`` / ``"raise"`` for a solve behind a gradient (:func:`deqlab.failures.signal`)."""
+    caller = "adjoint_solve" if what == "adjoint-alone" else "fixed_point"
+    what = "adjoint" if what == "adjoint-alone" else what
+    signal(caller, what, policy, result, residual, category=BackwardWarning, hint=_HINTS[what])
 
 
 # --------------------------------------------------------------------------------------------
@@ -606,6 +546,7 @@ def adjoint_solve(
     max_steps: int | None = None,
     batch_axis: int | None = None,
     precision: Any = None,
+    on_failure: str = "warn",
 ) -> Solution:
     """Solve the adjoint fixed point u = g + J_f(z*)^T u matrix-free (003 Eq. 11).
 
@@ -621,10 +562,21 @@ def adjoint_solve(
             bounds the operator applications (GMRES: restart cycles of ``restart`` products).
         precision: matmul precision of the vector-Jacobian products; None: what ``tol`` needs
             (:func:`deqlab.precision.required_precision`).
+        on_failure: ``"warn"`` (default), ``"raise"``, ``"nan"`` or ``"ignore"``, as for
+            :func:`fixed_point` (:mod:`deqlab.failures`).
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
     """
+    check_policy(on_failure, "adjoint_solve")
+    sol = _adjoint_solve(f, z_star, args, cotangent, solver, tol, max_steps, batch_axis, precision)
+    _signal("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)
+    if on_failure == "nan":
+        sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
+    return sol
+
+
+def _adjoint_solve(f, z_star, args, cotangent, solver, tol, max_steps, batch_axis, precision):
     if not isinstance(args, tuple):
         raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
     _check_cotangent(cotangent, z_star)
@@ -644,7 +596,8 @@ def adjoint_solve(
         g_flat = flattener.flatten(cotangent)
         finite_rows = jnp.all(jnp.isfinite(g_flat), axis=1)
         clean = flattener.unflatten(jnp.where(finite_rows[:, None], g_flat, 0.0))
-        sol = solve(adjoint_map, clean, solver=config, tol=resolved_tol, batch_axis=batch_axis)
+        sol = solve(adjoint_map, clean, solver=config, tol=resolved_tol, batch_axis=batch_axis,
+                    on_failure="ignore")
         u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
         result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)
         return sol._replace(value=flattener.unflatten(u_flat), result=result)
@@ -709,6 +662,7 @@ def fixed_point(
     max_steps: int | None = None,
     batch_axis: int | None = None,
     backward: Any = "implicit",
+    on_failure: str = "warn",
     has_aux: bool = False,
     precision: Any = None,
     init_state: Any = None,
@@ -728,8 +682,11 @@ def fixed_point(
             what ``tol`` needs, for the forward solve and the adjoint products alike).
         backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`,
             :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), one of their
-            names for the defaults, or an instance of your own :class:`Backward` subclass. Its
-            ``on_failure`` decides what failed solves do.
+            names for the defaults, or an instance of your own :class:`Backward` subclass.
+        on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
+            (default, :class:`BackwardWarning` attributed to your line), ``"raise"``, ``"nan"``
+            (its value and gradient NaN; no host callback) or ``"ignore"`` (module docstring,
+            :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
 
@@ -768,6 +725,7 @@ def fixed_point(
     """
     mode = get_backward(backward)
     config = get_solver(solver, tol=tol, max_steps=max_steps)
+    check_policy(on_failure, "fixed_point")
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
     # Validate the problem up front, so that errors name the user's arguments (the checks that
@@ -787,14 +745,15 @@ def fixed_point(
     sol = _eager.cached_call(
         _fixed_point_traced, f, (z0, args, init_state),
         dict(mode=mode, config=config, batch_axis=batch_axis, has_aux=has_aux, precision=precision,
-             signal=inside),
+             on_failure=on_failure, signal=inside),
     )
     if not inside:
-        _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
+        _signal("forward", on_failure, sol.result, sol.stats.best_residual)
     return sol
 
 
-def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, has_aux, precision, signal):
+def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, has_aux, precision, on_failure,
+                        signal):
     """The computation of :func:`fixed_point` (run under its cached jit, see :mod:`deqlab._eager`);
     ``signal``: report forward failures here (under an outer transformation)."""
     probe = Flattener(z0, batch_axis)
@@ -807,13 +766,14 @@ def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, ha
         return out[0] if has_aux else out
 
     problem = Problem(f=step_map, z0=z0, args=tuple(args), solver=config, batch_axis=batch_axis,
-                      precision=precision, init_state=init_state, tol=resolved_tol, dtype=probe.dtype)
+                      precision=precision, init_state=init_state, tol=resolved_tol, dtype=probe.dtype,
+                      on_failure=on_failure)
     sol = mode.solve(problem)
 
     if signal:
-        _signal("forward", mode.on_failure, sol.result, sol.stats.best_residual)
-    if mode.on_failure == "nan":
-        sol = sol._replace(value=_nan_where_failed(sol.value, sol.result, batch_axis, "z0"))
+        _signal("forward", on_failure, sol.result, sol.stats.best_residual)
+    if on_failure == "nan":
+        sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
     if has_aux:
         with precision_module.matmul_precision(_level(precision, resolved_tol, probe.dtype)):
             aux = f(sol.value, *args)[1]
@@ -856,11 +816,11 @@ def _implicit(problem, mode):
 
     def equilibrium_bwd(residuals, cotangent):
         z_star, z0, args, init_state = residuals
-        adjoint = adjoint_solve(f, z_star, args, cotangent.value, **backward_options)
-        _signal("adjoint", mode.on_failure, adjoint.result, adjoint.stats.best_residual)
+        adjoint = adjoint_solve(f, z_star, args, cotangent.value, on_failure="ignore", **backward_options)
+        _signal("adjoint", problem.on_failure, adjoint.result, adjoint.stats.best_residual)
         u = adjoint.value
-        if mode.on_failure == "nan":
-            u = _nan_where_failed(u, adjoint.result, problem.batch_axis, "cotangent")
+        if problem.on_failure == "nan":
+            u = nan_where_failed(u, adjoint.result, problem.batch_axis)
         with precision_module.matmul_precision(_level(problem.precision, backward_options["tol"], problem.dtype)):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
@@ -965,14 +925,14 @@ def check_gradients(
     if tol is None:
         tol = 1e-12 if jnp.dtype(dtype) == jnp.float64 else precision_module.default_tol(dtype)
     options = dict(solver=solver, tol=tol, max_steps=max_steps, batch_axis=batch_axis)
-    quiet = dataclasses.replace(mode, on_failure="ignore")  # failures are reported in the result
 
     def objective(args, backward):
-        return loss(fixed_point(f, z0, *args, backward=backward, **options).value)
+        # failures are reported in the result (the residuals below)
+        return loss(fixed_point(f, z0, *args, backward=backward, on_failure="ignore", **options).value)
 
-    grad_checked = jax.jit(jax.grad(lambda a: objective(a, quiet)))(args)
-    grad_unrolled = jax.jit(jax.grad(lambda a: objective(a, Unrolled(on_failure="ignore"))))(args)
-    value = jax.jit(lambda a: objective(a, Unrolled(on_failure="ignore")))
+    grad_checked = jax.jit(jax.grad(lambda a: objective(a, mode)))(args)
+    grad_unrolled = jax.jit(jax.grad(lambda a: objective(a, Unrolled())))(args)
+    value = jax.jit(lambda a: objective(a, Unrolled()))
 
     difference = jax.tree_util.tree_map(jnp.subtract, grad_checked, grad_unrolled)
     errors = {
@@ -996,12 +956,12 @@ def check_gradients(
 
     @jax.jit
     def residuals(args):
-        sol = solve(f, z0, *args, **options)
+        sol = solve(f, z0, *args, on_failure="ignore", **options)
         cotangent = jax.grad(loss)(sol.value)
         mode_solver = getattr(mode, "solver", None)  # Implicit's adjoint solver, if any
         adjoint_solver = solver if mode_solver is None else mode_solver
         adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, tol=tol,
-                                max_steps=max_steps, batch_axis=batch_axis)
+                                max_steps=max_steps, batch_axis=batch_axis, on_failure="ignore")
         return sol, adjoint
 
     sol, adjoint = residuals(args)

@@ -82,14 +82,13 @@ Failure is reported, never hidden
     iterate closest to convergence, the one with the smallest absolute residual
     ``||f(z) - z||`` (the relative residual would prefer a diverging iterate: for f = 2z + 1 it
     falls towards 1/2 as z runs off), with its result code.
-    Inside ``jit`` nothing raises; outside, ``throw=True`` raises :class:`SolverError` listing the
-    failing samples and their residuals.
+    What a failed sample does beyond its result code is the call's ``on_failure`` policy
+    (``"warn"``, ``"raise"``, ``"nan"`` or ``"ignore"``; :mod:`deqlab.failures`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -99,6 +98,7 @@ import numpy as np
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
+from deqlab.failures import Result, SolverError, SolverWarning, check_policy, nan_where_failed, signal
 
 __all__ = [
     "Result",
@@ -108,6 +108,8 @@ __all__ = [
     "Flattener",
     "check_problem",
     "SolverError",
+    "SolverWarning",
+    "raise_if_failed",
     "Solver",
     "RATE_ESTIMATES",
     "Picard",
@@ -119,19 +121,6 @@ __all__ = [
     "solve",
     "relative_residual",
 ]
-
-
-class Result(enum.IntEnum):
-    """Outcome of a solve, one per sample."""
-
-    SUCCESS = 0
-    MAX_STEPS_REACHED = 1
-    DIVERGED = 2
-    NONFINITE = 3
-
-
-class SolverError(RuntimeError):
-    """Raised by ``solve(..., throw=True)`` when some sample did not converge."""
 
 
 class SolveStats(NamedTuple):
@@ -1150,7 +1139,7 @@ def solve(
     tol: float | None = None,
     max_steps: int | None = None,
     batch_axis: int | None = None,
-    throw: bool = False,
+    on_failure: str = "warn",
     unrolled: bool = False,
     has_aux: bool = False,
     precision: Any = None,
@@ -1173,7 +1162,12 @@ def solve(
             reach warns once (:class:`deqlab.precision.PrecisionWarning`).
         max_steps: iteration limit (overrides the solver's).
         batch_axis: axis of every leaf of ``z0`` that indexes independent samples, or None.
-        throw: raise :class:`SolverError` if any sample fails (only outside ``jit``).
+        on_failure: what a sample that did not converge does: ``"warn"`` (default; a
+            :class:`~deqlab.failures.SolverWarning` attributed to your line), ``"raise"``
+            (:class:`SolverError`), ``"nan"`` (its value becomes NaN; no host callback, the
+            choice for TPUs) or ``"ignore"`` (``Solution.result`` is the only record); the same
+            policy as :func:`deqlab.fixed_point` and :class:`deqlab.nn.DEQ`
+            (:mod:`deqlab.failures`).
         unrolled: iterate with ``lax.scan`` for exactly ``max_steps`` (frozen samples masked) so
             that reverse-mode autodiff can go through the iterations.
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
@@ -1192,7 +1186,9 @@ def solve(
     Raises:
         ValueError: on a malformed problem (f's output structure, shapes or dtypes, NaN or inf
             in concrete inputs, a bad ``init_state`` or option).
-        SolverError: with ``throw=True``, when some sample failed (eager calls only).
+        SolverError: with ``on_failure="raise"``, when some sample failed (eagerly, raised
+            after the computation returns; inside your ``jit``, from a host callback, wrapped in
+            JAX's runtime error).
 
     Caching:
         The computation runs under an internal ``jax.jit`` whose cache key is the function
@@ -1205,7 +1201,7 @@ def solve(
         outside compose with it. A new ``f`` object each call (a ``lambda`` written in the call)
         compiles again, and, as under ``jax.jit``, arrays that ``f`` reads from globals or a
         mutable object are frozen at compilation: pass changing arrays in ``args``. Checks on
-        concrete values and ``throw`` run outside the jit (see :mod:`deqlab._eager`).
+        concrete values and the failure policy run outside the jit (see :mod:`deqlab._eager`).
 
     Example:
         >>> import jax.numpy as jnp, deqlab
@@ -1214,8 +1210,7 @@ def solve(
         >>> bool(sol.converged)
         True
     """
-    if not isinstance(throw, bool):
-        raise checks.fail("throw", "True or False", throw, "solve")
+    check_policy(on_failure, "solve")
     if not isinstance(has_aux, bool):
         raise checks.fail("has_aux", "True or False", has_aux, "solve")
     config = get_solver(solver, tol=tol, max_steps=max_steps, stop=stop)
@@ -1232,8 +1227,9 @@ def solve(
         _solve_traced, f, (z0, args, init_state),
         dict(config=config, batch_axis=batch_axis, unrolled=unrolled, has_aux=has_aux, precision=precision),
     )
-    if throw:
-        raise_if_failed(solution)
+    signal("solve", "", on_failure, solution.result, solution.stats.best_residual)
+    if on_failure == "nan":
+        solution = solution._replace(value=nan_where_failed(solution.value, solution.result, batch_axis))
     return solution
 
 
@@ -1288,17 +1284,18 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
     return solution
 
 
-def raise_if_failed(solution: Solution, what: str = "fixed-point solve") -> None:
-    """Raise :class:`SolverError` naming the failing samples (outside ``jit`` only)."""
+def raise_if_failed(solution: Solution, what: str = "solve") -> None:
+    """Raise :class:`SolverError` naming the failing samples of ``solution`` (concrete values only).
+
+    Args:
+        solution: a :class:`Solution` returned outside ``jit``.
+        what: the name the message starts with.
+
+    Raises:
+        SolverError: some sample did not converge.
+        ValueError: ``solution`` holds tracers (inside ``jit``: use ``on_failure="raise"``).
+    """
     if checks.is_traced(solution.result):
-        raise ValueError("`throw=True` needs concrete values: it cannot be used inside jit.")
-    result = np.atleast_1d(np.asarray(solution.result))
-    residual = np.atleast_1d(np.asarray(solution.stats.best_residual))
-    failed = np.flatnonzero(result != Result.SUCCESS)
-    if failed.size:
-        shown = ", ".join(
-            f"sample {i}: {Result(int(result[i])).name.lower()} (residual {residual[i]:.3e})"
-            for i in failed[:8]
-        )
-        more = f" and {failed.size - 8} more" if failed.size > 8 else ""
-        raise SolverError(f"{what} failed for {failed.size}/{result.size} samples: {shown}{more}.")
+        raise ValueError("raise_if_failed needs concrete values: inside jit, pass on_failure='raise' "
+                         "to the solve instead.")
+    signal(what, "", "raise", solution.result, solution.stats.best_residual)

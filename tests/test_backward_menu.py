@@ -138,7 +138,7 @@ def test_names_and_errors():
         JacobianFree(steps=2)
     with pytest.raises(ValueError, match="refine"):
         SHINE(refine=-1)
-    with pytest.raises(ValueError, match="on_failure"):
-        SHINE(on_failure="sometimes")
+    with pytest.raises(TypeError, match="`on_failure` is no longer a setting of the backward mode"):
+        SHINE(on_failure="nan")
     with pytest.raises(ValueError, match="`solver`.*broyden"):
         fixed_point(lambda z, b: 0.5 * z + b, jnp.zeros(3), jnp.ones(3), solver="anderson", backward="shine")

@@ -118,9 +118,9 @@ def test_eager_failures_warn_and_raise_from_concrete_values():
         with pytest.warns(BackwardWarning, match="forward solve did not converge"):
             deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2)
         with pytest.raises(SolverError, match="forward solve failed for 4/4"):
-            deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2, backward=Implicit(on_failure="raise"))
+            deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2, on_failure="raise")
         with pytest.raises(SolverError):
-            deqlab.solve(f, z0, w, x, batch_axis=0, max_steps=2, throw=True)
+            deqlab.solve(f, z0, w, x, batch_axis=0, max_steps=2, on_failure="raise")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         deqlab.fixed_point(f, z0, w, x, batch_axis=0)  # converged: silent
@@ -160,9 +160,9 @@ def test_warm_start_gradient_matches_cold_start(solver, backward):
         # (an unrolled partial solve); the others' gradients do not depend on the start.
         if backward != "unrolled":  # a differentiable solve's state: traced under grad
             return deqlab.fixed_point(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
-                                      backward=Implicit(on_failure="ignore")).state
+                                      on_failure="ignore").state
         partial = deqlab.solve(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
-                               unrolled=backward == "unrolled")
+                               unrolled=backward == "unrolled", on_failure="ignore")
         return partial.state
 
     def cold(w, x):

@@ -79,7 +79,7 @@ def test_per_sample_result_codes_and_statistics():
     np.testing.assert_allclose(sol.value[2], 1 / 0.7, rtol=1e-4)
     with pytest.raises(deqlab.SolverError, match="sample 1: max_steps_reached"):
         deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope, solver=Damped(tol=1e-5, max_steps=40,
-                     divergence_factor=1e30), batch_axis=0, throw=True)
+                     divergence_factor=1e30), batch_axis=0, on_failure="raise")
     # the default divergence test catches it instead
     diverged = deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope, solver=Damped(max_steps=100), batch_axis=0)
     assert int(diverged.result[1]) == Result.DIVERGED
@@ -292,9 +292,10 @@ def test_a_custom_backward_mode():
                                           backward=backward).value ** 2)
 
     np.testing.assert_allclose(jax.grad(loss)(x, OneStep()), jax.grad(loss)(x, JacobianFree()), rtol=1e-12)
-    assert OneStep(on_failure="nan").on_failure == "nan"
+    with pytest.raises(TypeError, match="pass it to the call"):  # a policy belongs to the call
+        OneStep(on_failure="nan")
     with pytest.raises(ValueError, match="`on_failure`"):
-        OneStep(on_failure="sometimes")
+        deqlab.fixed_point(tanh_map, jnp.zeros(N), x, backward=OneStep(), on_failure="sometimes")
 
 
 def test_broyden_public_inverse_jacobian():

@@ -46,22 +46,22 @@ def _problem():
 
 
 BACKWARDS = {
-    "implicit": lambda policy: Implicit(on_failure=policy),
-    "implicit-gmres": lambda policy: Implicit(solver="gmres", on_failure=policy),
-    "unrolled": lambda policy: Unrolled(on_failure=policy),
-    "phantom": lambda policy: Phantom(steps=3, on_failure=policy),
-    "jacobian-free": lambda policy: JacobianFree(on_failure=policy),
-    "shine": lambda policy: SHINE(on_failure=policy),
+    "implicit": Implicit(),
+    "implicit-gmres": Implicit(solver="gmres"),
+    "unrolled": Unrolled(),
+    "phantom": Phantom(steps=3),
+    "jacobian-free": JacobianFree(),
+    "shine": SHINE(),
 }
 
 
 def _value_and_grad(name, policy):
     f, z0, w, x = _problem()
     solver = "broyden" if name == "shine" else "anderson"
-    backward = BACKWARDS[name](policy)
+    backward = BACKWARDS[name]
 
     def loss(w, x):
-        sol = deqlab.fixed_point(f, z0, w, x, solver=solver, backward=backward, batch_axis=0)
+        sol = deqlab.fixed_point(f, z0, w, x, solver=solver, backward=backward, batch_axis=0, on_failure=policy)
         return jnp.sum(sol.value ** 2), sol.result
 
     return jax.value_and_grad(loss, has_aux=True), (w, x)
@@ -72,6 +72,14 @@ def _value_and_grad(name, policy):
 def test_no_host_callback_in_forward_or_gradient(name, policy):
     fn, args = _value_and_grad(name, policy)
     assert not _has_callback(fn, *args), f"{name} with on_failure={policy!r} compiles a host callback"
+
+
+@pytest.mark.parametrize("policy", ["nan", "ignore"])
+def test_no_host_callback_in_solve(policy):
+    f, z0, w, x = _problem()
+    run = lambda w, x: deqlab.solve(f, z0, w, x, batch_axis=0, on_failure=policy).value  # noqa: E731
+    assert not _has_callback(run, w, x)
+    assert _has_callback(lambda w, x: deqlab.solve(f, z0, w, x, batch_axis=0).value, w, x)  # "warn"
 
 
 @pytest.mark.parametrize("name", ["implicit", "shine"])
@@ -91,7 +99,7 @@ def test_nan_policy_reports_failing_samples_without_a_callback():
 
     def run(w, x, s):
         sol = deqlab.fixed_point(g, z0, w, x, s, solver=deqlab.Picard(max_steps=60),
-                                 backward=Implicit(on_failure="nan"), batch_axis=0)
+                                 on_failure="nan", batch_axis=0)
         return sol.value, sol.result
 
     assert not _has_callback(run, w, x, scale)
@@ -104,7 +112,7 @@ def test_nan_policy_reports_failing_samples_without_a_callback():
 @pytest.mark.parametrize(("policy", "expected"), [("nan", False), ("warn", True)])
 def test_deq_layer_training_step(policy, expected):
     cell = TanhCell(N, N, rngs=nnx.Rngs(0))
-    layer = DEQ(cell, backward=Implicit(on_failure=policy))
+    layer = DEQ(cell, on_failure=policy)
     graphdef, params = nnx.split(layer)
     _, _, w, x = _problem()
 

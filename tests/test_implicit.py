@@ -135,7 +135,7 @@ def test_adjoint_solve_reports_failure_and_backward_warns():
 
     def loss(w, failure):
         sol = fixed_point(f, jnp.zeros(n), w, x, tol=1e-10, max_steps=3000,
-                          backward=Implicit(solver="picard", max_steps=3, on_failure=failure))
+                          backward=Implicit(solver="picard", max_steps=3), on_failure=failure)
         return jnp.sum(sol.value)
 
     with warnings.catch_warnings(record=True) as caught:
@@ -197,13 +197,13 @@ def test_implicit_memory_is_flat_in_iterations_and_unrolled_grows():
     "argument,kwargs",
     [
         ("`backward`", lambda: dict(backward="adjoint")),
-        ("Implicit: `on_failure`", lambda: dict(backward=Implicit(on_failure="explode"))),
+        ("fixed_point: `on_failure`", lambda: dict(on_failure="explode")),
         ("Phantom: `steps`", lambda: dict(backward=Phantom(steps=0))),
         ("Phantom: `damping`", lambda: dict(backward=Phantom(damping=1.5))),
         ("`solver`", lambda: dict(backward=Implicit(solver="cg"))),
         ("Implicit: `tol`", lambda: dict(backward=Implicit(tol=-1.0))),
         ("Implicit: `max_steps`", lambda: dict(backward=Implicit(max_steps=0))),
-        ("Unrolled: `on_failure`", lambda: dict(backward=Unrolled(on_failure=None))),
+        ("fixed_point: `on_failure`", lambda: dict(backward=Unrolled(), on_failure=None)),
     ],
 )
 def test_bad_fixed_point_arguments(argument, kwargs):
@@ -278,7 +278,7 @@ def test_forward_failure_is_signalled_by_every_backward(mode):
 
     def loss(w, policy):
         return jnp.sum(fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3,
-                                   backward=mode(on_failure=policy)).value)
+                                   backward=mode(), on_failure=policy).value)
 
     for run in (jax.grad, lambda g: jax.jit(jax.grad(g))):
         with pytest.warns(BackwardWarning, match="forward solve did not converge"):
@@ -288,7 +288,7 @@ def test_forward_failure_is_signalled_by_every_backward(mode):
             warnings.simplefilter("error")
             assert bool(jnp.all(jnp.isfinite(run(lambda w: loss(w, "ignore"))(w))))
     with pytest.raises(SolverError, match="forward solve failed for 1/1 samples"):
-        fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3, backward=mode(on_failure="raise"))
+        fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3, backward=mode(), on_failure="raise")
     # Inside jit the error comes back from the host callback, wrapped by JAX, with the same text
     # (the implicit mode's adjoint, starved by the same 3 steps, may be the one that reports).
     with pytest.raises(Exception, match=r"(forward|adjoint) solve failed for 1/1 samples"):

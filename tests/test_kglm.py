@@ -185,7 +185,7 @@ def test_assumption2_failure_picard_fails():
     Y = np.sin(2 * X[:, 0])
     with pytest.raises(deqlab.SolverError):
         kglm.deq_predict(X, Y, None, k, lam, "gaussian", solver="picard", max_steps=200)
-    failed = kglm.deq_predict(X, Y, None, k, lam, "gaussian", solver="picard", max_steps=200, throw=False)
+    failed = kglm.deq_predict(X, Y, None, k, lam, "gaussian", solver="picard", max_steps=200, on_failure="ignore")
     assert not bool(failed.solution.converged)
     # Newton (here the closed form) still finds the MAP, which is a fixed point of Eq. 7 (Thm. 3).
     direct = kglm.kglm_predict(X, Y, None, k, lam, "gaussian")
@@ -223,7 +223,7 @@ def test_assumption2_failure_tanh_layer():
     z_map = jnp.tanh(K @ direct.alpha)
     fixed_point_residual = float(jnp.max(jnp.abs(kglm.deq_map(z_map, params, jnp.asarray(Y), kglm.spin()) - z_map)))
     assert fixed_point_residual < 1e-10  # Thm. 3 holds without Assumption 2
-    picard = kglm.deq_predict(X, Y, None, k, lam, "spin", solver="picard", max_steps=300, throw=False)
+    picard = kglm.deq_predict(X, Y, None, k, lam, "spin", solver="picard", max_steps=300, on_failure="ignore")
     assert not bool(picard.solution.converged)
 
 
@@ -297,14 +297,14 @@ def test_bad_input_raises_value_error_naming_argument():
 @pytest.mark.slow
 def test_poisson_non_convergence_is_reported_not_returned():
     # Poisson's A'' = e^u is unbounded (Assumption 2 never holds on the whole line); at lam = ||K||/10
-    # the DEQ solve diverges here. deq_predict must raise, and with throw=False say so in `result`.
+    # the DEQ solve diverges here. deq_predict must raise, and with on_failure="ignore" say so in `result`.
     rng = np.random.default_rng(1)
     X, Y = rng.normal(size=(10, 2)), rng.poisson(2.0, 10)
     k = squared_exponential(1.0)
     lam = np.linalg.norm(k(X, X), 2) / 10
     with pytest.raises(deqlab.SolverError, match="poisson"):
         kglm.deq_predict(X, Y, None, k, lam, "poisson")
-    fit = kglm.deq_predict(X, Y, None, k, lam, "poisson", throw=False)
+    fit = kglm.deq_predict(X, Y, None, k, lam, "poisson", on_failure="ignore")
     assert not bool(fit.solution.converged)
     kglm.kglm_predict(X, Y, None, k, lam, "poisson")  # Newton with line search still converges
 

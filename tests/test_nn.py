@@ -14,7 +14,7 @@ from flax import nnx
 
 jax.config.update("jax_enable_x64", True)
 
-from deqlab.implicit import BackwardWarning, Implicit  # noqa: E402
+from deqlab.implicit import BackwardWarning  # noqa: E402
 from deqlab.nn import DEQ, ResNetCell, TanhCell, capture_solver_stats  # noqa: E402
 from deqlab.solvers import Anderson, Broyden  # noqa: E402
 
@@ -216,6 +216,6 @@ def test_failed_forward_solve_is_signalled_in_training():
     with pytest.warns(BackwardWarning, match="forward solve did not converge"):
         grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
-    strict = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2, backward=Implicit(on_failure="nan"))
+    strict = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2, on_failure="nan")
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(strict)
     assert all(bool(jnp.all(jnp.isnan(g))) for g in jax.tree_util.tree_leaves(grads))

@@ -130,7 +130,7 @@ def _forward_failure(mode, policy):
 
     def loss(w):
         sol = fixed_point(f, jnp.zeros(4), w, x, solver="picard", tol=1e-10, max_steps=3,
-                          backward=mode(on_failure=policy))
+                          backward=mode(), on_failure=policy)
         return jnp.sum(sol.value)
 
     return lambda: jax.block_until_ready(jax.grad(loss)(w))
@@ -140,7 +140,7 @@ def _forward_failure_solution(mode, policy="ignore"):
     """The forward solve of :func:`_forward_failure` on concrete values (no gradient)."""
     f, w, x = _near_critical()
     return lambda: fixed_point(f, jnp.zeros(4), w, x, solver="picard", tol=1e-10, max_steps=3,
-                               backward=mode(on_failure=policy))
+                               backward=mode(), on_failure=policy)
 
 
 def _phantom(**kw):
@@ -150,10 +150,11 @@ def _phantom(**kw):
 _BACKWARDS = {"implicit": Implicit, "unrolled": Unrolled, "phantom": _phantom}
 
 
-def _singular_adjoint_grad(backward):
+def _singular_adjoint_grad(backward, on_failure="warn"):
     """f(z) = z (J = I): the forward solve succeeds at z0, the adjoint (I - J^T) u = g is singular."""
     f = lambda z, x: z * 1.0 + 0.0 * jnp.tanh(x)  # noqa: E731
-    loss = lambda x: jnp.sum(fixed_point(f, jnp.ones(3), x, max_steps=10, backward=backward).value ** 2)  # noqa: E731
+    loss = lambda x: jnp.sum(fixed_point(f, jnp.ones(3), x, max_steps=10, backward=backward,  # noqa: E731
+                                         on_failure=on_failure).value ** 2)
     return lambda: jax.block_until_ready(jax.grad(loss)(jnp.ones(3)))
 
 
@@ -292,9 +293,8 @@ PROBES: list[Probe] = [
       valid=r"real"),
     E("solve-init-state-other-shape", "solvers",
       lambda: solve(_half, jnp.ones(5), init_state=solve(_half, jnp.ones(4), solver="picard").state), "init_state"),
-    E("solve-throw-inside-jit", "solvers",
-      lambda: jax.jit(lambda z: solve(_half, z, throw=True).value)(jnp.ones(3)), "re:`throw(=True)?`",
-      valid=r"needs concrete values"),
+    E("solve-on-failure-unknown", "solvers", lambda: solve(_half, jnp.ones(3), on_failure=True), "on_failure",
+      valid=r"one of 'warn', 'raise', 'nan', 'ignore'"),
     # ----------------------------------------------------------------------------- solvers: reported failures
     R("solve-max-steps-per-sample", "solvers",
       lambda: solve(lambda z, a: a * z + 1, jnp.zeros(2), jnp.array([0.5, 0.9999]), batch_axis=0, solver="picard",
@@ -308,8 +308,8 @@ PROBES: list[Probe] = [
       check=lambda s: int(s.result) == Result.NONFINITE and bool(jnp.all(jnp.isfinite(s.value)))),
     R("solve-inf-at-z0", "solvers", lambda: solve(lambda z: z / 0.0, jnp.ones(2), solver="picard", max_steps=10).result,
       check=lambda r: int(r) == Result.NONFINITE),
-    R("solve-throw-lists-samples", "solvers",
-      lambda: solve(lambda z: 2 * z + 1, jnp.zeros(3), solver="picard", max_steps=40, throw=True),
+    R("solve-raise-lists-samples", "solvers",
+      lambda: solve(lambda z: 2 * z + 1, jnp.zeros(3), solver="picard", max_steps=40, on_failure="raise"),
       raises=SolverError, match=r"failed for 1/1 samples: sample 0: diverged"),
     R("solve-unreachable-tol-float64", "solvers",
       lambda: solve(lambda z: 0.5 * z + 1, jnp.zeros(2), tol=1.7e-300, solver="picard", max_steps=10).result,
@@ -331,12 +331,12 @@ PROBES: list[Probe] = [
       "backward"),
     E("fixed-point-backward-none", "implicit", lambda: fixed_point(_half, jnp.ones(3), backward=None), "backward"),
     E("implicit-solver-int", "implicit", lambda: Implicit(solver=3), "solver"),
-    E("implicit-on-failure-case", "implicit", lambda: Implicit(on_failure="NaN"), "on_failure",
-      valid=r"one of 'warn', 'nan', 'raise', 'ignore'"),
+    E("fixed-point-on-failure-case", "implicit", lambda: fixed_point(_half, jnp.ones(3), on_failure="NaN"),
+      "on_failure", valid=r"one of 'warn', 'raise', 'nan', 'ignore'"),
     E("implicit-tol-nan", "implicit", lambda: Implicit(tol=NAN), "tol"),
     E("phantom-steps-float", "implicit", lambda: Phantom(steps=2.5), "steps", valid=r"integer >= 1"),
     E("phantom-damping-nan", "implicit", lambda: Phantom(damping=NAN), "damping"),
-    E("unrolled-on-failure-bool", "implicit", lambda: Unrolled(on_failure=True), "on_failure"),
+    E("deq-on-failure-bool", "implicit", lambda: DEQ(_cell(), on_failure=True), "on_failure"),
     E("fixed-point-f-not-callable", "implicit", lambda: fixed_point("f", jnp.ones(3)), "f",
       valid=r"must be callable"),
     E("fixed-point-z0-int", "implicit", lambda: fixed_point(_half, jnp.ones(3, jnp.int32)), "z0"),
@@ -392,14 +392,14 @@ PROBES: list[Probe] = [
       raises=SolverError, match=r"forward solve failed for 1/1 samples: sample 0: max_steps_reached"),
     R("nan-mid-solve-only-failing-sample-nan", "implicit",
       lambda: fixed_point(_nan_for_first_sample, jnp.zeros((2, 3)), jnp.array([1.0, -1.0]), batch_axis=0,
-                          solver="picard", max_steps=60, backward=Implicit(on_failure="nan")).value,
+                          solver="picard", max_steps=60, on_failure="nan").value,
       check=lambda v: bool(jnp.all(jnp.isnan(v[0]))) and bool(jnp.allclose(v[1], 0.2))),
     R("adjoint-starved-warns", "implicit", _starved_adjoint, warns=BackwardWarning,
       match=r"adjoint solve did not converge"),
     R("singular-adjoint-picard-nan", "implicit",
-      _singular_adjoint_grad(Implicit(solver="picard", on_failure="nan")), check=_all_nan),
+      _singular_adjoint_grad(Implicit(solver="picard"), "nan"), check=_all_nan),
     R("singular-adjoint-gmres-raise", "implicit",
-      _singular_adjoint_grad(Implicit(solver="gmres", on_failure="raise")), raises=Exception,
+      _singular_adjoint_grad(Implicit(solver="gmres"), "raise"), raises=Exception,
       match=r"adjoint solve failed for 1/1 samples"),
     R("adjoint-solve-nan-cotangent", "implicit",
       lambda: adjoint_solve(lambda z, a: 0.5 * z + a, jnp.ones(3), (jnp.ones(3),), jnp.full(3, NAN), solver="picard").result,
@@ -445,12 +445,12 @@ PROBES: list[Probe] = [
     R("deq-forward-failure-warns", "nn.deq", lambda: DEQ(_cell(), solver="picard", max_steps=1)(_x()), warns=BackwardWarning,
       match=r"forward solve did not converge"),
     R("deq-forward-failure-nan", "nn.deq",
-      lambda: DEQ(_cell(), solver="picard", max_steps=1, backward=Implicit(on_failure="nan"))(_x()), check=_all_nan),
+      lambda: DEQ(_cell(), solver="picard", max_steps=1, on_failure="nan")(_x()), check=_all_nan),
     R("deq-forward-failure-in-solution", "nn.deq",
-      lambda: DEQ(_cell(), solver="picard", max_steps=1, backward=Implicit(on_failure="ignore"))(_x(), return_solution=True)[1],
+      lambda: DEQ(_cell(), solver="picard", max_steps=1, on_failure="ignore")(_x(), return_solution=True)[1],
       check=lambda s: _is(s.result, Result.MAX_STEPS_REACHED)),
     R("deq-unreachable-tol-float32", "nn.deq",
-      lambda: DEQ(_cell(), solver="picard", tol=1.37e-9, max_steps=3, backward=Implicit(on_failure="ignore"))(_x()),
+      lambda: DEQ(_cell(), solver="picard", tol=1.37e-9, max_steps=3, on_failure="ignore")(_x()),
       warns=PrecisionWarning, match=r"below what float32 can reach"),
     # ----------------------------------------------------------------------------- nn.cells
     E("tanh-cell-width-zero", "nn.cells", lambda: TanhCell(0, 3, rngs=nnx.Rngs(0)), "width"),

@@ -10,6 +10,7 @@ jax.config.update("jax_enable_x64", True)
 import dataclasses  # noqa: E402
 import warnings  # noqa: E402
 
+import deqlab  # noqa: E402
 from deqlab import ensembles, precision, solvers  # noqa: E402
 from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, SolverState, solve  # noqa: E402
 
@@ -149,14 +150,33 @@ def test_divergent_problem_is_flagged_inside_jit(name):
     assert sol.stats.best_residual <= sol.stats.residual_trace[0]
 
 
-def test_throw_reports_residual_and_refuses_jit():
+def test_on_failure_raise_reports_residual_eagerly_and_under_jit():
     n = 8
     w = 1.5 * jnp.eye(n)
     x = jnp.ones(n)
-    with pytest.raises(SolverError, match=r"diverged \(residual"):
-        solve(linear_map, jnp.zeros(n), w, x, solver="picard", throw=True)
-    with pytest.raises(ValueError, match="throw"):
-        jax.jit(lambda w: solve(linear_map, jnp.zeros(n), w, x, throw=True).value)(w)
+    with pytest.raises(SolverError, match=r"solve: the solve failed for 1/1 samples: sample 0: diverged \(residual"):
+        solve(linear_map, jnp.zeros(n), w, x, solver="picard", on_failure="raise")
+    # inside the caller's jit the results are not concrete: the error comes from a host callback,
+    # wrapped in JAX's runtime error, with the same text
+    with pytest.raises(Exception, match=r"solve failed for 1/1 samples: sample 0: diverged"):
+        jax.block_until_ready(jax.jit(lambda w: solve(linear_map, jnp.zeros(n), w, x, solver="picard",
+                                                      on_failure="raise").value)(w))
+
+
+def test_on_failure_warn_names_the_callers_line_and_nan_poisons_only_failing_samples():
+    n = 4
+    x = jnp.ones((2, n))
+    slope = jnp.array([0.5, 1.5])
+    f = lambda z, a, x: a[:, None] * z + x  # noqa: E731
+    with pytest.warns(deqlab.SolverWarning, match="did not converge for 1/2 samples") as record:
+        solve(f, jnp.zeros((2, n)), slope, x, solver="picard", batch_axis=0)
+    assert record[0].filename == __file__  # attributed to this line, not to deqlab's code
+    poisoned = solve(f, jnp.zeros((2, n)), slope, x, solver="picard", batch_axis=0, on_failure="nan")
+    assert bool(jnp.all(jnp.isnan(poisoned.value[1]))) and bool(jnp.all(jnp.isfinite(poisoned.value[0])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = solve(f, jnp.zeros((2, n)), slope, x, solver="picard", batch_axis=0, on_failure="ignore")
+    assert [int(r) for r in quiet.result] == [Result.SUCCESS, Result.DIVERGED]
 
 
 def test_nonfinite_samples_are_reported_not_accepted():
@@ -247,7 +267,7 @@ BAD_SOLVE_CALLS = [
     (r"args\[1\]", dict(args=(jnp.eye(4) * 0.5, jnp.array([1.0, jnp.inf, 0.0, 0.0])))),
     ("z0", dict(z0={"a": jnp.zeros((2, 4)), "b": jnp.zeros((3, 4))}, f=lambda z, *a: z, options=dict(batch_axis=0))),
     ("`z0` must be an array or a pytree of arrays", dict(z0=[0.0, 0.0, 0.0, 0.0])),
-    ("`throw`", dict(options=dict(throw="yes"))),
+    ("`on_failure`", dict(options=dict(on_failure="yes"))),
     ("`precision`", dict(options=dict(precision="fast"))),
     ("`solver`", dict(options=dict(solver=None))),
 ]

@@ -11,6 +11,7 @@ from flax import nnx
 
 from deqlab import checks
 from deqlab import precision as precision_module
+from deqlab.failures import check_policy
 from deqlab.implicit import fixed_point, get_backward
 from deqlab.solvers import Solution, get_solver, solve
 
@@ -41,15 +42,20 @@ class DEQ(nnx.Module):
             ``tol`` / ``max_steps`` are given here.
         tol, max_steps: override the solver's; ``tol`` None (and a solver without one): the
             default of the solve's dtype (float32 1e-5, float64 1e-10).
-        backward: ``"implicit"``, ``"unrolled"``, ``"phantom"`` or an object
-            (:class:`deqlab.implicit.Implicit`, ``Unrolled``, ``Phantom``); its ``on_failure``
-            decides what a failed solve does (default: warn).
+        backward: how the gradient is computed: ``"implicit"`` (default), ``"unrolled"``,
+            ``"phantom"``, ``"jacobian_free"``, ``"shine"`` (Broyden only), or an object:
+            :class:`deqlab.implicit.Implicit`, ``Unrolled``, ``Phantom``, ``JacobianFree``,
+            ``SHINE``, or an instance of your own :class:`deqlab.implicit.Backward` subclass.
+        on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
+            (default), ``"raise"``, ``"nan"`` (no host callback: the choice for TPUs) or
+            ``"ignore"``, as for :func:`deqlab.fixed_point` (:mod:`deqlab.failures`).
         batch_axis: axis of x and z indexing independent samples (None for a single sample).
         precision: matmul precision of the solve (``"default"``, ``"high"``, ``"highest"``); None:
             what the tolerance needs (see :mod:`deqlab.precision`; it matters on TPUs).
         dtype: dtype of the solve (x and z are cast to it); None: x's dtype.
-        param_dtype: if given, the cell's parameters are cast to it here (e.g. float64 for a
-            gradient check of a float32 cell); None: the cell's own.
+        param_dtype: if given, the layer holds a copy of ``cell`` with its parameters cast to
+            it (e.g. float64 for a gradient check of a float32 cell); the ``cell`` passed in is
+            not changed. None: the cell itself, with its own dtypes.
         correction: number ``K`` of fixed-point-correction iterates (Bai, Geng, Savani & Kolter
             2022, "Deep equilibrium optical flow estimation"); 0 (default): none.
         correction_stride: forward-solver steps between two correction iterates (>= 1).
@@ -71,7 +77,8 @@ class DEQ(nnx.Module):
     """
 
     def __init__(self, cell: nnx.Module, *, solver: Any = "anderson", tol: float | None = None,
-                 max_steps: int | None = None, backward: Any = "implicit", batch_axis: int | None = 0,
+                 max_steps: int | None = None, backward: Any = "implicit", on_failure: str = "warn",
+                 batch_axis: int | None = 0,
                  precision: Any = None, dtype: Any = None, param_dtype: Any = None, correction: int = 0,
                  correction_stride: int = 2):
         where = "nn.DEQ"
@@ -85,6 +92,7 @@ class DEQ(nnx.Module):
         self.cell = cell
         self.solver = get_solver(solver, tol=tol, max_steps=max_steps)
         self.backward = get_backward(backward)
+        self.on_failure = check_policy(on_failure, where)
         self.batch_axis = batch_axis
         self.correction = checks.integer(correction, "correction", where, minimum=0)
         self.correction_stride = checks.positive_int(correction_stride, "correction_stride", where)
@@ -92,6 +100,7 @@ class DEQ(nnx.Module):
         self.dtype = None if dtype is None else checks.floating_dtype(dtype, "dtype", where)
         if param_dtype is not None:
             param_dtype = checks.floating_dtype(param_dtype, "param_dtype", where)
+            self.cell = cell = nnx.clone(cell)  # the caller's cell keeps its own dtypes
             params = nnx.state(cell, nnx.Param)
             nnx.update(cell, jax.tree_util.tree_map(lambda p: p.astype(param_dtype), params))
 
@@ -150,7 +159,7 @@ class DEQ(nnx.Module):
 
         sol: Solution = fixed_point(
             cell_map, z0, state, x, solver=self.solver, backward=self.backward,
-            batch_axis=self.batch_axis, precision=self.precision,
+            on_failure=self.on_failure, batch_axis=self.batch_axis, precision=self.precision,
         )
         if _capturing.get():
             self._sow_stats(sol)
@@ -168,7 +177,7 @@ class DEQ(nnx.Module):
         for _ in range(self.correction):
             partial = solve(cell_map, jax.lax.stop_gradient(z0), *frozen, solver=self.solver,
                             max_steps=self.correction_stride, batch_axis=self.batch_axis,
-                            precision=self.precision, init_state=path)
+                            precision=self.precision, init_state=path, on_failure="ignore")
             path = partial.state
             iterates.append(cell_map(jax.lax.stop_gradient(partial.value), state, x))
         return jnp.stack(iterates)

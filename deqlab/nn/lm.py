@@ -129,7 +129,7 @@ class EquilibriumBlock(nnx.Module):
         cell: a cell ``f(z, x)`` with ``width`` and ``readout`` (:class:`deqlab.nn.TransformerCell`,
             :class:`deqlab.nn.TrellisCell`).
         depth: None: solve for the equilibrium; an int L: unroll L weight-tied layers from z = 0.
-        solver, tol, max_steps, backward, precision: of the :class:`deqlab.nn.DEQ` (003 §5 uses
+        solver, tol, max_steps, backward, on_failure, precision: of the :class:`deqlab.nn.DEQ` (003 §5 uses
             Broyden; the default ``max_steps`` 30 is 003 §5's "iteration limit of 30").
         batch_axis: the axis of independent sequences (0), or None for one sequence.
 
@@ -139,14 +139,14 @@ class EquilibriumBlock(nnx.Module):
 
     def __init__(self, cell: nnx.Module, *, depth: int | None = None, solver: Any = "broyden",
                  tol: float | None = None, max_steps: int | None = 30, backward: Any = "implicit",
-                 batch_axis: int | None = 0, precision: Any = None):
+                 on_failure: str = "warn", batch_axis: int | None = 0, precision: Any = None):
         if depth is not None:
             checks.positive_int(depth, "depth", "nn.EquilibriumBlock")
         if not hasattr(cell, "readout"):
             raise ValueError("nn.EquilibriumBlock: `cell` must have a `readout(z)` method (what the head "
                              "reads from z), as TransformerCell and TrellisCell do.")
         self.deq = DEQ(cell, solver=solver, tol=tol, max_steps=max_steps, backward=backward,
-                       batch_axis=batch_axis, precision=precision)
+                       on_failure=on_failure, batch_axis=batch_axis, precision=precision)
         self.depth = depth
         self.batch_axis = batch_axis
 
@@ -171,7 +171,7 @@ class LanguageModel(nnx.Module):
         vocab_size: number of tokens.
         cell: the sequence cell; the embedding has its ``in_features``, the head reads its
             ``features``.
-        depth, solver, tol, max_steps, backward, precision: of the :class:`EquilibriumBlock`.
+        depth, solver, tol, max_steps, backward, on_failure, precision: of the :class:`EquilibriumBlock`.
         rngs: ``nnx.Rngs`` of the embedding and head.
 
     ``model(tokens)`` with int tokens (B, T) returns ``(logits (B, T, vocab), stats)``. Concrete
@@ -182,7 +182,8 @@ class LanguageModel(nnx.Module):
 
     def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
                  solver: Any = "broyden", tol: float | None = None, max_steps: int | None = 30,
-                 backward: Any = "implicit", precision: Any = None, rngs: nnx.Rngs):
+                 backward: Any = "implicit", on_failure: str = "warn", precision: Any = None,
+                 rngs: nnx.Rngs):
         where = "nn.LanguageModel"
         # token ids are int32 under JAX's default configuration: a larger vocabulary cannot be indexed
         vocab_size = checks.integer(vocab_size, "vocab_size", where, minimum=1, maximum=MAX_VOCAB_SIZE)
@@ -196,7 +197,7 @@ class LanguageModel(nnx.Module):
         self.vocab_size = vocab_size
         self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs)
         self.block = EquilibriumBlock(cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
-                                      backward=backward, precision=precision)
+                                      backward=backward, on_failure=on_failure, precision=precision)
         self.head = nnx.Linear(cell.features, vocab_size, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, depth: int | None = None):

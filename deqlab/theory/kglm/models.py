@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab import checks, solvers
+from deqlab import checks, failures, solvers
 from deqlab.theory.kglm import families as _families
 from deqlab.theory.kglm.families import Family, get_family
 
@@ -337,7 +337,7 @@ def _compiled_solve(family: Family, solver: Any, tol: float, max_steps: int) -> 
         return deq_map(z, params, T, family)
 
     return jax.jit(lambda z0, params, T: solvers.solve(H, z0, params, T, solver=solver, tol=tol,
-                                                       max_steps=max_steps))
+                                                       max_steps=max_steps, on_failure="ignore"))
 
 
 def _builtin_code(family: Family) -> tuple[int, float] | None:
@@ -381,12 +381,13 @@ def _compiled_builtin_solve(solver: Any, tol: float, max_steps: int) -> Callable
         return _builtin_mean(params.W1 @ z + params.W2 @ T, branch, parameter)
 
     return jax.jit(lambda z0, params, T, branch, parameter: solvers.solve(
-        H, z0, params, T, branch, parameter, solver=solver, tol=tol, max_steps=max_steps))
+        H, z0, params, T, branch, parameter, solver=solver, tol=tol, max_steps=max_steps,
+        on_failure="ignore"))
 
 
 def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, family: Any, *,
                 solver: Any = "anderson", z0: Any = None, tol: float = 1e-12, max_steps: int = 500,
-                throw: bool = True) -> DEQFit:
+                on_failure: str = "raise") -> DEQFit:
     """The kGLM predictions of :func:`kglm_predict` computed as a DEQ (004 Thm. 3, Eq. 7-8).
 
     Solves ``z* = sigma(W1 z* + W2 T(Y) + W3 rho(z*))`` with :func:`deqlab.solvers.solve` and returns
@@ -400,13 +401,14 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
         z0: initial state; default ``A'(0)`` (the state of ``alpha = 0``).
         tol: relative-residual tolerance of the solve (1e-12: predictions to ~1e-10 of their size).
         max_steps: iteration limit.
-        throw: raise :class:`deqlab.solvers.SolverError` if the solve fails (default). With False the
-            returned :attr:`DEQFit.solution` carries the failure in ``result``.
+        on_failure: what a failed solve does, as for :func:`deqlab.solve` (:mod:`deqlab.failures`):
+            ``"raise"`` (default here: a prediction from a solve that failed is not the kGLM's)
+            :class:`deqlab.solvers.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
+            ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
     """
     where = "deq_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
-    if not isinstance(throw, bool):
-        raise checks.fail("throw", "True or False", throw, where)
+    failures.check_policy(on_failure, where)
     params = deq_parameters(K, K_test, lam)
     T = jnp.asarray(family.statistic(Y))
     n = K.shape[0]
@@ -429,8 +431,10 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
     else:
         solution = _compiled_builtin_solve(solver, tol, max_steps)(z0, params, T, jnp.int32(code[0]),
                                                                    jnp.asarray(code[1], dtype=z0.dtype))
-    if throw:
-        solvers.raise_if_failed(solution, f"{where} ({family.name}, lam={lam:g})")
+    failures.signal(f"{where} ({family.name}, lam={lam:g})", "", on_failure, solution.result,
+                    solution.stats.best_residual)
+    if on_failure == "nan":
+        solution = solution._replace(value=failures.nan_where_failed(solution.value, solution.result, None))
     z = solution.value
     fitted = _preactivation(z, params, T, family)
     if K_test is None:

@@ -76,7 +76,7 @@ import numpy as np
 import optax
 
 from deqlab import checks
-from deqlab.implicit import Implicit, fixed_point
+from deqlab.implicit import fixed_point
 from deqlab.lab import data
 from deqlab.solvers import Anderson
 from deqlab.theory.kglm import kernels
@@ -277,7 +277,7 @@ def denoise(weights: dict[str, jax.Array], noisy: jax.Array, *, tol: float = 1e-
         return jax.nn.relu(_apply_transfer(t1, z) + b)
 
     sol = fixed_point(cell, jnp.zeros_like(noisy), t["W1"], injection, solver=Anderson(m=anderson_m),
-                      tol=tol, max_steps=max_steps, batch_axis=0, backward=Implicit(on_failure="ignore"))
+                      tol=tol, max_steps=max_steps, batch_axis=0, on_failure="ignore")
     return _apply_transfer(t["V1"], sol.value) + _apply_transfer(t["V2"], noisy), sol
 
 

@@ -72,7 +72,6 @@ import optax
 from flax import nnx
 
 from deqlab import checks
-from deqlab.implicit import Implicit
 from deqlab.nn import DEQ
 from deqlab.theory.kglm import kernels as kernels_module
 from deqlab.theory.kglm.families import spin
@@ -335,7 +334,7 @@ class Seq2SeqDEQ(nnx.Module):
             else:
                 readout_init = skip_init = random
         cell = Seq2SeqCell(n, hidden_init=hidden_init, inject_init=inject_init, param_dtype=param_dtype, rngs=rngs)
-        self.deq = DEQ(cell, solver=solver, tol=tol, max_steps=max_steps, backward=Implicit(on_failure="ignore"))
+        self.deq = DEQ(cell, solver=solver, tol=tol, max_steps=max_steps, on_failure="ignore")
         self.readout = nnx.Linear(n, m, use_bias=True, kernel_init=readout_init,
                                   bias_init=nnx.initializers.zeros_init(), param_dtype=param_dtype, rngs=rngs)
         self.skip = nnx.Linear(n, m, use_bias=False, kernel_init=skip_init, param_dtype=param_dtype, rngs=rngs)

@@ -82,14 +82,13 @@ class StabilityWarning(RuntimeWarning):
 
 
 def _backward(remedy, o):
-    quiet = dict(on_failure="ignore")  # failures are counted from the solution instead
     if remedy == "jacobian_free":
-        return JacobianFree(**quiet)
+        return JacobianFree()
     if remedy == "phantom":
-        return Phantom(steps=o["phantom_steps"], damping=o["phantom_damping"], **quiet)
+        return Phantom(steps=o["phantom_steps"], damping=o["phantom_damping"])
     if remedy == "shine":
-        return SHINE(**quiet)
-    return Implicit(**quiet)
+        return SHINE()
+    return Implicit()
 
 
 class StabilisedClassifier(nnx.Module):
@@ -108,6 +107,7 @@ class StabilisedClassifier(nnx.Module):
             cell.recurrent = SpectralNorm(cell.recurrent, target=o["target"], rngs=rngs)
         self.deq = DEQ(cell, solver="broyden" if remedy == "shine" else "anderson", tol=o["tol"],
                        max_steps=o["max_steps"], backward=_backward(remedy, o),
+                       on_failure="ignore",  # failures are counted from the solution instead
                        correction=o["correction"] if remedy == "correction" else 0,
                        correction_stride=o["correction_stride"])
         self.readout = nnx.Linear(width, classes, rngs=rngs)
@@ -446,11 +446,11 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
     if batch > len(x_all):
         raise checks.fail("batch", f"at most {len(x_all)}", batch, where)
     methods = {
-        "implicit": (Implicit(on_failure="ignore"), "anderson", 1e-4),
-        "unrolled": (Unrolled(on_failure="ignore"), "anderson", 1e-4),
-        "jacobian_free": (JacobianFree(on_failure="ignore"), "anderson", 1e-4),
-        "phantom": (Phantom(steps=phantom_steps, damping=phantom_damping, on_failure="ignore"), "anderson", 1e-4),
-        "shine": (SHINE(on_failure="ignore"), "broyden", 1e-4),
+        "implicit": (Implicit(), "anderson", 1e-4),
+        "unrolled": (Unrolled(), "anderson", 1e-4),
+        "jacobian_free": (JacobianFree(), "anderson", 1e-4),
+        "phantom": (Phantom(steps=phantom_steps, damping=phantom_damping), "anderson", 1e-4),
+        "shine": (SHINE(), "broyden", 1e-4),
     }
     out = {}
     with x64():
@@ -473,7 +473,7 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
         def flat(tree):
             return jnp.concatenate([jnp.ravel(a) for a in jax.tree_util.tree_leaves(tree)])
 
-        exact = flat(jax.jit(jax.grad(make_loss(Implicit(on_failure="ignore", tol=1e-10), "anderson", 1e-10)))(params))
+        exact = flat(jax.jit(jax.grad(make_loss(Implicit(tol=1e-10), "anderson", 1e-10)))(params))
 
         @functools.lru_cache(maxsize=None)
         def converged_fraction(solver, tol):

@@ -41,7 +41,6 @@ import optax
 from flax import nnx
 
 from deqlab import checks, ensembles
-from deqlab.implicit import Implicit
 from deqlab.lab import data
 from deqlab.nn import DEQ
 
@@ -92,7 +91,7 @@ class EquilibriumClassifier(nnx.Module):
     def __init__(self, in_features: int, *, width: int, ensemble: str, scale: float, classes: int = 10,
                  solver: Any = "anderson", tol: float = 1e-4, max_steps: int = 40, rngs: nnx.Rngs):
         self.deq = DEQ(ResidualTanhCell(width, in_features, ensemble=ensemble, scale=scale, rngs=rngs),
-                       solver=solver, tol=tol, max_steps=max_steps, backward=Implicit(on_failure="ignore"))
+                       solver=solver, tol=tol, max_steps=max_steps, on_failure="ignore")
         self.readout = nnx.Linear(width, classes, rngs=rngs)
 
     def __call__(self, x: jax.Array):

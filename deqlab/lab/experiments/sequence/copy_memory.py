@@ -56,7 +56,6 @@ _TCN_KERNEL = 8  # Bai et al. (2018) use kernel size 8 on copy memory
 
 
 def _deq_transformer(width, length, seed, max_steps, tol):
-    from deqlab.implicit import Implicit
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
 
@@ -64,7 +63,7 @@ def _deq_transformer(width, length, seed, max_steps, tol):
                            rngs=nnx.Rngs(seed))
     # failures are counted in the solver statistics each step, not warned about
     return LanguageModel(data.COPY_VOCAB, cell, solver="broyden", max_steps=max_steps, tol=tol,
-                         backward=Implicit(on_failure="ignore"), rngs=nnx.Rngs(seed + 1))
+                         on_failure="ignore", rngs=nnx.Rngs(seed + 1))
 
 
 def make_model(kind: str, *, parameters: int, delay: int, seed: int = 0, max_steps: int = 30,

@@ -25,7 +25,6 @@ import optax
 from flax import nnx
 
 from deqlab import checks
-from deqlab.implicit import Implicit
 from deqlab.nn import LanguageModel, TransformerCell, TrellisCell, eval_step, lm_loss
 from deqlab.precision import PrecisionWarning
 from deqlab.solvers import Broyden, solve
@@ -102,7 +101,7 @@ def make_lm(kind: str, *, vocab: int, width: int, seed: int = 0, depth: int | No
             raise checks.fail("width", "even for the trellis cell (z = [h, c])", width, where)
         cell = TrellisCell(width // 2, width, scale=scale, param_dtype=param_dtype, rngs=rngs, **cell_options)
     return LanguageModel(vocab, cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
-                         backward=Implicit(on_failure="ignore"), rngs=rngs)
+                         on_failure="ignore", rngs=rngs)
 
 
 def batches(tokens: np.ndarray, *, batch: int, steps: int, seed: int = 0):
@@ -237,7 +236,7 @@ def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.A
     def advance(state, x, init):
         m = nnx.merge(graphdef, state)
         f = lambda z, x: m.block.cell(z, x)  # noqa: E731
-        sol = solve(f, z0, x, solver=solver, batch_axis=0, init_state=init)
+        sol = solve(f, z0, x, solver=solver, batch_axis=0, init_state=init, on_failure="ignore")  # residual recorded
         z = sol.state.z.reshape(z0.shape)
         fz = f(z, x)
         axes = tuple(range(1, z.ndim))

@@ -160,7 +160,6 @@ def _check(o: dict, where: str) -> dict:
 
 
 def _make_model(o: dict, vocab: int, ensemble: str, sqrt_v: Any, rngs: nnx.Rngs):
-    from deqlab.implicit import Implicit
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
 
@@ -168,7 +167,7 @@ def _make_model(o: dict, vocab: int, ensemble: str, sqrt_v: Any, rngs: nnx.Rngs)
                            attention_scale=o["attention_scale"], max_distance=o["context"], rngs=rngs)
     # a failed solve is data here (converged_fraction per step), not a warning
     return LanguageModel(vocab, cell, solver="broyden", tol=o["tol"], max_steps=o["max_steps"],
-                         backward=Implicit(on_failure="ignore"), rngs=rngs)
+                         on_failure="ignore", rngs=rngs)
 
 
 def _optimizer(o: dict):

@@ -65,14 +65,13 @@ def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps:
                tol: float | None = None, depth: int | None = None) -> nnx.Module:
     """The DEQ-Transformer language model: :class:`deqlab.nn.LanguageModel` over a
     :class:`deqlab.nn.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20)."""
-    from deqlab.implicit import Implicit
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
 
     cell = TransformerCell(width, width, heads=heads, rngs=nnx.Rngs(seed))
     # a failed solve is recorded in the per-step statistics (converged_fraction), not warned about
     return LanguageModel(vocab_size, cell, depth=depth, solver="broyden", max_steps=max_steps, tol=tol,
-                         backward=Implicit(on_failure="ignore"), rngs=nnx.Rngs(seed + 1))
+                         on_failure="ignore", rngs=nnx.Rngs(seed + 1))
 
 
 def _pure(state):

@@ -57,7 +57,7 @@ def convergence(cell: nnx.Module, x: jax.Array, *, evaluations: int = 60,
         traces = {"unrolled": unroll(nnx.merge(graphdef, state), x, evaluations)[1]}
         for name in solvers:
             config = get_solver(name, tol=tol, max_steps=evaluations - 1)
-            traces[name] = solve(f, z0, x, solver=config, batch_axis=0).stats.residual_trace
+            traces[name] = solve(f, z0, x, solver=config, batch_axis=0, on_failure="ignore").stats.residual_trace
         return traces
 
     return {k: np.asarray(v) for k, v in run(state, x).items()}
