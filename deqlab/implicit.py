@@ -42,7 +42,7 @@ behind a gradient, the same argument as :func:`deqlab.solve`'s and :class:`deqla
 not the equilibrium's) and a sample whose adjoint solve failed (its gradient is inexact).
 ``"warn"`` (default) issues a :class:`BackwardWarning`; ``"nan"`` makes the failing samples'
 values and gradients NaN, so a loss that uses them is NaN (no host callback: the choice for
-TPUs); ``"raise"`` raises :class:`~deqlab.solvers.SolverError`; ``"ignore"`` leaves the
+TPUs); ``"raise"`` raises :class:`~deqlab.failures.SolverError`; ``"ignore"`` leaves the
 per-sample ``Solution.result`` as the only record. Compare a backward linear solve that returns
 zeros when it fails (google/jaxopt issue 466).
 """
@@ -66,6 +66,7 @@ from deqlab.solvers import (
     Result,
     Solution,
     Solver,
+    SolverState,
     SolveStats,
     _configuration_class,
     check_problem,
@@ -737,6 +738,9 @@ def fixed_point(
                           "inverse-Jacobian estimate; any solver with an "
                           "inverse_jacobian_transpose method works)", type(config).__name__,
                           "fixed_point")
+    if init_state is not None and not isinstance(init_state, SolverState):
+        raise ValueError(f"fixed_point: `init_state` must be the `state` of an earlier Solution of this "
+                         f"problem (a deqlab.solvers.SolverState) or None, got {type(init_state).__name__}.")
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer

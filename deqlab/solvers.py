@@ -2,7 +2,7 @@
 
 A deep equilibrium model (003 §3.1, Eq. 4) outputs the fixed point z* = f(z*, x). This module
 finds it. Every solver here works on a pytree ``z`` and returns a :class:`Solution` carrying the
-value, a per-sample :class:`Result`, and statistics (steps, function evaluations, the residual
+value, a per-sample :class:`~deqlab.failures.Result`, and statistics (steps, function evaluations, the residual
 trace and the best residual).
 
 Writing a solver
@@ -233,7 +233,7 @@ class Solver:
             (:func:`deqlab.precision.default_tol`).
         max_steps: iteration limit (>= 1).
         divergence_factor: a sample whose absolute residual grows by more than this (> 1) over
-            the best one seen is reported :attr:`Result.DIVERGED`.
+            the best one seen is reported :attr:`~deqlab.failures.Result.DIVERGED`.
         stop: ``"residual"`` (relative residual <= tol) or ``"error"`` (estimated error of the
             returned value <= tol), see the module docstring.
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
@@ -1164,7 +1164,7 @@ def solve(
         batch_axis: axis of every leaf of ``z0`` that indexes independent samples, or None.
         on_failure: what a sample that did not converge does: ``"warn"`` (default; a
             :class:`~deqlab.failures.SolverWarning` attributed to your line), ``"raise"``
-            (:class:`SolverError`), ``"nan"`` (its value becomes NaN; no host callback, the
+            (:class:`~deqlab.failures.SolverError`), ``"nan"`` (its value becomes NaN; no host callback, the
             choice for TPUs) or ``"ignore"`` (``Solution.result`` is the only record); the same
             policy as :func:`deqlab.fixed_point` and :class:`deqlab.nn.DEQ`
             (:mod:`deqlab.failures`).
@@ -1285,7 +1285,7 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
 
 
 def raise_if_failed(solution: Solution, what: str = "solve") -> None:
-    """Raise :class:`SolverError` naming the failing samples of ``solution`` (concrete values only).
+    """Raise :class:`~deqlab.failures.SolverError` naming the failing samples of ``solution`` (concrete values only).
 
     Args:
         solution: a :class:`Solution` returned outside ``jit``.

@@ -261,7 +261,7 @@ def kglm_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, fami
         :class:`KGLMFit` with ``prediction = k(X~, X) alpha*`` (004 Thm. 7 / App. A.2).
 
     Raises:
-        deqlab.solvers.SolverError: Newton did not reach ``tol`` (never returns an unconverged ``alpha``).
+        deqlab.failures.SolverError: Newton did not reach ``tol`` (never returns an unconverged ``alpha``).
 
     Needs ``jax_enable_x64``: the kernel and the mean map are evaluated with ``jax.numpy``, and in
     float32 Newton's residual stalls near ``1e-7 ||T||``, above the default ``tol`` (a float32 page
@@ -403,7 +403,7 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
         max_steps: iteration limit.
         on_failure: what a failed solve does, as for :func:`deqlab.solve` (:mod:`deqlab.failures`):
             ``"raise"`` (default here: a prediction from a solve that failed is not the kGLM's)
-            :class:`deqlab.solvers.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
+            :class:`deqlab.failures.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
             ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
     """
     where = "deq_predict"
