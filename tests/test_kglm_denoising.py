@@ -95,6 +95,55 @@ def test_noise_model_statistics():
     assert abs(np.corrcoef(y[:-1], y[1:])[0, 1]) < 5 / math.sqrt(n)
 
 
+def test_conv_eigenvalues_match_the_dense_layer():
+    h = w = 8
+    weights = dn.init_weights("kglm", 0.7, jax.random.key(3), (h, w))
+    W2 = np.asarray(kernels.conv_matrix(weights["W2"].astype(np.float64), (3, h, w), padding="circular"))
+    np.testing.assert_allclose(dn.conv_eigenvalues(weights["W2"], (h, w)), np.linalg.eigvalsh(W2), atol=1e-6)
+    with pytest.raises(ValueError, match="symmetric"):
+        dn.conv_eigenvalues(np.arange(3 * 3 * 7 * 7, dtype=float).reshape(3, 3, 7, 7), (h, w))
+
+
+def _multichannel_gram(ell, h, w):
+    """App. F's squared exponential with one length scale per channel pair, untruncated and
+    non-periodic, on an h x w grid: (c h w, c h w)."""
+    i, j = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    pixels = np.stack([i.ravel(), j.ravel()], 1).astype(float)
+    d2 = ((pixels[:, None] - pixels[None]) ** 2).sum(-1)
+    c = ell.shape[0]
+    return np.block([[np.exp(-d2 / (2 * ell[a, b] ** 2)) for b in range(c)] for a in range(c)])
+
+
+def test_multichannel_kglm_kernel_is_indefinite_erratum():
+    """Erratum 20: with App. F's own length scale per channel pair the kernel is indefinite even
+    before truncation, and the triangular taper does not repair it; the layers of
+    init_weights("kglm", ...) are not kernel ridge regression. Over 20 keys on 8 x 8 images:
+    lambda_min / ||K|| from -68% to -5% (median -27%) for the box, every draw indefinite."""
+    h = w = 8
+    box, tri, full = [], [], []
+    for s in range(20):
+        key = jax.random.key(s)
+        ev = dn.conv_eigenvalues(dn.init_weights("kglm", 1.0, key, (h, w))["W2"], (h, w))
+        box.append(ev[0] / np.abs(ev).max())
+        ell = dn.sample_length_scales(key)
+        taper = kernels.image_kernel(dn.RADIUS, length_scale=ell, channels=3, truncation="triangular").filter()
+        ev = dn.conv_eigenvalues(taper, (h, w))
+        tri.append(ev[0] / np.abs(ev).max())
+        ev = np.linalg.eigvalsh(_multichannel_gram(ell, h, w))
+        full.append(ev[0] / np.abs(ev).max())
+    box, tri, full = map(np.array, (box, tri, full))
+    assert np.all(box < -0.04) and np.all(tri < -0.01) and np.all(full < -0.02)
+    assert -0.70 < box.min() < -0.60 and -0.30 < np.median(box) < -0.22
+    assert np.median(tri) < -0.15 and np.median(full) < -0.15
+    # one channel (a single length scale): the taper is PSD, the box only slightly indefinite
+    one = np.array([[2.0]])
+    ev = dn.conv_eigenvalues(kernels.image_kernel(dn.RADIUS, length_scale=one, channels=1,
+                                                  truncation="triangular").filter(), (h, w))
+    assert ev[0] > -1e-10 * ev[-1]
+    ev = dn.conv_eigenvalues(kernels.image_kernel(dn.RADIUS, length_scale=one, channels=1).filter(), (h, w))
+    assert -0.05 < ev[0] / ev[-1] < 0
+
+
 def test_untrained_kglm_deq_is_kernel_ridge_smoothing():
     """004 Thm. 3 / Cor. 11 with X~ = X: where the fixed point is positive, ReLU acts as the
     identity and the kGLM-initialised DEQ outputs K (K + lam I)^-1 y (kernel ridge regression)."""

@@ -100,3 +100,14 @@ def test_equilibrium_tradeoff_matches_the_model():
     out = costs.equilibrium_tradeoff(model, tokens[:, :-1], tokens[:, 1:], max_steps=40, tolerances=(1e-1, 1e-5))
     assert abs(out["loss_at_tol"][-1] - out["converged_loss"]) < 1e-4
     assert out["steps_at_tol"][0] <= out["steps_at_tol"][1]
+
+
+def test_inference_times_report_evaluations():
+    model = costs.make_lm("trellis", vocab=6, width=8, tol=1e-4, max_steps=20)
+    tokens, _ = costs.markov_corpus(jax.random.key(3), vocab=6, sequences=4, length=12)
+    deq = costs.inference_times(model, tokens[:, :-1], repeats=3)
+    deep = costs.inference_times(model, tokens[:, :-1], depth=3, repeats=3)
+    assert len(deq["times"]) == 3 and deq["median"] > 0 and 1 <= deq["nfe"] <= 20
+    assert deep["nfe"] == 3.0 and deep["median"] > 0
+    with pytest.raises(ValueError, match="depth"):
+        costs.inference_times(model, tokens[:, :-1], depth=0)

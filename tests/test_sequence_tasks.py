@@ -96,3 +96,17 @@ def test_language_model_sweep_rows(tmp_path, monkeypatch, tiny_corpus):
     (row,) = lm.run_language_model(tmp_path, [config])
     assert row["vocabulary"] == tiny_corpus["tokenizer"].vocab_size and len(row["loss"]) == 2
     assert {k: row[k] for k in config} == config
+
+
+def test_language_model_schedule_warmup_then_cosine():
+    """001 App. D: lr 1e-3, linear warm-up over 2e3 steps, then cosine decay over 5e4 steps."""
+    from deqlab.lab.experiments.sequence import language_model as lm
+    f = lm.learning_rate_schedule(1e-3, 52_000, 2_000)
+    assert float(f(0)) == 0.0
+    np.testing.assert_allclose(float(f(1_000)), 5e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(f(2_000)), 1e-3, rtol=1e-6)
+    np.testing.assert_allclose(float(f(27_000)), 5e-4, rtol=1e-4)  # half way through the decay
+    assert float(f(52_000)) < 1e-9
+    g = lm.learning_rate_schedule(3e-3, 100)  # no warm-up: the plain cosine decay
+    np.testing.assert_allclose(float(g(0)), 3e-3, rtol=1e-6)
+    assert float(g(100)) < 1e-9

@@ -95,6 +95,7 @@ __all__ = [
     "kglm_filter",
     "init_weights",
     "layer_norms",
+    "conv_eigenvalues",
     "denoise",
     "train_seeds",
     "run_denoising_sweep",
@@ -254,6 +255,34 @@ def layer_norms(weights: dict[str, Any], image_shape: Sequence[int]) -> dict[str
              for name in LAYERS}
     norms["mean"] = float(np.mean([norms[name] for name in LAYERS]))
     return norms
+
+
+def conv_eigenvalues(filters: Any, image_shape: Sequence[int]) -> np.ndarray:
+    """All ``c h w`` eigenvalues (ascending, float64) of the circular convolution with a *symmetric*
+    filter bank (``filters[a, b, p, q] = filters[b, a, -p, -q]``, as every Gram-matrix filter of
+    004 Cor. 11 is) on ``image_shape``: the DFT block-diagonalises it into one Hermitian
+    ``c x c`` matrix per frequency (Sedghi et al. 2018), whose eigenvalues these are.
+
+    The kGLM layers ``K / lam`` are kernel ridge regression only if all of them are ``>= 0``;
+    with App. F's per-channel-pair length scales they are not (erratum 20 of the book).
+    """
+    where = "denoising.conv_eigenvalues"
+    f = np.asarray(filters, np.float64)
+    if f.ndim != 4 or f.shape[0] != f.shape[1]:
+        raise checks.fail("filters", "an array of shape (c, c, kh, kw)", f.shape, where)
+    flipped = np.swapaxes(f, 0, 1)[:, :, ::-1, ::-1]
+    if not np.allclose(f, flipped, rtol=1e-6, atol=1e-7 * max(1.0, float(np.abs(f).max()))):
+        raise checks.fail("filters", "a symmetric filter bank (f[a, b, p, q] = f[b, a, -p, -q])",
+                          "an asymmetric one", where)
+    h, w = _image_shape(image_shape, (f.shape[-1] - 1) // 2, where)
+    kh, kw = f.shape[-2:]
+    grid = np.zeros(f.shape[:2] + (h, w))
+    rows = (np.arange(kh) - (kh - 1) // 2) % h
+    cols = (np.arange(kw) - (kw - 1) // 2) % w
+    np.add.at(grid, (slice(None), slice(None), rows[:, None], cols[None, :]), f)
+    P = np.moveaxis(np.fft.fft2(grid), (0, 1), (-2, -1))  # (h, w, c, c), Hermitian for a symmetric bank
+    P = 0.5 * (P + np.conj(np.swapaxes(P, -1, -2)))
+    return np.sort(np.linalg.eigvalsh(P).ravel())
 
 
 # --------------------------------------------------------------------------------------------

@@ -433,8 +433,10 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
         ``||g - g*|| / ||g*||`` of the gradient of every parameter; the fraction of the batch whose
         forward solve (the method's solver, at tol 1e-4) converged; ``memory``, the temporary bytes XLA allocates
         for the compiled gradient (``memory_analysis().temp_size_in_bytes``); ``backward_vjps``,
-        the vector-Jacobian products of the backward pass (measured for the implicit one: the
-        adjoint solve's evaluations).
+        every vector-Jacobian product with the layer in the backward pass, the one that maps the
+        adjoint ``u`` to the parameter gradient included: implicit, the adjoint solve's evaluations
+        (measured) + 1; unrolled, ``max_steps``; phantom, ``phantom_steps``; Jacobian-free, 1;
+        SHINE, ``refine`` + 1 (its ``-B^T g`` needs none).
     """
     from deqlab.implicit import adjoint_solve
 
@@ -494,7 +496,7 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
                          "forward_converged": converged,
                          "memory": float(getattr(memory, "temp_size_in_bytes", np.nan)),
                          "backward_vjps": float({"unrolled": max_steps, "jacobian_free": 1,
-                                                 "phantom": phantom_steps, "shine": backward.refine
+                                                 "phantom": phantom_steps, "shine": backward.refine + 1
                                                  if name == "shine" else 0}.get(name, np.nan))}
         # the implicit method's adjoint evaluations, measured (one jitted program rather than eager solves)
         def adjoint_nfe(params):
@@ -511,5 +513,6 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
                                     max_steps=max_steps, batch_axis=0)
             return adjoint.stats.nfe
 
-        out["implicit"]["backward_vjps"] = float(jax.jit(adjoint_nfe)(params))
+        # the adjoint solve's VJPs, plus the one that gives the parameter gradient
+        out["implicit"]["backward_vjps"] = float(jax.jit(adjoint_nfe)(params)) + 1.0
     return out

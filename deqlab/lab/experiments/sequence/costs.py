@@ -30,7 +30,7 @@ from deqlab.precision import PrecisionWarning
 from deqlab.solvers import Broyden, solve
 
 __all__ = ["markov_corpus", "make_lm", "batches", "gradient_program", "training_memory", "profile",
-           "equilibrium_tradeoff"]
+           "inference_times", "equilibrium_tradeoff"]
 
 KINDS = ("transformer", "trellis")
 
@@ -205,6 +205,38 @@ def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, dept
     for what in ("train", "infer", "mem") if timing else ("mem",):
         out[f"{what}_ratio"] = out[f"{what}_deq"] / out[f"{what}_unrolled"]
     return out
+
+
+def inference_times(model: LanguageModel, tokens: jax.Array, *, depth: int | None = None,
+                    repeats: int = 7) -> dict[str, Any]:
+    """Wall times of one compiled inference program, to split a DEQ / unrolled time ratio into
+    evaluations and per-evaluation cost.
+
+    ``depth=None``: the DEQ (its solver); an integer: the weight-tied network of that depth.
+    Returns ``{"median", "times", "nfe"}``: the median of ``repeats`` runs after a warm-up (s),
+    all the runs, and the evaluations of ``f`` (the DEQ's forward NFE; ``depth`` when unrolled).
+    Timing a depth-1 network too gives the cost outside the layer (embedding, head, dispatch), so
+    that ``(t_L - t_1) / (L - 1)`` is the time of one layer evaluation and
+    ``(t_DEQ - t_1) / nfe`` that of one solver iteration (an evaluation plus the solver's work).
+    """
+    where = "sequence.inference_times"
+    if depth is not None:
+        checks.positive_int(depth, "depth", where)
+    checks.positive_int(repeats, "repeats", where)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def infer(params, rest, tokens):
+        return nnx.merge(graphdef, params, rest)(tokens, depth=depth)
+
+    compiled = jax.jit(infer).lower(params, rest, tokens).compile()
+    jax.block_until_ready(compiled(params, rest, tokens))  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(params, rest, tokens))
+        times.append(time.perf_counter() - start)
+    nfe = float(compiled(params, rest, tokens)[1]["nfe"]) if depth is None else float(depth)
+    return {"median": float(np.median(times)), "times": times, "nfe": nfe}
 
 
 def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *,

@@ -36,7 +36,7 @@ from flax import nnx
 from deqlab import checks
 from deqlab.lab import data
 
-__all__ = ["prepare_corpus", "make_model", "train_language_model", "run_language_model", "LOGGED"]
+__all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "run_language_model", "LOGGED"]
 
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
 """Per-step quantities a run records: training loss and the forward solve's statistics."""
@@ -85,6 +85,16 @@ def _load(module, pure, *filters):
     nnx.update(module, state)
 
 
+def learning_rate_schedule(learning_rate: float, steps: int, warmup: int = 0):
+    """The schedule of :func:`train_language_model`: ``warmup`` steps of linear warm-up from 0 to
+    ``learning_rate``, then a cosine decay to 0 at ``steps`` (optax's decay counts the warm-up
+    too, as in 001 App. D: ``warmup=2000``, ``steps=52000`` is 2e3 warm-up then 5e4 of decay);
+    with ``warmup=0`` a plain cosine decay from ``learning_rate``."""
+    if warmup > 0:
+        return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, steps)
+    return optax.cosine_decay_schedule(learning_rate, steps)
+
+
 _REQUIRED = ("corpus", "tokenizer", "vocab_size", "context", "width", "heads", "steps", "batch_size",
              "learning_rate", "seed")
 
@@ -95,7 +105,9 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
 
     ``config`` keys: ``corpus`` (:data:`deqlab.lab.data.TEXT_DATASETS`), ``tokenizer``, ``vocab_size``,
     ``context``, ``width``, ``heads``, ``steps``, ``batch_size``, ``learning_rate`` (Adam with a
-    cosine decay to 0 and gradients clipped to norm 1), ``seed``; optional ``max_steps`` and
+    cosine decay to 0 and gradients clipped to norm 1), ``seed``; optional ``warmup`` (steps of
+    linear warm-up from 0 before the cosine decay, default 0; 001 App. D: 2000 of 52000, see
+    :func:`learning_rate_schedule`), ``max_steps`` and
     ``tol`` (the Broyden solve), ``eval_batches`` (validation batches, default 8),
     ``checkpoint_every`` (default ``steps // 4``), ``source`` and ``path`` (of the corpus).
 
@@ -142,7 +154,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     vocab = corpus["tokenizer"].vocab_size
     model = make_model(vocab, width=config["width"], heads=config["heads"], seed=seed,
                        max_steps=config.get("max_steps", 20), tol=config.get("tol"))
-    schedule = optax.cosine_decay_schedule(rate, steps)
+    warmup = checks.integer(config.get("warmup", 0), "config['warmup']", where, minimum=0, maximum=steps - 1)
+    schedule = learning_rate_schedule(rate, steps, warmup)
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule)),
                               wrt=nnx.Param)
     log = {k: np.full(steps, np.nan, np.float32) for k in LOGGED}
