@@ -33,7 +33,7 @@ from deqlab.implicit import (
 )
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "checks",

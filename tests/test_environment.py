@@ -289,3 +289,18 @@ def test_licences_and_citation_describe_this_release():
     assert citation["version"] == deqlab.__version__, "bump CITATION.cff with deqlab.__version__"
     assert citation["license"] == project["license"]
     assert citation["repository-code"] == project["urls"]["Repository"]
+
+
+def test_changelog_has_an_entry_for_this_release():
+    """A release says what changed: CHANGELOG.md's newest entry is the current version, and every
+    entry has a body."""
+    import deqlab
+
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## (\d+\.\d+\.\d+)\s*$", text, re.MULTILINE)
+    assert versions, "CHANGELOG.md has no '## <version>' entries"
+    assert versions[0] == deqlab.__version__, (
+        f"CHANGELOG.md's newest entry is {versions[0]}, deqlab is {deqlab.__version__}: add an entry")
+    assert len(versions) == len(set(versions)), "a version appears twice in CHANGELOG.md"
+    for version, body in zip(versions, re.split(r"^## \d+\.\d+\.\d+\s*$", text, flags=re.MULTILINE)[1:]):
+        assert len(body.strip()) > 40, f"CHANGELOG.md: the entry for {version} is empty"

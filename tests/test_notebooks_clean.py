@@ -157,7 +157,7 @@ def test_first_code_cell_is_guarded_colab_install(notebook):
         )
         # Pinned to the release the page was written for (tag v<deqlab.__version__>), so that a page
         # keeps working when main moves on; and nothing else (glue() needs no myst-nb there).
-        pinned = f"deqlab @ git+{REPO_URL}@v{deqlab.__version__}"
+        pinned = f"deqlab[lab] @ git+{REPO_URL}@v{deqlab.__version__}"
         assert shlex.split(lines[i].split("install", 1)[1]) == ["-q", pinned], (
             f"{path}: the Colab cell must install exactly {pinned} (got `{lines[i].strip()}`)"
         )
