@@ -70,16 +70,18 @@ def check_policy(value, where: str) -> str:
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _JAX = os.path.dirname(os.path.abspath(jax.__file__))
+# flax's transforms (nnx.jit, nnx.grad, ...) call the user's function from their own frames
+_FLAX = os.path.join(os.path.dirname(_JAX), "flax")
 
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` of ``warnings.warn`` (called by this module's caller) that attributes a
-    warning to the first frame outside deqlab and JAX: the user's line, not deqlab's."""
+    warning to the first frame outside deqlab, JAX and Flax: the user's line, not deqlab's."""
     frame = sys._getframe(1)
     level = 1
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not (path.startswith(_PACKAGE) or path.startswith(_JAX)):
+        if not path.startswith((_PACKAGE, _JAX, _FLAX)):
             return level
         frame = frame.f_back
         level += 1
