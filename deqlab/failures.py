@@ -2,7 +2,7 @@
 
 Every solve reports each sample's outcome as a :class:`Result` code (``Solution.result``). What
 happens beyond that is the caller's ``on_failure`` policy, the same argument with the same meaning
-for :func:`deqlab.solve`, :func:`deqlab.fixed_point` (its forward and its adjoint solve alike) and
+for :func:`deqlab.solvers.solve`, :func:`deqlab.implicit.fixed_point` (its forward and its adjoint solve alike) and
 :class:`deqlab.nn.DEQ`:
 
 ``"warn"`` (the default everywhere)

@@ -37,7 +37,7 @@ the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolv
   iteration from there (their "refine" variant). Needs ``solver="broyden"``.
 
 Failures are never silent. ``fixed_point(..., on_failure=...)`` is one policy for both solves
-behind a gradient, the same argument as :func:`deqlab.solve`'s and :class:`deqlab.nn.DEQ`'s
+behind a gradient, the same argument as :func:`deqlab.solvers.solve`'s and :class:`deqlab.nn.DEQ`'s
 (:mod:`deqlab.failures`): a sample whose forward solve failed (its value, hence its gradient, is
 not the equilibrium's) and a sample whose adjoint solve failed (its gradient is inexact).
 ``"warn"`` (default) issues a :class:`BackwardWarning`; ``"nan"`` makes the failing samples'
@@ -108,7 +108,7 @@ class LinearSolver:
     """Base class of the adjoint linear solvers: ``(I - J_f(z*)^T) u = g``, matrix-free (003 Eq. 11).
 
     The adjoint of :func:`adjoint_solve` can be found either as a fixed point (any
-    :class:`deqlab.Solver`) or as the solution of this linear system by a Krylov method, a
+    :class:`deqlab.solvers.Solver`) or as the solution of this linear system by a Krylov method, a
     subclass of this class. A subclass defines ``solve(operator, b, *, tol, max_steps)`` and is
     made a frozen keyword-only dataclass and a pytree with static fields, as solvers are.
 
@@ -214,13 +214,13 @@ def get_adjoint_solver(solver: Any = "anderson", *, name: str = "solver", **over
 
     Args:
         solver: a forward solver name (:data:`deqlab.solvers.SOLVERS`), a linear solver name
-            (:data:`LINEAR_SOLVERS`: ``"gmres"``), or a :class:`deqlab.Solver` or
+            (:data:`LINEAR_SOLVERS`: ``"gmres"``), or a :class:`deqlab.solvers.Solver` or
             :class:`LinearSolver` object.
         name: the argument the user wrote, for error messages.
         **overrides: settings (``tol``, ``max_steps``) replacing the object's; None is ignored.
 
     Returns:
-        A :class:`deqlab.Solver` or :class:`LinearSolver`.
+        A :class:`deqlab.solvers.Solver` or :class:`LinearSolver`.
 
     Raises:
         ValueError: an unknown name or object (the message lists the valid ones), or an invalid
@@ -256,7 +256,7 @@ class Problem:
         f: the map, returning z only (``has_aux`` is handled by :func:`fixed_point`); closes over
             nothing traced.
         z0, args: the initial guess and the arguments (a tuple of pytrees) to differentiate.
-        solver: the forward :class:`deqlab.Solver`, its ``tol`` resolved.
+        solver: the forward :class:`deqlab.solvers.Solver`, its ``tol`` resolved.
         batch_axis, precision, init_state: as in :func:`deqlab.solvers.solve`.
         tol: the forward tolerance; dtype: the dtype of the solve.
         on_failure: the caller's policy (:mod:`deqlab.failures`); :func:`fixed_point` applies it
@@ -758,7 +758,7 @@ def fixed_point(
 
 def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, has_aux, precision, on_failure,
                         signal):
-    """The computation of :func:`fixed_point` (run under its cached jit, see :mod:`deqlab._eager`);
+    """The computation of :func:`fixed_point` (run under its cached jit, see ``deqlab._eager``);
     ``signal``: report forward failures here (under an outer transformation)."""
     probe = Flattener(z0, batch_axis)
     resolved_tol = config.tol

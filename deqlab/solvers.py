@@ -98,17 +98,18 @@ import numpy as np
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
-from deqlab.failures import Result, SolverError, SolverWarning, check_policy, nan_where_failed, signal
+from deqlab.failures import Result, check_policy, nan_where_failed, signal
+from deqlab.failures import SolverError as SolverError  # importable from here too
+from deqlab.failures import SolverWarning as SolverWarning
 
+# Result, SolverError and SolverWarning live in deqlab.failures (documented there) and are
+# importable from here too.
 __all__ = [
-    "Result",
     "SolveStats",
     "SolverState",
     "Solution",
     "Flattener",
     "check_problem",
-    "SolverError",
-    "SolverWarning",
     "raise_if_failed",
     "Solver",
     "RATE_ESTIMATES",
@@ -233,7 +234,7 @@ class Solver:
             (:func:`deqlab.precision.default_tol`).
         max_steps: iteration limit (>= 1).
         divergence_factor: a sample whose absolute residual grows by more than this (> 1) over
-            the best one seen is reported :attr:`~deqlab.failures.Result.DIVERGED`.
+            the best one seen is reported ``Result.DIVERGED``.
         stop: ``"residual"`` (relative residual <= tol) or ``"error"`` (estimated error of the
             returned value <= tol), see the module docstring.
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
@@ -1166,7 +1167,7 @@ def solve(
             :class:`~deqlab.failures.SolverWarning` attributed to your line), ``"raise"``
             (:class:`~deqlab.failures.SolverError`), ``"nan"`` (its value becomes NaN; no host callback, the
             choice for TPUs) or ``"ignore"`` (``Solution.result`` is the only record); the same
-            policy as :func:`deqlab.fixed_point` and :class:`deqlab.nn.DEQ`
+            policy as :func:`deqlab.implicit.fixed_point` and :class:`deqlab.nn.DEQ`
             (:mod:`deqlab.failures`).
         unrolled: iterate with ``lax.scan`` for exactly ``max_steps`` (frozen samples masked) so
             that reverse-mode autodiff can go through the iterations.
@@ -1201,7 +1202,7 @@ def solve(
         outside compose with it. A new ``f`` object each call (a ``lambda`` written in the call)
         compiles again, and, as under ``jax.jit``, arrays that ``f`` reads from globals or a
         mutable object are frozen at compilation: pass changing arrays in ``args``. Checks on
-        concrete values and the failure policy run outside the jit (see :mod:`deqlab._eager`).
+        concrete values and the failure policy run outside the jit (see ``deqlab._eager``).
 
     Example:
         >>> import jax.numpy as jnp, deqlab
@@ -1234,7 +1235,7 @@ def solve(
 
 
 def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision):
-    """The computation of :func:`solve` (run under its cached jit, see :mod:`deqlab._eager`)."""
+    """The computation of :func:`solve` (run under its cached jit, see ``deqlab._eager``)."""
     flattener = Flattener(z0, batch_axis)
     check_problem(f, z0, args, has_aux)
     resolved_tol = config.resolved_tol(flattener.dtype)

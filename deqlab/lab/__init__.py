@@ -1,7 +1,7 @@
 """The book's own code: what the pages of *Equilibrium* run, apart from the library.
 
-* :mod:`deqlab.lab.experiments`: the experiment drivers of every chapter, the scale setting
-  (``DEQLAB_SCALE``: :func:`~deqlab.lab.experiments.pick`), ``glue``, tables, the interactive
+* ``deqlab.lab.experiments``: the experiment drivers of every chapter, the scale setting
+  (``DEQLAB_SCALE``: :func:`~deqlab.lab.experiments.config.pick`), ``glue``, tables, the interactive
   explorers and the resumable sweep runner with its checkpoints;
 * :mod:`deqlab.lab.exercises`: the graders of the exercises;
 * :mod:`deqlab.lab.data`: datasets (each with an offline default) and tokenizers;

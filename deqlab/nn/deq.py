@@ -38,7 +38,7 @@ class DEQ(nnx.Module):
             ``width`` attribute (the size of z's last axis) and, to have x's width checked, an
             ``in_features`` attribute.
         solver: forward solver, a name or a configured object (``Anderson(m=6, tol=1e-6)``, or an
-            instance of your own :class:`deqlab.Solver` subclass); its settings are kept unless
+            instance of your own :class:`deqlab.solvers.Solver` subclass); its settings are kept unless
             ``tol`` / ``max_steps`` are given here.
         tol, max_steps: override the solver's; ``tol`` None (and a solver without one): the
             default of the solve's dtype (float32 1e-5, float64 1e-10).
@@ -48,7 +48,7 @@ class DEQ(nnx.Module):
             ``SHINE``, or an instance of your own :class:`deqlab.implicit.Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
             (default), ``"raise"``, ``"nan"`` (no host callback: the choice for TPUs) or
-            ``"ignore"``, as for :func:`deqlab.fixed_point` (:mod:`deqlab.failures`).
+            ``"ignore"``, as for :func:`deqlab.implicit.fixed_point` (:mod:`deqlab.failures`).
         batch_axis: axis of x and z indexing independent samples (None for a single sample).
         precision: matmul precision of the solve (``"default"``, ``"high"``, ``"highest"``); None:
             what the tolerance needs (see :mod:`deqlab.precision`; it matters on TPUs).

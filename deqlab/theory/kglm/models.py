@@ -401,7 +401,7 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
         z0: initial state; default ``A'(0)`` (the state of ``alpha = 0``).
         tol: relative-residual tolerance of the solve (1e-12: predictions to ~1e-10 of their size).
         max_steps: iteration limit.
-        on_failure: what a failed solve does, as for :func:`deqlab.solve` (:mod:`deqlab.failures`):
+        on_failure: what a failed solve does, as for :func:`deqlab.solvers.solve` (:mod:`deqlab.failures`):
             ``"raise"`` (default here: a prediction from a solve that failed is not the kGLM's)
             :class:`deqlab.failures.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
             ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
