@@ -35,6 +35,17 @@ from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, 
 
 __version__ = "0.6.0"
 
+
+def __getattr__(name):
+    """``deqlab.nn``, ``deqlab.theory`` and ``deqlab.lab`` load on first access (PEP 562): ``import
+    deqlab`` stays light, and ``deqlab.lab`` (the book's code, the ``lab`` extra) is loaded only
+    by a program that asks for it."""
+    if name in ("nn", "theory", "lab"):
+        import importlib
+
+        return importlib.import_module(f"deqlab.{name}")
+    raise AttributeError(f"module 'deqlab' has no attribute {name!r}")
+
 __all__ = [
     "checks",
     "ensembles",

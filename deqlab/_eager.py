@@ -14,22 +14,26 @@ The second call with the same ``f`` object, configuration, non-array leaves and 
 dtypes reuses the compiled computation; ``jax.grad``, ``jax.vmap`` and ``jax.jit`` from outside go
 through the internal ``jit`` (JAX caches its derivatives and batched versions on the traced jaxpr,
 so an eager ``jax.grad`` hits the cache too). A new ``f`` object (a ``lambda`` written in the call,
-a ``functools.partial`` made each time) compiles again, as with ``jax.jit`` itself; and, as with
-``jax.jit``, what ``f`` reads at trace time is baked into the compiled computation. One common case
-is guarded: the arrays ``f`` reads directly from its closure or from module globals (``f = lambda
-z, x: jnp.tanh(W @ z + x)`` in a notebook, then ``W = ...`` again) are part of the key by identity,
-so rebinding them compiles again instead of silently reusing the old ``W``. Arrays reached
-indirectly (inside a list, an object, a function ``f`` calls) and NumPy arrays changed in place are
-not seen: pass changing arrays as arguments of ``f``.
+a ``functools.partial`` made each time) compiles again, as with ``jax.jit`` itself.
 
-Inputs that cannot be cached (an unhashable non-array leaf or ``f``) and functions that need
-concrete array values (``float(arg)``, NumPy on an argument) run the uncached computation, as
-before.
+What ``f`` reads besides its arguments would be baked into the compiled computation, so it is
+part of the key (:func:`_captured`): arrays read from ``f``'s closure or from the globals it names
+by identity (``f = lambda z, x: jnp.tanh(W @ z + x)`` in a notebook, then ``W = ...`` again
+compiles again), scalars and strings by value, and the functions ``f`` calls are followed in the
+same way. An ``f`` that reads state the key cannot follow, because its contents can change while
+the object stays the same (a callable object such as an ``nnx.Module`` or a bound method, whose
+parameters change in training; a list or dict), runs uncached: correct, and as slow as before the
+cache. NumPy arrays changed in place are not seen: pass changing arrays as arguments of ``f``.
+
+Inputs that cannot be cached (an unhashable non-array leaf) and functions that need concrete array
+values (``float(arg)``, NumPy on an argument) run the uncached computation too.
 """
 
 from __future__ import annotations
 
 import functools
+import types
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -100,33 +104,76 @@ def _unwrap(out):
 
 
 class _ByIdentity:
-    """Hashes and compares an object by identity, and keeps it alive while a cache entry holds it
-    (so that its ``id`` cannot be reused by another object)."""
+    """Hashes and compares an array by identity, through a weak reference: a cache entry neither
+    keeps the array alive (a notebook that rebinds a large ``W`` does not accumulate old ones) nor
+    matches another array that reuses its ``id`` after it is freed (the dead reference is ``None``)."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("ref", "key")
 
     def __init__(self, obj):
-        self.obj = obj
+        self.ref = weakref.ref(obj)
+        self.key = id(obj)
 
     def __hash__(self):
-        return id(self.obj)
+        return self.key
 
     def __eq__(self, other):
-        return isinstance(other, _ByIdentity) and other.obj is self.obj
+        return isinstance(other, _ByIdentity) and self.key == other.key and self.ref() is not None \
+            and self.ref() is other.ref()
 
 
-def _captured_arrays(f) -> tuple:
-    """The arrays ``f`` reads directly from its closure cells and from the globals it names."""
-    while isinstance(f, functools.partial):
-        f = f.func
-    code = getattr(f, "__code__", None)
-    if code is None:
+class _Uncacheable(Exception):
+    """``f`` reads state that the key cannot follow (a module's parameters, a list, an object)."""
+
+
+#: Values ``f`` may read from its closure or globals without defeating the cache: immutable
+#: scalars and strings (keyed by value), modules, classes and builtins (keyed by identity).
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), types.ModuleType, type,
+          types.BuiltinFunctionType, types.BuiltinMethodType)
+
+
+def _captured(f, seen: set | None = None, depth: int = 0) -> tuple:
+    """The cache key of what ``f`` reads besides its arguments.
+
+    Arrays read from ``f``'s closure cells and from the globals it names are keyed by identity;
+    scalars and strings by value; modules, classes and builtins by identity; functions it reads
+    are followed (a helper reading a global ``W``), to a depth of 4. Anything else (an object with
+    state, such as an ``nnx.Module`` whose parameters change in training, a list, a dict, a bound
+    method) raises :class:`_Uncacheable`: its contents could change without the key changing, so
+    the call runs uncached (correct, and as slow as before the cache).
+    """
+    seen = set() if seen is None else seen
+    if id(f) in seen:
         return ()
-    values = [cell.cell_contents for cell in (getattr(f, "__closure__", None) or ())
-              if _cell_filled(cell)]
-    names = getattr(f, "__globals__", {})
-    values += [names[name] for name in code.co_names if name in names]
-    return tuple(_ByIdentity(v) for v in values if is_array(v))
+    seen.add(id(f))
+    while isinstance(f, functools.partial):
+        for value in (*f.args, *f.keywords.values()):
+            if not (is_array(value) or isinstance(value, _PLAIN)):
+                raise _Uncacheable
+        f = f.func
+    if not isinstance(f, types.FunctionType):
+        if isinstance(f, (types.BuiltinFunctionType, jax.custom_jvp, jax.custom_vjp)):
+            return ()
+        raise _Uncacheable  # a callable object (nnx.Module, bound method): state the key cannot see
+    if depth > 4:
+        raise _Uncacheable
+    values = [cell.cell_contents for cell in (f.__closure__ or ()) if _cell_filled(cell)]
+    values += [f.__globals__[name] for name in f.__code__.co_names if name in f.__globals__]
+    key = []
+    for value in values:
+        if is_array(value):
+            key.append(_ByIdentity(value))
+        elif isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
+            key.append((type(value), value))
+        elif isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType)):
+            key.append(id(value))
+        elif isinstance(value, (types.FunctionType, functools.partial)):
+            key.append((id(value), _captured(value, seen, depth + 1)))
+        elif isinstance(value, (jax.custom_jvp, jax.custom_vjp)) or getattr(value, "__module__", "") == "jax":
+            key.append(id(value))
+        else:
+            raise _Uncacheable
+    return tuple(key)
 
 
 def _cell_filled(cell) -> bool:
@@ -147,10 +194,10 @@ def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, 
     """
     dynamic, static = _partition(inputs)
     key = tuple(sorted(options.items()))
-    captured = _captured_arrays(f)
     try:
-        hash((f, static, key))
-    except TypeError:
+        captured = _captured(f)
+        hash((f, static, key, captured))
+    except (TypeError, _Uncacheable):
         return body(f, *inputs, **options)
     try:
         return _unwrap(_jitted(body, f, static, key, captured, dynamic))

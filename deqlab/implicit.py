@@ -59,15 +59,23 @@ import numpy as np
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
-from deqlab.failures import FAILURE_POLICIES, SolverWarning, check_policy, nan_where_failed, signal
+from deqlab.failures import (
+    FAILURE_POLICIES,
+    NOT_GIVEN,
+    SolverWarning,
+    check_policy,
+    nan_where_failed,
+    removed_throw,
+    signal,
+)
 from deqlab.solvers import (
     SOLVERS,
     Flattener,
     Result,
     Solution,
     Solver,
-    SolverState,
     SolveStats,
+    _check_init_state,
     _configuration_class,
     check_problem,
     get_solver,
@@ -667,6 +675,7 @@ def fixed_point(
     has_aux: bool = False,
     precision: Any = None,
     init_state: Any = None,
+    throw: Any = NOT_GIVEN,
 ) -> Solution:
     """Differentiable fixed point ``z* = f(z*, *args)`` (003 Theorem 1, Eq. 8 and 11).
 
@@ -690,6 +699,8 @@ def fixed_point(
             :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
+        throw: removed in deqlab 0.6 (use ``on_failure``); given, it raises a TypeError that
+            says so.
 
     Returns:
         The forward :class:`~deqlab.solvers.Solution`; differentiate through ``.value``.
@@ -709,8 +720,9 @@ def fixed_point(
         non-array leaves of ``args``; the arrays of ``z0``, ``args`` and ``init_state`` are
         traced. A second eager call, or an eager ``jax.grad`` through it, with the same ``f``
         and shapes reuses the compiled computation (JAX caches the derivative of the internal
-        jit too). A new ``f`` object each call compiles again; arrays ``f`` reads from globals
-        or mutable objects are frozen at compilation (pass them in ``args``). ``init_state`` (a
+        jit too). A new ``f`` object each call compiles again; what ``f`` reads besides its
+        arguments is part of the key, or the call runs uncached (as for
+        :func:`deqlab.solvers.solve`). ``init_state`` (a
         previous ``Solution.state``) is an input of the differentiated computation, with a
         zero cotangent: warm starts work under ``grad``, ``jit`` and ``vmap``, and the implicit
         gradient does not depend on them (Unrolled differentiates through the iterations from
@@ -726,7 +738,10 @@ def fixed_point(
     """
     mode = get_backward(backward)
     config = get_solver(solver, tol=tol, max_steps=max_steps)
+    removed_throw(throw, "fixed_point")
     check_policy(on_failure, "fixed_point")
+    if not isinstance(has_aux, bool):
+        raise checks.fail("has_aux", "True or False", has_aux, "fixed_point")
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
     # Validate the problem up front, so that errors name the user's arguments (the checks that
@@ -738,9 +753,7 @@ def fixed_point(
                           "inverse-Jacobian estimate; any solver with an "
                           "inverse_jacobian_transpose method works)", type(config).__name__,
                           "fixed_point")
-    if init_state is not None and not isinstance(init_state, SolverState):
-        raise ValueError(f"fixed_point: `init_state` must be the `state` of an earlier Solution of this "
-                         f"problem (a deqlab.solvers.SolverState) or None, got {type(init_state).__name__}.")
+    _check_init_state(init_state, "fixed_point")
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer

@@ -98,7 +98,7 @@ import numpy as np
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
-from deqlab.failures import Result, check_policy, nan_where_failed, signal
+from deqlab.failures import NOT_GIVEN, Result, check_policy, nan_where_failed, removed_throw, signal
 from deqlab.failures import SolverError as SolverError  # importable from here too
 from deqlab.failures import SolverWarning as SolverWarning
 
@@ -1146,6 +1146,7 @@ def solve(
     precision: Any = None,
     init_state: SolverState | None = None,
     stop: str | None = None,
+    throw: Any = NOT_GIVEN,
 ) -> Solution:
     """Find ``z* = f(z*, *args)`` starting from ``z0`` (003 Eq. 4-6).
 
@@ -1180,6 +1181,8 @@ def solve(
             (its iterate replaces ``z0``'s values; ``z0`` still gives the structure).
         stop: the stopping rule, ``"residual"`` or ``"error"`` (overrides the solver's; see the
             module docstring for what ``tol`` means under each).
+        throw: removed in deqlab 0.6 (``on_failure="raise"`` / ``"ignore"``); given, it raises a
+            TypeError that says so.
 
     Returns:
         :class:`Solution` with per-sample ``result``, ``converged``, ``stats`` and ``state``.
@@ -1200,8 +1203,11 @@ def solve(
         traced. A second eager call with the same ``f`` and shapes costs the jit dispatch
         (milliseconds instead of a compilation); ``jax.jit``, ``jax.vmap`` and ``jax.grad`` from
         outside compose with it. A new ``f`` object each call (a ``lambda`` written in the call)
-        compiles again, and, as under ``jax.jit``, arrays that ``f`` reads from globals or a
-        mutable object are frozen at compilation: pass changing arrays in ``args``. Checks on
+        compiles again. What ``f`` reads besides its arguments is part of the key: arrays from its
+        closure or globals by identity (rebinding ``W`` compiles again), scalars by value, the
+        functions it calls followed likewise; an ``f`` that reads state the key cannot follow (a
+        callable object such as an ``nnx.Module``, a list) runs uncached, so it is never stale.
+        NumPy arrays changed in place are not seen: pass changing arrays in ``args``. Checks on
         concrete values and the failure policy run outside the jit (see ``deqlab._eager``).
 
     Example:
@@ -1211,9 +1217,13 @@ def solve(
         >>> bool(sol.converged)
         True
     """
+    removed_throw(throw, "solve")
     check_policy(on_failure, "solve")
     if not isinstance(has_aux, bool):
         raise checks.fail("has_aux", "True or False", has_aux, "solve")
+    if not isinstance(unrolled, bool):
+        raise checks.fail("unrolled", "True or False", unrolled, "solve")
+    _check_init_state(init_state, "solve")
     config = get_solver(solver, tol=tol, max_steps=max_steps, stop=stop)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
@@ -1232,6 +1242,15 @@ def solve(
     if on_failure == "nan":
         solution = solution._replace(value=nan_where_failed(solution.value, solution.result, batch_axis))
     return solution
+
+
+def _check_init_state(init_state, where):
+    """``init_state`` must be None or a :class:`SolverState` (a hint for a whole ``Solution``)."""
+    if init_state is None or isinstance(init_state, SolverState):
+        return
+    hint = " (pass its .state)" if isinstance(init_state, Solution) else ""
+    raise ValueError(f"{where}: `init_state` must be the `state` of an earlier Solution of this problem "
+                     f"(a deqlab.solvers.SolverState) or None, got {type(init_state).__name__}{hint}.")
 
 
 def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision):

@@ -24,31 +24,37 @@ def _problem(batch=4, width=8, seed=0):
     return jnp.zeros((batch, width), F32), w, x
 
 
-class Counted:
-    """z = tanh(W z + x), counting its traces."""
+class Traces:
+    """Traces of the functions made by :func:`Counted` (a class attribute: a plain function that
+    reads a class stays cacheable; a callable object with state would run uncached)."""
 
-    def __init__(self):
-        self.traces = 0
+    n = 0
 
-    def __call__(self, z, w, x):
-        self.traces += 1
+
+def Counted():
+    """A fresh function z = tanh(W z + x) (a new cache key), counting its traces in ``Traces.n``."""
+
+    def f(z, w, x):
+        Traces.n += 1
         return jnp.tanh(z @ w.T + x)
+
+    return f
 
 
 def test_second_eager_solve_does_not_retrace():
     z0, w, x = _problem()
     f = Counted()
     first = deqlab.solve(f, z0, w, x, batch_axis=0)
-    traced = f.traces
+    traced = Traces.n
     assert traced >= 1
     second = deqlab.solve(f, z0, w, 1.5 * x, batch_axis=0)
-    assert f.traces == traced
+    assert Traces.n == traced
     assert bool(jnp.all(second.converged))
     np.testing.assert_allclose(second.value, f(second.value, w, 1.5 * x), atol=1e-4)
     assert not np.allclose(first.value, second.value)
     # Another configuration or shape compiles again.
     deqlab.solve(f, z0, w, x, batch_axis=0, solver="picard")
-    assert f.traces > traced
+    assert Traces.n > traced
 
 
 def test_second_eager_fixed_point_and_gradient_do_not_retrace():
@@ -59,18 +65,18 @@ def test_second_eager_fixed_point_and_gradient_do_not_retrace():
         return jnp.sum(deqlab.fixed_point(f, z0, w, x, batch_axis=0).value ** 2)
 
     deqlab.fixed_point(f, z0, w, x, batch_axis=0)
-    traced = f.traces
+    traced = Traces.n
     deqlab.fixed_point(f, z0, w, 0.5 * x, batch_axis=0)
-    assert f.traces == traced
+    assert Traces.n == traced
     grad = jax.grad(loss)
     g1 = grad(w, x)
-    traced = f.traces
+    traced = Traces.n
     g2 = grad(w, 0.5 * x)
-    assert f.traces == traced  # eager grad: tracers of the outer transformation hit the cache
+    assert Traces.n == traced  # eager grad: tracers of the outer transformation hit the cache
     assert not np.allclose(g1, g2)
     # A new function object with the same body is a new key: it compiles again (documented).
     deqlab.fixed_point(lambda z, w, x: f(z, w, x), z0, w, x, batch_axis=0)
-    assert f.traces > traced
+    assert Traces.n > traced
 
 
 def test_cached_gradient_matches_jit_and_vmap():
@@ -232,3 +238,40 @@ def test_rebinding_a_closed_over_array_compiles_again():
     f.__closure__[0].cell_contents = -w
     second = deqlab.fixed_point(f, jnp.zeros((2, 4), jnp.float32), x, batch_axis=0).value
     assert not np.allclose(first, second)
+
+
+def test_a_callable_object_with_state_is_never_stale():
+    """An nnx.Module (or any object) passed as f can change its parameters between calls (training):
+    such calls run uncached, so the second solve sees the new parameters."""
+    from flax import nnx
+
+    class Cell(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(8, 8, rngs=rngs)
+
+        def __call__(self, z, x):
+            return jnp.tanh(0.3 * self.linear(z) + x)
+
+    cell = Cell(nnx.Rngs(0))
+    x = jnp.ones(8, F32)
+    before = deqlab.solve(cell, jnp.zeros(8, F32), x).value
+    cell.linear.kernel[...] = -cell.linear.kernel[...]
+    after = deqlab.solve(cell, jnp.zeros(8, F32), x)
+    assert not np.allclose(before, after.value)
+    np.testing.assert_allclose(after.value, cell(after.value, x), atol=1e-4)
+
+
+def test_a_global_read_through_a_helper_function_is_followed():
+    global _V
+    _V = 0.3 * jnp.eye(4, dtype=F32)
+    x = jnp.ones(4, F32)
+    f = lambda z, x: jnp.tanh(_helper(z) + x)  # noqa: E731
+    first = deqlab.solve(f, jnp.zeros(4, F32), x).value
+    _V = -0.3 * jnp.eye(4, dtype=F32)
+    second = deqlab.solve(f, jnp.zeros(4, F32), x).value
+    np.testing.assert_allclose(second, jnp.tanh(_helper(second) + x), atol=1e-5)
+    assert not np.allclose(first, second)
+
+
+def _helper(z):
+    return _V @ z

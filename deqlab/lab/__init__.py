@@ -11,3 +11,14 @@ It needs the ``lab`` extra (``pip install "deqlab[lab]"``: matplotlib, tqdm, orb
 scikit-learn, pillow, sentencepiece). It imports the library (:mod:`deqlab`, :mod:`deqlab.nn`,
 :mod:`deqlab.theory`); the library never imports it, and ``import deqlab`` does not load it.
 """
+
+import importlib.util as _util
+
+_MISSING = [package for module, package in (("matplotlib", "matplotlib"), ("tqdm", "tqdm"),
+                                             ("orbax.checkpoint", "orbax-checkpoint"),
+                                             ("sklearn", "scikit-learn"), ("PIL", "pillow"),
+                                             ("sentencepiece", "sentencepiece"))
+            if _util.find_spec(module.split(".")[0]) is None]
+if _MISSING:
+    raise ImportError(f"deqlab.lab (the book's code) needs the lab extra, missing here: {', '.join(_MISSING)}; "
+                      'install it with pip install "deqlab[lab]"')

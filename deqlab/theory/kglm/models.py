@@ -387,7 +387,7 @@ def _compiled_builtin_solve(solver: Any, tol: float, max_steps: int) -> Callable
 
 def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, family: Any, *,
                 solver: Any = "anderson", z0: Any = None, tol: float = 1e-12, max_steps: int = 500,
-                on_failure: str = "raise") -> DEQFit:
+                on_failure: str = "raise", throw: Any = failures.NOT_GIVEN) -> DEQFit:
     """The kGLM predictions of :func:`kglm_predict` computed as a DEQ (004 Thm. 3, Eq. 7-8).
 
     Solves ``z* = sigma(W1 z* + W2 T(Y) + W3 rho(z*))`` with :func:`deqlab.solvers.solve` and returns
@@ -405,9 +405,12 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
             ``"raise"`` (default here: a prediction from a solve that failed is not the kGLM's)
             :class:`deqlab.failures.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
             ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
+        throw: removed in deqlab 0.6 (use ``on_failure``); given, it raises a TypeError that
+            says so.
     """
     where = "deq_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
+    failures.removed_throw(throw, where)
     failures.check_policy(on_failure, where)
     params = deq_parameters(K, K_test, lam)
     T = jnp.asarray(family.statistic(Y))
