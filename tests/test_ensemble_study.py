@@ -1,6 +1,7 @@
 """The DEQ-Transformer ensemble study (001 §4.2-4.3): deqlab.lab.experiments.sequence.ensemble_study."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -186,30 +187,160 @@ def test_sharded_over_8_simulated_devices_matches_one_device():
     np.testing.assert_allclose(eight["test"], one["test"], rtol=1e-3)
 
 
-def test_check_claims_on_constructed_rows():
-    """Rows built so that the paper's pattern holds exactly: GOE best on average and worst at
-    best, random best at best and least stable; then the opposite pattern."""
-    rows = []
-    for e, ppls, failed in [("gaussian", [50, 60, 400], [False, False, True]),
-                            ("orthogonal", [55, 70, 90], [False, False, False]),
-                            ("goe", [65, 66, 67], [False, False, False])]:
-        for v in es.SQRT_V:
-            for s, (p, f) in enumerate(zip(ppls, failed)):
-                rows.append(dict(ensemble=e, sqrt_v=v, seed=s, test_perplexity=float(p), diverged=False,
-                                 solver_failed=f, solver_stopped_step=None))
-    claims = es.check_claims(rows)
-    assert len(claims) == 13 and all(c["holds"] for c in claims), [c for c in claims if not c["holds"]]
-    # GOE mean 66 against orthogonal 71.67: margin 5.67, standard error of the difference
-    # hypot(0.577, 10.14) = 10.16, so "within noise"
-    assert claims[0]["margin"] == pytest.approx(71.0 + 2 / 3 - 66.0)
-    assert claims[0]["verdict"] == "holds in sign, within noise"
-    flipped = [dict(r, test_perplexity=1000.0 - r["test_perplexity"], solver_failed=r["ensemble"] == "goe")
-               for r in rows]
-    again = es.check_claims(flipped)
-    # the means reverse, and the GOE now fails: those claims must fail
-    assert not any(again[i]["holds"] for i in (0, 1, 2, 3, 10, 11)), again
+STEPS = [0, 16, 32, 48, 64, 80, 96, 112, 128]
+LEVELLED = [4.8, 4.0, 3.8, 3.7, 3.65, 3.62, 3.61, 3.60, 3.60]  # last third: -0.013 nats of 1.2, ends at its best
+FALLING = [4.8, 4.5, 4.3, 4.1, 3.95, 3.8, 3.7, 3.6, 3.5]      # last third: -0.27 of 1.3, still falling
+SEEDS = range(10)
+BASE = {s: 60.0 + 30.0 * np.sin(1.7 * s) for s in SEEDS}     # seed effects of +-30 perplexity, shared by configs
+
+
+def _rows(perplexity, off_plateau=lambda e, v, s: False, unstable=lambda e, v, s: False):
+    """Rows of every ensemble, scale and seed: perplexity(e, v, s); a run off its plateau has the
+    FALLING curve, the others LEVELLED; unstable runs have a failing solver."""
+    return [dict(ensemble=e, sqrt_v=v, seed=s, test_perplexity=float(perplexity(e, v, s)), eval_steps=STEPS,
+                 test_loss_curve=FALLING if off_plateau(e, v, s) else LEVELLED, diverged=False,
+                 solver_failed=bool(unstable(e, v, s)), solver_stopped_step=None)
+            for e in es.ENSEMBLES for v in es.SQRT_V for s in SEEDS]
+
+
+def _by_claim(claims):
+    return {c["claim"]: c for c in claims}
+
+
+def _sign(s):
+    return 1.0 if s % 2 else -1.0
+
+
+@pytest.mark.parametrize("goe_effect, verdict", [(-5.0, "holds"), (5.0, "contradicted")])
+def test_goe_best_mean_clear_and_reversed(goe_effect, verdict):
+    """GOE 5 perplexity below (above) both others in every seed, within-seed noise +-0.5: the
+    paired margin is 5 +- 0.5, so its interval excludes 0 on the claim's (the other) side; and
+    the best-seed claims follow the same shift."""
+    rows = _rows(lambda e, v, s: BASE[s] + (goe_effect if e == "goe" else 0.0) + 0.5 * _sign(s + len(e)))
+    claims = _by_claim(es.check_claims(rows))
+    for v in es.SQRT_V:
+        c = claims[f"GOE has the best mean perplexity at sqrt(V) = {v:g}"]
+        assert c["verdict"] == verdict and c["n_seeds"] == 10, c
+        assert c["estimate"] == pytest.approx(-goe_effect, abs=1.0) and c["lo"] <= c["estimate"] <= c["hi"]
+        # the bootstrap probability that GOE's mean is the smallest
+        assert c["probability"] == (1.0 if verdict == "holds" else 0.0)
+        worst_best = claims[f"GOE has the worst best seed at sqrt(V) = {v:g}"]
+        assert worst_best["verdict"] == ("contradicted" if verdict == "holds" else "holds"), worst_best
+
+
+@pytest.mark.parametrize("random_minus_orthogonal, verdict", [(5.0, "holds"), (0.0, "not resolved"),
+                                                              (-5.0, "contradicted")])
+def test_orthogonal_better_than_random_three_verdicts(random_minus_orthogonal, verdict):
+    """A clear effect holds, none is not resolved (seed-by-seed differences alternate +-1 around
+    0), a reversed one is contradicted."""
+    def perplexity(e, v, s):
+        shift = random_minus_orthogonal if e == "gaussian" else 0.0
+        return BASE[s] + shift + (0.5 * _sign(s) if e == "gaussian" else -0.5 * _sign(s) if e == "orthogonal" else 0)
+
+    c = _by_claim(es.check_claims(_rows(perplexity)))["orthogonal has a better mean perplexity than random at "
+                                                       "sqrt(V) = 1"]
+    assert c["verdict"] == verdict, c
+    assert c["estimate"] == pytest.approx(random_minus_orthogonal, abs=1e-9)
+    if verdict == "not resolved":
+        assert c["lo"] < 0 < c["hi"] and 0.2 < c["probability"] < 0.8
+
+
+def test_pairing_resolves_what_the_unpaired_bootstrap_cannot():
+    """Random 2 perplexity above orthogonal in every seed (+-0.25), seed effects of +-30: seed by
+    seed the difference is 2 +- 0.25, so the paired interval excludes 0; resampled unpaired, the
+    seed effects (sd ~ 21 over 10 seeds, ~ 9.5 for a difference of two means) swamp it."""
+    rows = _rows(lambda e, v, s: BASE[s] + (2.0 + 0.25 * _sign(s) if e == "gaussian" else 0.0))
+    name = "orthogonal has a better mean perplexity than random at sqrt(V) = 1"
+    paired = _by_claim(es.check_claims(rows))[name]
+    unpaired = _by_claim(es.check_claims(rows, paired=False))[name]
+    assert paired["estimate"] == unpaired["estimate"] == pytest.approx(2.0)
+    assert paired["verdict"] == "holds" and paired["hi"] - paired["lo"] < 1.0, paired
+    assert unpaired["verdict"] == "not resolved" and unpaired["hi"] - unpaired["lo"] > 10.0, unpaired
+    assert "unpaired" in unpaired["method"] and "paired" in paired["method"]
+    # deterministic in the bootstrap seed, and it changes with it
+    again = _by_claim(es.check_claims(rows, paired=False))[name]
+    other = _by_claim(es.check_claims(rows, paired=False, key_or_seed=1))[name]
+    assert (again["lo"], again["hi"]) == (unpaired["lo"], unpaired["hi"]) != (other["lo"], other["hi"])
+
+
+def test_bootstrap_resamples_seeds_jointly_across_configurations():
+    """table[i, j] = i: in a paired resample every configuration holds the same seeds, so each
+    resampled row is constant across configurations; unpaired, rows mix seeds."""
+    from deqlab.lab import stats
+
+    table = np.repeat(np.arange(10.0)[:, None], 9, axis=1)
+    spread = lambda x: np.max(np.ptp(x, axis=-1), axis=-1)  # noqa: E731 - worst within-row mix per resample
+    paired = stats.paired_bootstrap(table, spread, resamples=200)
+    unpaired = stats.paired_bootstrap(table, spread, resamples=200, paired=False)
+    assert paired["hi"] == 0.0 and unpaired["lo"] > 0.0
+    # and a difference that is constant within seeds has a zero-width paired interval
+    t = np.stack([table[:, 0] * 7.0, table[:, 0] * 7.0 + 1.5], axis=1)
+    r = stats.paired_bootstrap(t, lambda x: x[..., 1].mean(-1) - x[..., 0].mean(-1))
+    assert r["lo"] == pytest.approx(1.5) and r["hi"] == pytest.approx(1.5) and r["positive"] == 1.0
+
+
+def test_plateau_criterion():
+    assert es.plateau(LEVELLED, STEPS)["reached"]
+    falling = es.plateau(FALLING, STEPS)
+    assert not falling["reached"] and falling["late_drop"] == pytest.approx(0.1 / 16 * 128 / 3, rel=1e-9)
+    assert falling["total_drop"] == pytest.approx(1.3)
+    rising = LEVELLED[:-2] + [3.7, 3.8]  # ended 0.2 above its best: not on its plateau
+    assert not es.plateau(rising, STEPS)["reached"]
+    assert not es.plateau([4.8] * 9, STEPS)["reached"]  # learned nothing
+    assert not es.plateau(LEVELLED[:-1] + [float("nan")], STEPS)["reached"]
+    # the tolerance is relative to the run's own improvement: FALLING's late drop is 0.205 of it
+    assert es.plateau(FALLING, STEPS, tolerance=0.21)["reached"] and not es.plateau(FALLING, STEPS, 0.2)["reached"]
+    with pytest.raises(ValueError, match="test_loss_curve"):
+        es.plateau(LEVELLED[:-1], STEPS)
+    with pytest.raises(ValueError, match="eval_steps"):
+        es.plateau([4.0, 3.0], [0, 128])  # one evaluation in the last third
+    with pytest.raises(ValueError, match="tolerance"):
+        es.plateau(LEVELLED, STEPS, tolerance=0.0)
+
+
+def test_trajectory_claims_use_the_test_loss_plateau_not_the_solver():
+    flat = lambda e, v, s: BASE[s]  # noqa: E731
+    goe_solver_fails = lambda e, v, s: e == "goe" and s < 3  # noqa: E731
+    claims = es.check_claims(_rows(flat, unstable=goe_solver_fails))
+    c = _by_claim(claims)
+    every = c["every GOE training trajectory reaches its test-loss plateau"]
+    # 10 of 10 seeds: holds for these runs; the exact interval still allows a per-seed rate of 0.69
+    assert every["verdict"] == "holds" and every["kind"] == "001" and every["estimate"] == 1.0
+    assert every["lo"] == pytest.approx(0.025 ** 0.1) and every["hi"] == 1.0
+    broyden = c["Broyden diagnostic: no GOE run diverges or ends with a failing solver"]
+    assert broyden["kind"] == "diagnostic" and broyden["verdict"] == "contradicted" and broyden["estimate"] == 0.7
+    assert [x["kind"] for x in claims].count("diagnostic") == 2 and claims[-1]["kind"] == "diagnostic"
+    # one GOE run still falling contradicts "all converge"
+    c = _by_claim(es.check_claims(_rows(flat, off_plateau=lambda e, v, s: (e, v, s) == ("goe", 0.3, 4))))
+    every = c["every GOE training trajectory reaches its test-loss plateau"]
+    assert every["verdict"] == "contradicted" and every["hi"] < 1.0 and "1 of 30 GOE runs" in every["detail"]
+
+
+@pytest.mark.parametrize("off, verdict", [
+    (lambda e, v, s: e == "gaussian" and v == 1.0, "holds"),                       # random misses in 10 of 10 seeds
+    (lambda e, v, s: (e == "gaussian" and s < 3) or (e != "gaussian" and s in (3, 4) and v == 0.1),
+     "not resolved"),                                                               # 3 seeds against 2
+    (lambda e, v, s: e == "goe" and v == 1.0, "contradicted"),                      # GOE misses in every seed
+])
+def test_random_less_stable_is_an_exact_sign_test_over_seeds(off, verdict):
+    c = _by_claim(es.check_claims(_rows(lambda e, v, s: BASE[s], off_plateau=off)))[
+        "random trajectories miss their test-loss plateau more often than orthogonal and GOE"]
+    assert c["verdict"] == verdict, c
+    assert c["method"].startswith("exact sign tests") and math.isnan(c["probability"])
+    if verdict == "holds":  # 10 of 10 seeds: net share 1, exact interval [2 * 0.69 - 1, 1]
+        assert c["estimate"] == 1.0 and c["lo"] == pytest.approx(2 * 0.025 ** 0.1 - 1)
+
+
+def test_check_claims_bad_rows():
+    rows = _rows(lambda e, v, s: BASE[s])
     with pytest.raises(ValueError, match="rows"):
         es.check_claims([r for r in rows if r["ensemble"] != "goe"])
+    with pytest.raises(ValueError, match="rows"):
+        es.check_claims(rows + rows[:1])
+    with pytest.raises(ValueError, match="rows"):
+        es.check_claims([r for r in rows if r["seed"] == 0])
+    with pytest.raises(ValueError, match="confidence"):
+        es.check_claims(rows, confidence=1.0)
 
 
 def test_a_seed_draws_the_same_non_feed_forward_weights_in_every_configuration():
