@@ -291,3 +291,52 @@ def test_wilson_interval_against_the_score_formula_and_bounds():
 def test_interval_inputs_name_the_argument(call, pattern):
     with pytest.raises(ValueError, match=pattern):
         call()
+
+
+# --- paired comparisons over seeds (chapter 5) -----------------------------------------------
+
+
+def test_clopper_pearson_matches_scipy_exact_interval():
+    for n in (1, 5, 10, 30):
+        for k in range(n + 1):
+            ref = scipy.stats.binomtest(k, n).proportion_ci(0.95, method="exact")
+            np.testing.assert_allclose(stats.clopper_pearson(k, n), (ref.low, ref.high), rtol=1e-9, atol=1e-12)
+    assert stats.clopper_pearson(10, 10)[0] == pytest.approx(0.025 ** 0.1)
+
+
+def test_sign_test_interval_and_p_value_agree_at_ten_units():
+    # m = 10 non-tied units: the exact interval excludes 0 exactly when the two-sided exact test
+    # rejects at 5% (9 or more of one sign); ties are set aside
+    for k in range(11):
+        r = stats.sign_test([1.0] * k + [-2.0] * (10 - k) + [0.0] * 3)
+        assert (r["positive"], r["negative"], r["ties"]) == (k, 10 - k, 3)
+        assert r["estimate"] == pytest.approx((2 * k - 10) / 10)
+        assert (r["lo"] > 0 or r["hi"] < 0) == (r["p_value"] < 0.05) == (k <= 1 or k >= 9)
+    assert stats.sign_test([0.0, 0.0]) == {"positive": 0, "negative": 0, "ties": 2, "estimate": 0.0,
+                                           "lo": -1.0, "hi": 1.0, "p_value": 1.0}
+
+
+def test_paired_bootstrap_vector_statistic_and_missing_values():
+    rng = np.random.default_rng(RNG_SEED)
+    table = rng.normal(size=(12, 3))
+    table[0, 2] = np.nan  # a missing run: nan-aware statistics skip it
+    r = stats.paired_bootstrap(table, lambda x: np.stack([np.nanmean(x[..., 2], -1), np.nanmin(x[..., 0], -1)], -1),
+                               resamples=500, key_or_seed=5)
+    assert r["estimate"].shape == (2,) and np.all(r["lo"] <= r["hi"]) and np.all(r["resamples"] == 500)
+    assert r["estimate"][0] == pytest.approx(np.nanmean(table[:, 2]))
+    assert r["lo"][1] >= table[:, 0].min()  # a resample's minimum is never below the sample's
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: stats.clopper_pearson(3, 2), r"`successes`"),
+    (lambda: stats.clopper_pearson(1, 0), r"`trials`"),
+    (lambda: stats.sign_test([]), r"`differences`"),
+    (lambda: stats.sign_test([1.0, np.inf]), r"`differences`"),
+    (lambda: stats.paired_bootstrap(np.ones(5), np.mean), r"`table`"),
+    (lambda: stats.paired_bootstrap(np.ones((5, 2)), "mean"), r"`statistic`"),
+    (lambda: stats.paired_bootstrap(np.ones((5, 2)), lambda x: x, resamples=10), r"`statistic`"),
+    (lambda: stats.paired_bootstrap(np.ones((5, 2)), lambda x: x.mean((-1, -2)), resamples=5), r"`resamples`"),
+])
+def test_paired_inputs_name_the_argument(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
