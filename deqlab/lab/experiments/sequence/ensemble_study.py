@@ -58,8 +58,15 @@ averaged) and the second moment of the feed-forward's hidden pre-activations ``h
 **Sweeps.** :func:`run_study` runs every (ensemble, sqrt(V)) through the resumable
 :func:`deqlab.lab.experiments.sweep.run_sweep` (one stored file per configuration) with orbax
 checkpoints after every evaluation, so an interrupted study resumes at the last evaluation of the
-unfinished configuration. :func:`summarize` reduces the rows to 001 Table 1. The full study is
-one command::
+unfinished configuration. :func:`summarize` reduces the rows to 001 Table 1.
+
+**Claims.** :func:`check_claims` tests each claim of 001 §4.3 over seeds, the independent units
+(a seed's nine runs share everything but the feed-forward matrices): a paired bootstrap over seeds
+for the perplexity claims, exact tests for counts, and a three-valued verdict from the interval.
+001's "converge" is a test-loss curve reaching its plateau (:func:`plateau`, on the test loss
+recorded at every evaluation); the Broyden solver's convergence is reported as a diagnostic.
+
+The full study is one command::
 
     python -m deqlab.lab.experiments.sequence.ensemble_study --scale full --out DIR
 """
@@ -634,7 +641,8 @@ def check_claims(rows: Sequence[dict[str, Any]], *, resamples: int = 2000, confi
         confidence: level of every interval, in (0, 1).
         key_or_seed: seed of the bootstrap (the verdicts are a deterministic function of it).
         paired: ``False`` resamples each configuration's seeds independently: the unpaired
-            bootstrap, wrong for this design, there to show what the pairing buys.
+            bootstrap, wrong for this design, there to show what the pairing buys (the exact
+            tests on counts are the same either way).
         plateau_tolerance: :func:`plateau`'s tolerance.
 
     Returns:
