@@ -46,11 +46,13 @@ help:
 
 install: $(STAMP)
 
-# Re-install when the package metadata changes. The venv is only created if it does not exist.
-$(STAMP): pyproject.toml
+# Re-install when the package metadata or the pinned documentation toolchain changes. The venv is
+# only created if it does not exist. The Sphinx stack is pinned (.ci/docs-constraints.txt says why).
+DOCS_CONSTRAINTS := .ci/docs-constraints.txt
+$(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[book,test]"
+	$(BIN)/python -m pip install -q -e ".[book,test]" -c $(DOCS_CONSTRAINTS)
 	@touch $@
 
 # Unit tests and nbmake over every notebook in book/. --overwrite writes the executed notebooks
