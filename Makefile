@@ -46,11 +46,13 @@ help:
 
 install: $(STAMP)
 
-# Re-install when the package metadata changes. The venv is only created if it does not exist.
-$(STAMP): pyproject.toml
+# Re-install when the package metadata or the pinned documentation toolchain changes. The venv is
+# only created if it does not exist. The Sphinx stack is pinned (.ci/docs-constraints.txt says why).
+DOCS_CONSTRAINTS := .ci/docs-constraints.txt
+$(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[book,test]"
+	$(BIN)/python -m pip install -q -e ".[book,test]" -c $(DOCS_CONSTRAINTS)
 	@touch $@
 
 # Unit tests and nbmake over every notebook in book/. --overwrite writes the executed notebooks
@@ -65,8 +67,14 @@ $(STAMP): pyproject.toml
 # (book/_ext/executed_notebooks.py): `make book` renders stored outputs only with a matching stamp.
 NOTEBOOKS = $(shell find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
 
+# The execution report of the book (book/execution.md, book/_ext/execution_report.py) is made from
+# this run: pytest's JUnit XML (a time and status per notebook) and run.json (scale, start, workers).
+REPORTS := _build/reports
 test: install
-	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25; \
+	@mkdir -p $(REPORTS)
+	@printf '{"scale": "%s", "started": "%s", "workers": %s, "deqlab": "%s"}\n' "$${DEQLAB_SCALE:-quick}" \
+	  "$$(date -u +'%Y-%m-%d %H:%M UTC')" "$(JOBS)" "$$($(BIN)/python -c 'import deqlab; print(deqlab.__version__)')" > $(REPORTS)/run.json
+	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests book --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
 	status=$$?; $(BIN)/python book/_ext/executed_notebooks.py stamp $(NOTEBOOKS) > /dev/null; exit $$status
 
 # The fast inner loop: tests marked @pytest.mark.slow are deselected. `make test` (and so CI) and

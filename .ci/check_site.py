@@ -13,7 +13,11 @@ folders excepted) it checks that
   (``\\(``, ``\\[``, ``$$``, ``$x^2$``) in the text outside code;
 - no Markdown leaked into the text: a MyST role (``{glue:text}`...```, ``{numref}``, ``{cite:p}``),
   a ``:::`` or ````` ``` ````` fence, a stray backtick, or a pipe table that became a paragraph;
-- the page does not scroll sideways (content wider than the window);
+- the page does not scroll sideways (content wider than the window), and no table, caption or
+  figure is wider than the text column (a table that only fits inside a scroll box, a caption whose
+  line ends are cut at the column's edge): checked at a laptop width (1400 px) and again, for these
+  two layout checks only, at a phone's width (a 390 px viewport); ``--widths`` sets them;
+- the edit and issue buttons are on the page and point at the repository (``--repository``);
 - every figure has a number (``span.caption-number``) and a caption, and every image a notebook
   printed (``div.cell_output img``) sits in such a figure, except the precomputed slider widgets
   (``div.deqlab-explorer``);
@@ -65,6 +69,8 @@ PAGE_LOAD_TIMEOUT_S = 60
 MATHJAX_TIMEOUT_S = 60
 SEARCH_TIMEOUT_S = 30
 WINDOW_WIDTH, WINDOW_HEIGHT = 1400, 1000
+PHONE_HEIGHT = 844  # the height of the mobile emulation (an iPhone 12-14's 390 x 844 CSS pixels)
+DEFAULT_WIDTHS = "1400,390"
 MAX_SCREENSHOT_HEIGHT = 60000  # px; the API reference is the longest page (about 55 000)
 
 
@@ -109,8 +115,8 @@ Promise.all([imagesSettled, mathjax]).then(() => document.fonts.ready).then(() =
 });
 """
 
-# Returns [[element, problem], ...] for everything wrong in the rendered DOM.
-AUDIT_JS = r"""
+# Shared by the two audits below: the list of problems and how an element is named.
+AUDIT_PRELUDE = r"""
 const problems = [];
 const report = (element, problem) => problems.push([element, problem]);
 const snippet = (text) => JSON.stringify(text.replace(/\s+/g, " ").trim().slice(0, 70));
@@ -135,6 +141,11 @@ const SKIP = "pre, code, kbd, samp, script, style, textarea, noscript, svg, .hig
 const BLOCK = "p, li, dt, dd, td, th, h1, h2, h3, h4, h5, h6, caption, figcaption, blockquote, "
   + "div, section, article, main, body";
 
+"""
+
+# Returns [[element, problem], ...] for everything wrong in the rendered DOM that does not depend
+# on the window's width (images, MathJax, leaked Markdown, figures).
+CONTENT_JS = AUDIT_PRELUDE + r"""
 // Images.
 for (const img of document.images) {
   if (!img.complete || img.naturalWidth === 0) report(describeImage(img), "image did not load");
@@ -212,6 +223,61 @@ for (const block of blocks) {
   if (tex) report(name + " " + snippet(text), "raw TeX not typeset: " + JSON.stringify(tex[0]));
 }
 
+// Figures: a number and a caption; notebook output images inside such a figure.
+const numberedFigure = (fig) => {
+  const number = fig.querySelector(".caption-number");
+  const caption = fig.querySelector(".caption-text");
+  return Boolean(number && number.textContent.trim() && caption && caption.textContent.trim());
+};
+for (const fig of document.querySelectorAll("figure, div.figure")) {
+  if (numberedFigure(fig)) continue;
+  const img = fig.querySelector("img");
+  const name = describe(fig) + (img ? " with " + describeImage(img).split(" in section")[0] : "");
+  const number = fig.querySelector(".caption-number");
+  report(name, number && number.textContent.trim() ? "figure without caption text"
+    : "figure without a number and caption");
+}
+for (const img of document.querySelectorAll("div.cell_output img")) {
+  if (img.closest("div.deqlab-explorer")) continue;
+  const fig = img.closest("figure, div.figure");
+  if (!fig) report(describeImage(img), "notebook output image outside a numbered figure");
+}
+return problems;
+"""
+
+# Returns [[element, problem], ...] for the layout at the current width: elements wider than the
+# text column, a page that scrolls sideways.
+LAYOUT_JS = AUDIT_PRELUDE + r"""
+// Layout: no table, caption or figure wider than the text column. A table in a scroll box still
+// fails: its last columns are hidden until the reader scrolls (and a caption in that box is cut at
+// the column's edge). The column is the article (Sphinx Book Theme) or <main>.
+const column = document.querySelector("article.bd-article") || document.querySelector("main")
+  || document.body;
+const columnBox = column.getBoundingClientRect();
+const columnStyle = getComputedStyle(column);
+const columnLeft = columnBox.left + parseFloat(columnStyle.paddingLeft || "0");
+const columnRight = columnBox.right - parseFloat(columnStyle.paddingRight || "0");
+const columnWidth = Math.round(columnRight - columnLeft);
+const hidden = (el) => el.getClientRects().length === 0;
+const wideElements = Array.from(column.querySelectorAll(
+  "table, figure, div.figure, figcaption, caption, div.caption, span.caption-text"));
+for (const el of wideElements) {
+  if (hidden(el) || el.closest("pre, .highlight, mjx-container, div.deqlab-explorer")) continue;
+  // Only the outermost offender: a figure that is too wide because its table is, names the table.
+  const box = el.getBoundingClientRect();
+  const overflowsOwnBox = el.tagName !== "TABLE" && el.scrollWidth > el.clientWidth + 2
+    && el.clientWidth > 0;
+  const pastColumn = box.right > columnRight + 2 || box.left < columnLeft - 2;
+  if (!overflowsOwnBox && !pastColumn) continue;
+  const innerOffender = Array.from(el.querySelectorAll(wideElements.map((e) => e.tagName).join(",")))
+    .some((inner) => inner !== el && !hidden(inner) && inner.getBoundingClientRect().right > columnRight + 2);
+  if (innerOffender && el.tagName !== "TABLE") continue;
+  const width = Math.round(Math.max(box.width, el.scrollWidth));
+  report(describe(el) + " " + snippet(el.textContent),
+    el.tagName.toLowerCase() + " is " + width + " px wide in a " + columnWidth
+    + " px text column (" + document.documentElement.clientWidth + " px window): content wider than its box");
+}
+
 // Layout: the page must not scroll sideways (wide content scrolls in its own box). Named: the
 // outermost elements that stick out on the right, outside any box that clips or scrolls them.
 const viewport = document.documentElement.clientWidth;
@@ -233,25 +299,6 @@ if (document.documentElement.scrollWidth > viewport + 2) {
     + " px window (it scrolls sideways)");
 }
 
-// Figures: a number and a caption; notebook output images inside such a figure.
-const numberedFigure = (fig) => {
-  const number = fig.querySelector(".caption-number");
-  const caption = fig.querySelector(".caption-text");
-  return Boolean(number && number.textContent.trim() && caption && caption.textContent.trim());
-};
-for (const fig of document.querySelectorAll("figure, div.figure")) {
-  if (numberedFigure(fig)) continue;
-  const img = fig.querySelector("img");
-  const name = describe(fig) + (img ? " with " + describeImage(img).split(" in section")[0] : "");
-  const number = fig.querySelector(".caption-number");
-  report(name, number && number.textContent.trim() ? "figure without caption text"
-    : "figure without a number and caption");
-}
-for (const img of document.querySelectorAll("div.cell_output img")) {
-  if (img.closest("div.deqlab-explorer")) continue;
-  const fig = img.closest("figure, div.figure");
-  if (!fig) report(describeImage(img), "notebook output image outside a numbered figure");
-}
 return problems;
 """
 
@@ -356,7 +403,47 @@ def full_page_screenshot(driver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def check_page(driver, base_url: str, root: Path, path: Path, screenshots: Path | None) -> list[Problem]:
+BUTTONS_JS = r"""
+const repository = arguments[0];
+const header = document.querySelector(".article-header-buttons, .header-article-items__end");
+if (!header) return null;  // not a page of the book's theme (fixtures, redirects)
+const links = Array.from(document.querySelectorAll("a[href]")).map((a) => a.getAttribute("href"));
+return {
+  edit: links.some((href) => href.startsWith(repository + "/edit/")),
+  issue: links.some((href) => href.startsWith(repository + "/issues/new")),
+};
+"""
+
+
+def wait_for_page(driver, label: str) -> list[Problem]:
+    """Waits for images, MathJax and fonts; the problems if they did not settle."""
+    problems = []
+    state = driver.execute_async_script(WAIT_FOR_PAGE_JS, MATHJAX_TIMEOUT_S * 1000)
+    if state.get("timeout"):
+        problems.append(
+            Problem(label, "page", f"images / MathJax / fonts not settled after {MATHJAX_TIMEOUT_S} s: {state}")
+        )
+    if state["mathjax"] not in ("ok", "absent"):
+        problems.append(Problem(label, "MathJax", f"did not typeset the page: {state['mathjax']}"))
+    return problems
+
+
+def emulate_width(driver, width: int | None) -> None:
+    """A viewport ``width`` CSS px wide (a phone's width), or the window back (None).
+
+    Not Chrome's mobile emulation: that lays out a page without a viewport ``<meta>`` at 980 px;
+    the book's theme declares ``width=device-width``, so a phone shows it at its own width, as here.
+    """
+    if width is None:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    else:
+        metrics = {"width": width, "height": PHONE_HEIGHT, "deviceScaleFactor": 1, "mobile": False}
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+
+
+def check_page(driver, base_url: str, root: Path, path: Path, screenshots: Path | None,
+               widths: tuple[int, ...] = (WINDOW_WIDTH,), repository: str | None = None) -> list[Problem]:
+    """Every check of one page: at the window's width, then the layout checks at the other widths."""
     label = page_label(path, root)
     url = base_url + label
     problems: list[Problem] = []
@@ -371,19 +458,39 @@ def check_page(driver, base_url: str, root: Path, path: Path, screenshots: Path 
         if not target.startswith(base_url) or not (root / target.removeprefix(base_url)).is_file():
             problems.append(Problem(label, "page", f"redirects to {target}, which is not a page of the site"))
         return problems
-    state = driver.execute_async_script(WAIT_FOR_PAGE_JS, MATHJAX_TIMEOUT_S * 1000)
-    if state.get("timeout"):
-        problems.append(
-            Problem(label, "page", f"images / MathJax / fonts not settled after {MATHJAX_TIMEOUT_S} s: {state}")
-        )
-    if state["mathjax"] not in ("ok", "absent"):
-        problems.append(Problem(label, "MathJax", f"did not typeset the page: {state['mathjax']}"))
-    for element, problem in driver.execute_script(AUDIT_JS):
+    problems += wait_for_page(driver, label)
+    for element, problem in driver.execute_script(CONTENT_JS):
         problems.append(Problem(label, element, problem))
+    if repository:
+        buttons = driver.execute_script(BUTTONS_JS, repository.rstrip("/"))
+        if buttons is not None:
+            for kind, where in (("edit", "/edit/<branch>/<page>"), ("issue", "/issues/new")):
+                if not buttons[kind]:
+                    problems.append(Problem(label, f"{kind} button", f"no link to {repository.rstrip('/')}{where}"))
+    # Console messages now: the reloads at other widths would log the same ones again.
+    problems += [Problem(label, "console", message) for message in console_errors(driver, base_url)]
+    for width in widths:
+        phone = None if width == WINDOW_WIDTH else width
+        if phone is not None:
+            emulate_width(driver, phone)
+            try:
+                driver.get(url)
+                problems += wait_for_page(driver, label)
+            except Exception as error:
+                emulate_width(driver, None)
+                problems.append(Problem(label, "page", f"did not load at {width} px: {type(error).__name__}"))
+                continue
+        try:
+            for element, problem in driver.execute_script(LAYOUT_JS):
+                problems.append(Problem(label, element, problem))
+        finally:
+            if phone is not None:
+                emulate_width(driver, None)
     if screenshots is not None:
+        if any(width != WINDOW_WIDTH for width in widths):
+            driver.get(url)  # back to the window's own width for the screenshot
+            wait_for_page(driver, label)
         full_page_screenshot(driver, screenshots / screenshot_name(label))
-    for message in console_errors(driver, base_url):
-        problems.append(Problem(label, "console", message))
     return problems
 
 
@@ -410,6 +517,16 @@ def check_search(driver, base_url: str, root: Path, terms: list[str]) -> list[Pr
     return problems
 
 
+def configured_repository(site: Path) -> str | None:
+    """``repository.url`` of the book's ``_config.yml`` (the folder above ``_build/html``), or None."""
+    for folder in site.parents:
+        config = folder / "_config.yml"
+        if config.is_file():
+            match = re.search(r"^repository:\s*\n(?:[ \t]+.*\n)*?[ \t]+url:\s*(\S+)", config.read_text(), re.M)
+            return match.group(1).strip("'\"") if match else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("site", type=Path, help="the built site, e.g. _build/html")
@@ -421,6 +538,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Elsewhere (e.g. a GitHub runner's preinstalled Chrome): --chromium / $CHROMIUM and
     # --chromedriver / $CHROMEDRIVER; the two must be of the same major version.
+    parser.add_argument(
+        "--widths",
+        default=DEFAULT_WIDTHS,
+        help=f"comma-separated widths in CSS px for the layout checks (default: %(default)s; "
+        f"{WINDOW_WIDTH} is the window, any other a viewport of that width)",
+    )
+    parser.add_argument(
+        "--repository",
+        default=None,
+        help="the repository URL the edit and issue buttons must point at (default: repository.url "
+        "of the _config.yml next to the site's book, if found; '' checks no buttons)",
+    )
     parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", DEFAULT_CHROMIUM))
     parser.add_argument("--chromedriver", default=os.environ.get("CHROMEDRIVER", DEFAULT_CHROMEDRIVER))
     args = parser.parse_args(argv)
@@ -436,6 +565,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshots is not None:
         args.screenshots.mkdir(parents=True, exist_ok=True)
     terms = [term.strip() for term in args.search_terms.split(",") if term.strip()]
+    try:
+        widths = tuple(int(width) for width in args.widths.split(",") if width.strip())
+    except ValueError:
+        widths = ()
+    if not widths or any(not 200 <= width <= 4000 for width in widths):
+        print(f"check_site: --widths must be comma-separated integers in [200, 4000], got {args.widths!r}",
+              file=sys.stderr)
+        return 2
+    repository = args.repository if args.repository is not None else configured_repository(root)
 
     start = time.monotonic()
     server, base_url = serve(root)
@@ -449,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in pages:
             page_start = time.monotonic()
-            found = check_page(driver, base_url, root, path, args.screenshots)
+            found = check_page(driver, base_url, root, path, args.screenshots, widths, repository)
             problems += found
             print(
                 f"[site] {page_label(path, root)}: {len(found)} problem(s), {time.monotonic() - page_start:.1f}s",
@@ -467,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {problem}")
     shots = f"; screenshots in {args.screenshots}" if args.screenshots is not None else ""
     print(
-        f"[site] {len(pages)} pages, {len(terms)} searches checked in {took:.0f}s: "
+        f"[site] {len(pages)} pages at {'/'.join(map(str, widths))} px, {len(terms)} searches checked in {took:.0f}s: "
         f"{len(problems)} problem(s){shots}"
     )
     return 1 if problems else 0

@@ -45,7 +45,16 @@ EXPECTED = [
     ("uncaptioned_figure.html", 'img[src="data:image/png', "notebook output image outside a numbered figure"),
     ("untypeset_math.html", 'span.math.notranslate in section #maths "\\\\(x^2', "formula not typeset"),
     ("untypeset_math.html", 'td in section #maths "\\\\(\\\\rho', 'raw TeX not typeset: "\\\\("'),
-    ("wide_page.html", "p in section #layout", "px window (it scrolls sideways)"),
+    ("wide_page.html", "p in section #layout", "in a 1400 px window (it scrolls sideways)"),
+    ("wide_page.html", "p in section #layout", "in a 390 px window (it scrolls sideways)"),
+    # A table that fits only in a scroll box, and its caption cut at the column's edge, at both widths.
+    ("wide_table.html", "table#table-wide", "px text column (1400 px window): content wider than its box"),
+    ("wide_table.html", 'span.caption-text in section #tables "A caption that does not wrap',
+     "px text column (1400 px window): content wider than its box"),
+    ("wide_table.html", "table#table-wide", "px text column (390 px window): content wider than its box"),
+    ("wide_table.html", 'span.caption-text in section #tables "A caption that does not wrap',
+     "px text column (390 px window): content wider than its box"),
+    ("missing_buttons.html", "edit button", "no link to https://github.com/example/book/edit/<branch>/<page>"),
     ("search.html?q=absent", "#search-results", "no results for 'absent'"),
 ]
 
@@ -91,7 +100,8 @@ def checked(tmp_path_factory):
     screenshots = tmp_path_factory.mktemp("screenshots")
     run = subprocess.run(
         [sys.executable, str(CHECKER), str(site), "--screenshots", str(screenshots),
-         "--search-terms", "fixture,absent", "--chromium", chromium, "--chromedriver", chromedriver],
+         "--search-terms", "fixture,absent", "--repository", "https://github.com/example/book",
+         "--widths", "1400,390", "--chromium", chromium, "--chromedriver", chromedriver],
         capture_output=True, text=True, timeout=300,
     )
     problems = []
