@@ -296,3 +296,201 @@ def test_check_train_step():
     assert "parameter update of one step vs the reference step" in [c.name for c in lazy.failed], str(lazy)
     with pytest.raises(ValueError, match="`steps` must be an integer"):
         exercises.check_train_step(step, model, steps=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapters 1-5: every grader passes a right answer, fails typical wrong ones with their hint, reports
+# a crashing answer and a wrong signature as failed checks, and times out on an answer that hangs
+
+
+def test_the_package_re_exports_every_grader_and_time_limit_applies_to_all(monkeypatch):
+    from deqlab.lab.exercises import ch0, ch1, ch2, ch3, ch4, ch5
+
+    for module in (ch0, ch1, ch2, ch3, ch4, ch5):
+        for name in module.__all__:
+            assert getattr(exercises, name) is getattr(module, name) and name in exercises.__all__
+    monkeypatch.setattr(exercises, "TIME_LIMIT", 0.3)  # the package's TIME_LIMIT is the default of every grader
+    with pytest.raises(exercises.GraderTimeout, match=r"check_length_trace did not finish within its time limit "
+                                                       r"of 0.3 s"):
+        exercises.check_length_trace(_loops_forever)
+
+
+NEW_GRADERS = ["check_length_trace", "check_stieltjes", "check_mean_difference", "check_jacobian_penalty",
+               "check_linear_deq", "check_copy_memory"]
+
+
+@pytest.mark.parametrize("grader", NEW_GRADERS)
+def test_new_graders_refuse_a_non_callable_and_time_out_on_a_hanging_answer(grader):
+    with pytest.raises(TypeError, match="must be a callable"):
+        getattr(exercises, grader)(42)
+    with pytest.raises(exercises.GraderTimeout, match=rf"exercises.{grader} did not finish within its time limit"):
+        getattr(exercises, grader)(_sleeps_forever, time_limit=0.5)
+
+
+def _raises(*args):
+    raise ZeroDivisionError("boom")
+
+
+@pytest.mark.parametrize("grader", NEW_GRADERS)
+def test_new_graders_report_a_crash_and_a_wrong_signature_as_failed_checks(grader):
+    crash = getattr(exercises, grader)(_raises)
+    assert not crash.passed and "ZeroDivisionError: boom" in str(crash)
+    signature = getattr(exercises, grader)(lambda only_one: only_one)
+    assert not signature.passed and "check the signature" in str(signature)
+
+
+def _length_trace(w0, V):
+    sigma = np.linalg.svd(np.eye(len(w0)) - np.sqrt(V) * w0, compute_uv=False)
+    return np.mean(sigma**-4.0)
+
+
+def test_check_length_trace():
+    assert exercises.check_length_trace(_length_trace).passed
+    cases = {
+        "the normalised trace": lambda w0, V: len(w0) * _length_trace(w0, V),
+        "not V W0": lambda w0, V: _length_trace(w0, V**2),
+        "that is tr[M^T M]": lambda w0, V: np.mean(np.linalg.svd(np.eye(len(w0)) - np.sqrt(V) * w0,
+                                                                  compute_uv=False) ** -2.0),
+    }
+    for hint, wrong in cases.items():
+        report = exercises.check_length_trace(wrong)
+        assert not report.passed and hint in str(report), (hint, str(report))
+    # the eigenvalue shortcut is right for a normal W0 and wrong for a Ginibre one
+    shortcut = exercises.check_length_trace(
+        lambda w0, V: np.mean(np.abs(1 - np.sqrt(V) * np.linalg.eigvals(w0)) ** -4.0))
+    assert [c.name.split(":")[0] for c in shortcut.failed] == ["Ginibre (not normal), N = 48, V = 0.3"]
+    assert "only for a normal W0" in str(shortcut)
+    vector = exercises.check_length_trace(lambda w0, V: np.full(3, _length_trace(w0, V)))
+    assert not vector.passed and "shape (3,), expected ()" in str(vector)
+
+
+def test_check_stieltjes():
+    right = lambda lam, z: np.mean(1 / (np.asarray(z)[..., None] - lam), axis=-1)  # noqa: E731
+    assert exercises.check_stieltjes(right).passed
+    sign = exercises.check_stieltjes(lambda lam, z: -right(lam, z))
+    assert not sign.passed and "the sign" in str(sign)
+    total = exercises.check_stieltjes(lambda lam, z: lam.size * right(lam, z))
+    assert not total.passed and "off by the factor N" in str(total)
+    real = exercises.check_stieltjes(lambda lam, z: right(lam, z).real)
+    assert len(real.failed) == len(real.checks) and "keep the complex dtype" in str(real)
+    # a loop over the points that flattens z fails the 2-D case only (a scalar may come back as one entry)
+    flat = exercises.check_stieltjes(lambda lam, z: np.array([np.mean(1 / (p - lam)) for p in np.ravel(z)]))
+    assert [c.name.split(":")[0] for c in flat.failed] == ["a 2-D grid of z"], str(flat)
+    assert "shape (12,), expected (3, 4)" in str(flat)
+
+
+def _mean_difference(a, b):
+    return a.mean() - b.mean(), np.hypot(a.std(ddof=1) / np.sqrt(a.size), b.std(ddof=1) / np.sqrt(b.size))
+
+
+def test_check_mean_difference():
+    assert exercises.check_mean_difference(_mean_difference).passed
+    cases = {
+        "ddof=1": lambda a, b: (a.mean() - b.mean(), np.hypot(a.std() / np.sqrt(a.size), b.std() / np.sqrt(b.size))),
+        "add in quadrature": lambda a, b: (a.mean() - b.mean(), a.std(ddof=1) / np.sqrt(a.size)
+                                           + b.std(ddof=1) / np.sqrt(b.size)),
+        "s / sqrt(n), not s": lambda a, b: (a.mean() - b.mean(), np.hypot(a.std(ddof=1), b.std(ddof=1))),
+        "the sign": lambda a, b: (b.mean() - a.mean(), _mean_difference(a, b)[1]),
+    }
+    for hint, wrong in cases.items():
+        report = exercises.check_mean_difference(wrong)
+        assert not report.passed and hint in str(report), (hint, str(report))
+    ddof0 = exercises.check_mean_difference(cases["ddof=1"])
+    assert any(c.name.startswith("simulation") for c in ddof0.failed), str(ddof0)
+
+    def zero_for_one_seed(a, b):
+        d, se = _mean_difference(a, b)
+        return d, 0.0 if not np.isfinite(se) else se
+
+    one = exercises.check_mean_difference(zero_for_one_seed)
+    assert [c.name for c in one.failed] == ["a group of one seed: raises, or returns a NaN standard error"]
+
+    def raises_for_one_seed(a, b):
+        if min(a.size, b.size) < 2:
+            raise ValueError("each group needs two seeds")
+        return _mean_difference(a, b)
+
+    assert exercises.check_mean_difference(raises_for_one_seed).passed
+    scalar = exercises.check_mean_difference(lambda a, b: a.mean() - b.mean())
+    assert not scalar.passed and "expected (2,)" in str(scalar)
+
+
+def _penalty(f, z, key, n_probes, *, probe=jax.random.rademacher):
+    eps = probe(key, (n_probes,) + z.shape, dtype=z.dtype)
+    products = jax.vmap(lambda e: jax.jvp(f, (z,), (e,))[1])(eps)
+    return jnp.mean(jnp.sum(products**2, axis=-1))
+
+
+@pytest.mark.slow  # about 200 eager Jacobian-vector products per grading: ~10 s per report on 2 cores
+def test_check_jacobian_penalty():
+    assert exercises.check_jacobian_penalty(_penalty).passed
+    gaussian = exercises.check_jacobian_penalty(functools.partial(_penalty, probe=jax.random.normal), repetitions=50)
+    assert not gaussian.passed and "Rademacher probes make" not in str(gaussian)
+    assert "draw Rademacher probes" in str(gaussian) and gaussian.failed[0].name.startswith("diagonal")
+    per_n = exercises.check_jacobian_penalty(lambda f, z, key, n: _penalty(f, z, key, n) / z.shape[0], repetitions=50)
+    assert not per_n.passed and "off by the factor N" in str(per_n)
+    fixed_key = exercises.check_jacobian_penalty(lambda f, z, key, n: _penalty(f, z, jax.random.key(0), n),
+                                                 repetitions=50)
+    assert not fixed_key.passed and "draw the probes from `key`" in str(fixed_key)
+    one_probe = exercises.check_jacobian_penalty(lambda f, z, key, n: _penalty(f, z, key, 1), repetitions=50)
+    assert [c.name for c in one_probe.failed] == [
+        "dense Jacobian (tanh(A z + c)), N = 12, n_probes = 8: |log(spread of the estimates / Rademacher formula)|"]
+    assert "did not shrink by sqrt(n_probes)" in str(one_probe)
+    with pytest.raises(ValueError, match=r"`repetitions` must be an integer in \[20, 1000\]"):
+        exercises.check_jacobian_penalty(_penalty, repetitions=5)
+
+
+def _linear_deq(K, Y, lam, depth):
+    path = [np.zeros_like(Y)]
+    for _ in range(depth):
+        path.append(K @ (Y - path[-1]) / lam)
+    return np.stack(path)
+
+
+def test_check_linear_deq():
+    assert exercises.check_linear_deq(_linear_deq).passed
+    def plus(K, Y, lam, depth):
+        path = [np.zeros_like(Y)]
+        for _ in range(depth):
+            path.append(K @ (Y + path[-1]) / lam)
+        return np.stack(path)
+
+    report = exercises.check_linear_deq(plus)
+    assert not report.passed and "the sign" in str(report)
+    times = exercises.check_linear_deq(lambda K, Y, lam, depth: _linear_deq(K, Y, 1 / lam, depth))
+    assert not times.passed and "divide by lam" in str(times)
+    no_row_0 = exercises.check_linear_deq(lambda K, Y, lam, depth: _linear_deq(K, Y, lam, depth)[1:])
+    assert not no_row_0.passed and "z_0 = 0 first" in str(no_row_0)
+    # clipping the states is invisible on a contraction and wrong where the path grows
+    clipped = exercises.check_linear_deq(lambda K, Y, lam, depth: np.clip(_linear_deq(K, Y, lam, depth), -5, 5))
+    assert [c.name.split(":")[0] for c in clipped.failed] == ["C = 1.5 (not a contraction), depth 20"], str(clipped)
+
+
+def test_check_copy_memory():
+    from deqlab.lab import data
+
+    def right(key, b, t, m, s):
+        return data.copy_memory(key, batch_size=b, delay=t, memory=m, symbols=s)
+
+    assert exercises.check_copy_memory(right).passed
+
+    def from_zero(key, b, t, m, s):  # symbols 0..s-1: the blank is drawn as a symbol
+        x, y = right(key, b, t, m, s)
+        return x.at[:, :m].add(-1), y.at[:, t + m:].add(-1)
+
+    report = exercises.check_copy_memory(from_zero)
+    assert not report.passed and "maxval is exclusive" in str(report)
+
+    def numpy_stream(key, b, t, m, s):  # the right law from another random stream
+        seq = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**30))).integers(1, s + 1, (b, m))
+        x = np.concatenate([seq, np.zeros((b, t - 1), int), np.full((b, m + 1), 9)], axis=1)
+        return x, np.concatenate([np.zeros((b, t + m), int), seq], axis=1)
+
+    other = exercises.check_copy_memory(numpy_stream)
+    assert other.failed and all("same key" in c.name for c in other.failed), str(other)
+    long = exercises.check_copy_memory(lambda key, b, t, m, s: tuple(
+        jnp.pad(a, ((0, 0), (0, 1))) for a in right(key, b, t, m, s)))
+    assert not long.passed and "the length is delay + 2 * memory" in str(long)
+    floats = exercises.check_copy_memory(lambda key, b, t, m, s: tuple(
+        a.astype(jnp.float32) for a in right(key, b, t, m, s)))
+    assert not floats.passed and "expected an integer dtype" in str(floats)

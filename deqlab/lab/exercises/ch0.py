@@ -1,16 +1,7 @@
-"""Graders for the reader's code of chapter 0: run your function, compare it with ``deqlab``'s.
+"""Graders of chapter 0 (practice): the tanh layer, the weight-tied network, the residual, the
+forward solvers, the implicit gradient, the classifier and its training step.
 
-Each ``check_*`` function takes the function (or model) you wrote on a page of chapter 0, runs it
-on a few fixed, seeded problems (a well-conditioned one and a harder one), compares what it
-returns with ``deqlab``'s own implementation, and returns a :class:`Report`: one line per check,
-with the measured error, its tolerance and, when the check fails, a hint. The report prints well
-in a terminal, a notebook and Colab; ``report.passed`` is a bool and ``report.raise_if_failed()``
-raises :class:`ExerciseFailed` listing the failed checks::
-
-    from deqlab.lab import exercises
-    exercises.check_solver(my_anderson, reference="anderson")      # page 2
-
-The graders, by page (calling conventions as in the pages' ``reader-code`` cells):
+By page (calling conventions as in the pages' ``reader-code`` cells):
 
 - page 1: :func:`check_layer` (``my_layer(z, W, U, b, x)``), :func:`check_weight_tied`
   (``my_weight_tied(f, z0, args, depth)``), :func:`check_residual` (``my_residual(fz, z)``),
@@ -19,28 +10,11 @@ The graders, by page (calling conventions as in the pages' ``reader-code`` cells
 - page 3: :func:`check_implicit_gradient` (``my_fixed_point(f, params, x)``, a ``jax.custom_vjp``);
 - page 5: :func:`check_classifier` (an ``nnx.Module`` with ``cell(z, x)`` and ``readout``) and
   :func:`check_train_step` (``my_train_step(model, optimizer, x, y)``).
-
-A check never raises because your code does: an exception inside it is a failed check whose line
-names the exception.
-
-**Time limit.** Every grader runs within a time limit (default :data:`TIME_LIMIT`, 300 s, or the
-environment variable ``DEQLAB_GRADER_TIME_LIMIT``; per call ``check_solver(..., time_limit=60)``,
-``time_limit=math.inf`` for none): code that never returns (a loop whose stopping test is never met)
-makes the grader raise :class:`GraderTimeout`, naming the grader and the limit, instead of hanging
-the notebook. The grader runs in a worker thread; at the limit a Python loop in it is interrupted,
-while a compiled loop (``jax.lax.while_loop`` under ``jit``) cannot be and runs on in the background
-until the kernel is restarted.
 """
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-import functools
-import html
 import math
-import os
-import threading
 from typing import Any, Callable
 
 import jax
@@ -48,220 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqlab.implicit import fixed_point
+from deqlab.lab.exercises._core import (
+    Check,
+    Report,
+    _crashed,
+    _reference,
+    _relative,
+    _require_callable,
+    _time_limited,
+)
 from deqlab.solvers import get_solver, relative_residual, solve
 
-__all__ = [
-    "Check",
-    "Report",
-    "ExerciseFailed",
-    "GraderTimeout",
-    "TIME_LIMIT",
-    "check_layer",
-    "check_weight_tied",
-    "check_residual",
-    "check_solver",
-    "check_implicit_gradient",
-    "check_classifier",
-    "check_train_step",
-]
-
-
-class ExerciseFailed(AssertionError):
-    """Raised by :meth:`Report.raise_if_failed` when some check of a grader failed."""
-
-
-class GraderTimeout(TimeoutError):
-    """Raised by a grader that did not finish within its time limit (see the module docstring)."""
-
-
-TIME_LIMIT = 300.0
-"""Default time limit of a grader, in seconds (overridden by ``DEQLAB_GRADER_TIME_LIMIT``, and per
-call by ``time_limit=``)."""
-
-
-class _Stop(BaseException):
-    """Raised asynchronously in a grader's worker thread at its time limit (a BaseException: the
-    graders' and your ``except Exception`` do not swallow it)."""
-
-
-def _time_limit(value: Any, where: str) -> float:
-    from deqlab import checks
-
-    if value is None:
-        env = os.environ.get("DEQLAB_GRADER_TIME_LIMIT")
-        if env is None:
-            return checks.positive_number(TIME_LIMIT, "exercises.TIME_LIMIT", where)
-        try:
-            value = float(env)
-        except ValueError:
-            raise checks.fail("DEQLAB_GRADER_TIME_LIMIT", "a number of seconds > 0 (or 'inf')", env, where) from None
-        name = "DEQLAB_GRADER_TIME_LIMIT"
-    else:
-        name = "time_limit"
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == math.inf:
-        return math.inf
-    return checks.number(value, name, where, lower=0.0, lower_open=True)
-
-
-def _time_limited(grader: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``grader`` in a worker thread, at most ``time_limit`` seconds (the module docstring)."""
-    where = f"exercises.{grader.__name__}"
-
-    @functools.wraps(grader)
-    def wrapper(*args: Any, time_limit: float | None = None, **kwargs: Any) -> Any:
-        limit = _time_limit(time_limit, where)
-        if limit == math.inf:
-            return grader(*args, **kwargs)
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = grader(*args, **kwargs)
-            except _Stop:
-                pass
-            except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
-                box["error"] = error
-
-        thread = threading.Thread(target=target, name=where, daemon=True)
-        thread.start()
-        thread.join(limit)
-        if thread.is_alive():
-            # interrupt a Python loop at its next bytecode; a compiled loop runs on in the background
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Stop))
-            thread.join(1.0)
-            raise GraderTimeout(
-                f"{where} did not finish within its time limit of {limit:g} s: the code it grades probably "
-                "never returns (a loop whose stopping test is never met?). Raise the limit with "
-                f"{grader.__name__}(..., time_limit=seconds), for every grader with exercises.TIME_LIMIT or "
-                "the environment variable DEQLAB_GRADER_TIME_LIMIT.")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    return wrapper
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One line of a :class:`Report`: ``error`` is compared with ``tolerance`` (``error <= tolerance``
-    passes; NaN never does). ``hint`` is shown when the check fails."""
-
-    name: str
-    error: float
-    tolerance: float
-    hint: str = ""
-    note: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return bool(np.isfinite(self.error) and self.error <= self.tolerance)
-
-    def line(self) -> str:
-        mark = "PASS" if self.passed else "FAIL"
-        text = f"{mark}  {self.name}: {_number(self.error)} (tolerance {_number(self.tolerance)})"
-        if self.note:
-            text += f"; {self.note}"
-        if not self.passed and self.hint:
-            text += f"\n      hint: {self.hint}"
-        return text
-
-
-def _number(value: float) -> str:
-    if not np.isfinite(value):
-        return str(value)
-    if value == int(value) and abs(value) < 1e6:
-        return str(int(value))
-    return f"{value:.1e}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-    """The verdict of a grader: ``title`` and its :class:`Check` lines."""
-
-    title: str
-    checks: tuple[Check, ...]
-
-    @property
-    def passed(self) -> bool:
-        """True when every check passed."""
-        return all(c.passed for c in self.checks)
-
-    @property
-    def failed(self) -> tuple[Check, ...]:
-        """The checks that failed."""
-        return tuple(c for c in self.checks if not c.passed)
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def __str__(self) -> str:
-        verdict = "passed" if self.passed else f"FAILED ({len(self.failed)} of {len(self.checks)} checks)"
-        return "\n".join([f"{self.title}: {verdict}"] + ["  " + c.line() for c in self.checks])
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        color = "#1a7f37" if self.passed else "#cf222e"
-        verdict = "passed" if self.passed else f"FAILED ({len(self.failed)} of {len(self.checks)} checks)"
-        rows = []
-        for c in self.checks:
-            mark = "&#10004;" if c.passed else "&#10008;"
-            hint = "" if c.passed or not c.hint else f"<br><i>hint: {html.escape(c.hint)}</i>"
-            note = f" ({html.escape(c.note)})" if c.note else ""
-            rows.append(
-                f"<tr><td style='color:{'#1a7f37' if c.passed else '#cf222e'}'>{mark}</td>"
-                f"<td style='text-align:left'>{html.escape(c.name)}{note}{hint}</td>"
-                f"<td>{_number(c.error)}</td><td>{_number(c.tolerance)}</td></tr>"
-            )
-        return (
-            f"<div><b>{html.escape(self.title)}</b>: <span style='color:{color}'><b>{verdict}</b></span>"
-            "<table><thead><tr><th></th><th style='text-align:left'>check</th><th>error</th>"
-            f"<th>tolerance</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-        )
-
-    def raise_if_failed(self) -> "Report":
-        """Raise :class:`ExerciseFailed` (an ``AssertionError``) naming the failed checks; return
-        the report otherwise (so that ``check_x(f).raise_if_failed()`` still displays it)."""
-        if not self.passed:
-            raise ExerciseFailed(str(self))
-        return self
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-
-
-def _require_callable(value: Any, name: str, where: str) -> None:
-    if not callable(value):
-        raise TypeError(f"exercises.{where}: `{name}` must be a callable (your function), got "
-                        f"{type(value).__name__}.")
-
-
-def _crashed(name: str, error: BaseException, hint: str) -> Check:
-    message = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-    return Check(name, math.inf, 0.0, hint=f"your code raised {message}. {hint}".strip())
-
-
-def _relative(a, b) -> float:
-    """max |a - b| / max |b| over every leaf (pytrees of equal structure); inf on a shape mismatch."""
-    a_leaves, b_leaves = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    if len(a_leaves) != len(b_leaves) or any(np.shape(x) != np.shape(y) for x, y in zip(a_leaves, b_leaves)):
-        return math.inf
-    diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in
-               zip(a_leaves, b_leaves))
-    size = max(float(np.max(np.abs(np.asarray(y, np.float64)))) for y in b_leaves)
-    return diff / max(size, 1e-300)
-
-
-_REFERENCES: dict = {}
-"""deqlab's answers on the graders' fixed problems, computed once per process: they do not depend
-on the code being graded, and computing them (compiling the solves) is most of a grader's time."""
-
-
-def _reference(key: tuple, compute: Callable[[], Any]) -> Any:
-    if key not in _REFERENCES:
-        _REFERENCES[key] = jax.tree_util.tree_map(np.asarray, compute())
-    return _REFERENCES[key]
+__all__ = ["check_layer", "check_weight_tied", "check_residual", "check_solver", "check_implicit_gradient",
+           "check_classifier", "check_train_step"]
 
 
 def _tanh_map(z, w, u, b, x):
