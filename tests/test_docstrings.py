@@ -16,7 +16,8 @@ Two checks over the public API of the modules in :data:`MODULES`:
       ``Attributes:`` (a dataclass or NamedTuple, whose fields are the parameters);
     * a public method (defined in the class body, ``__call__`` included) has a docstring, and
       ``Args:`` when it takes parameters besides ``self``; a method that overrides a documented
-      method of a base class in the library shares its contract and needs only a docstring.
+      method of a base class in the library shares its contract and inherits its docstring
+      (``inspect.getdoc`` and Sphinx's autodoc do), so it needs none of its own.
 
 (b) **Examples.** Every docstring's doctest runs (``doctest.DocTestFinder`` + ``DocTestRunner``)
     with empty globals, so each example imports what it uses (as a reader copying it would), in
@@ -152,15 +153,16 @@ def _method_problems(cls) -> list[str]:
         func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
         if not inspect.isfunction(func):
             continue
+        overrides = any(name in vars(base) and (getattr(base, name).__doc__ or "")
+                        for base in cls.__mro__[1:] if base.__module__.startswith("deqlab"))
+        if overrides:
+            continue  # the base's contract; inspect.getdoc and autodoc inherit its docstring
         doc = inspect.getdoc(func) or ""
         if not func.__doc__:
             problems.append(f"method {name}: no docstring")
             continue
-        overrides = any(name in vars(base) and (getattr(base, name).__doc__ or "")
-                        for base in cls.__mro__[1:] if base.__module__.startswith("deqlab"))
         skip_self = not isinstance(member, staticmethod)
-        if not overrides and not isinstance(member, property) and _parameters(func, skip_self) \
-                and not _has(doc, "Args"):
+        if not isinstance(member, property) and _parameters(func, skip_self) and not _has(doc, "Args"):
             problems.append(f"method {name}: parameters but no Args:")
     return problems
 
