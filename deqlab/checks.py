@@ -42,18 +42,71 @@ def _prefix(where: str | None) -> str:
 
 
 def fail(name: str, requirement: str, value: Any, where: str | None = None) -> ValueError:
-    """The ``ValueError`` of this module's format (returned, so that callers ``raise`` it)."""
+    """The ``ValueError`` of this module's format (returned, so that callers ``raise`` it).
+
+    Args:
+        name: the argument, as the user wrote it.
+        requirement: what it must be (``"an integer >= 1"``).
+        value: the value received (shown with ``repr``).
+        where: the public function or class the user called; None: no prefix.
+
+    Returns:
+        A ``ValueError`` (not raised).
+
+    Example:
+        >>> from deqlab.checks import fail
+        >>> print(fail("m", "an integer >= 1", 0, "solvers.Anderson"))
+        solvers.Anderson: `m` must be an integer >= 1, got 0.
+    """
     return ValueError(f"{_prefix(where)}`{name}` must be {requirement}, got {value!r}.")
 
 
 def is_traced(value: Any) -> bool:
-    """True when any leaf of ``value`` is a JAX tracer (its number cannot be read)."""
+    """True when any leaf of ``value`` is a JAX tracer (its number cannot be read).
+
+    Args:
+        value: any pytree.
+
+    Returns:
+        A bool.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> from deqlab.checks import is_traced
+        >>> is_traced(jnp.ones(2)), bool(jax.jit(lambda x: is_traced(x))(1.0))
+        (False, True)
+    """
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
 
 
 def integer(value: Any, name: str, where: str | None = None, *, minimum: int | None = None,
             maximum: int | None = None) -> int:
-    """A static Python / NumPy integer (never a bool) in ``[minimum, maximum]``."""
+    """A static Python / NumPy integer (never a bool) in ``[minimum, maximum]``.
+
+    Args:
+        value: the value to check.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+        minimum: smallest allowed value (None: unbounded).
+        maximum: largest allowed value (None: unbounded).
+
+    Returns:
+        ``value`` as a Python int.
+
+    Raises:
+        ValueError: ``value`` is a bool, not an integer (a traced value included), or out of range.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.checks import integer
+        >>> integer(np.int64(3), "steps", minimum=1)
+        3
+        >>> integer(0, "steps", "solve", minimum=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: solve: `steps` must be an integer >= 1, got 0.
+    """
     lo = "" if minimum is None else f" >= {minimum}"
     hi = "" if maximum is None else f" <= {maximum}"
     requirement = f"an integer{lo}{' and' if lo and hi else ''}{hi}"
@@ -69,7 +122,24 @@ def integer(value: Any, name: str, where: str | None = None, *, minimum: int | N
 
 
 def positive_int(value: Any, name: str, where: str | None = None) -> int:
-    """An integer >= 1."""
+    """An integer >= 1.
+
+    Args:
+        value: the value to check.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+
+    Returns:
+        ``value`` as a Python int.
+
+    Raises:
+        ValueError: ``value`` is not an integer >= 1.
+
+    Example:
+        >>> from deqlab.checks import positive_int
+        >>> positive_int(4, "n")
+        4
+    """
     return integer(value, name, where, minimum=1)
 
 
@@ -80,6 +150,28 @@ def number(value: Any, name: str, where: str | None = None, *, lower: float | No
 
     With ``allow_traced=True`` a traced scalar passes unchecked (its range cannot be read inside
     ``jit``); otherwise a tracer is an error naming the argument.
+
+    Args:
+        value: the value to check (Python or NumPy scalar, 0-d array).
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+        lower: lower bound (None: unbounded).
+        upper: upper bound (None: unbounded).
+        lower_open: exclude ``lower`` itself.
+        upper_open: exclude ``upper`` itself.
+        allow_traced: let a traced real scalar through unchecked.
+
+    Returns:
+        ``value`` as a Python float (a traced scalar unchanged).
+
+    Raises:
+        ValueError: ``value`` is None, a bool, not a real scalar, not finite, out of the interval,
+            or traced without ``allow_traced``.
+
+    Example:
+        >>> from deqlab.checks import number
+        >>> number(0.5, "damping", lower=0.0, upper=1.0, lower_open=True)
+        0.5
     """
     left = "" if lower is None else ("> " if lower_open else ">= ") + f"{lower:g}"
     right = "" if upper is None else ("< " if upper_open else "<= ") + f"{upper:g}"
@@ -109,17 +201,69 @@ def number(value: Any, name: str, where: str | None = None, *, lower: float | No
 
 
 def positive_number(value: Any, name: str, where: str | None = None) -> float:
-    """A finite real number > 0."""
+    """A finite real number > 0.
+
+    Args:
+        value: the value to check.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+
+    Returns:
+        ``value`` as a Python float.
+
+    Raises:
+        ValueError: ``value`` is not a finite real number > 0.
+
+    Example:
+        >>> from deqlab.checks import positive_number
+        >>> positive_number(1e-5, "tol")
+        1e-05
+    """
     return number(value, name, where, lower=0.0, lower_open=True)
 
 
 def unit_interval(value: Any, name: str, where: str | None = None) -> float:
-    """A number in (0, 1] (damping factors, step lengths)."""
+    """A number in (0, 1] (damping factors, step lengths).
+
+    Args:
+        value: the value to check.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+
+    Returns:
+        ``value`` as a Python float.
+
+    Raises:
+        ValueError: ``value`` is not a finite real number in (0, 1].
+
+    Example:
+        >>> from deqlab.checks import unit_interval
+        >>> unit_interval(1, "damping")
+        1.0
+    """
     return number(value, name, where, lower=0.0, upper=1.0, lower_open=True)
 
 
 def choice(value: Any, name: str, options: Iterable[str], where: str | None = None) -> str:
-    """One of ``options`` (strings)."""
+    """One of ``options`` (strings).
+
+    Args:
+        value: the value to check.
+        name: the argument's name, for the message.
+        options: the allowed strings.
+        where: the public function, for the message.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``value`` is not one of ``options``.
+
+    Example:
+        >>> from deqlab.checks import choice
+        >>> choice("relu", "phi", ("tanh", "relu"))
+        'relu'
+    """
     options = tuple(options)
     if not isinstance(value, str) or value not in options:
         raise fail(name, f"one of {', '.join(repr(o) for o in options)}", value, where)
@@ -127,8 +271,26 @@ def choice(value: Any, name: str, options: Iterable[str], where: str | None = No
 
 
 def floating_dtype(dtype: Any, name: str = "dtype", where: str | None = None) -> np.dtype:
-    """A real floating-point dtype (float16, bfloat16, float32, float64); ``None`` is refused
-    (``jnp.dtype(None)`` would silently answer the default float)."""
+    """A real floating-point dtype (float16, bfloat16, float32, float64).
+
+    ``None`` is refused: ``jnp.dtype(None)`` would silently answer the default float.
+
+    Args:
+        dtype: anything ``jnp.dtype`` accepts.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+
+    Returns:
+        The dtype, a ``numpy.dtype``.
+
+    Raises:
+        ValueError: ``dtype`` is None, not a dtype, or not a real floating-point dtype.
+
+    Example:
+        >>> from deqlab.checks import floating_dtype
+        >>> floating_dtype("bfloat16")
+        dtype(bfloat16)
+    """
     requirement = "a real floating-point dtype such as jnp.float32"
     if dtype is None:  # jnp.dtype(None) is the default float (float64 under x64): not what was meant
         raise fail(name, requirement + " (None is not a dtype here)", dtype, where)
@@ -142,7 +304,25 @@ def floating_dtype(dtype: Any, name: str = "dtype", where: str | None = None) ->
 
 
 def prng_key(key: Any, name: str = "key", where: str | None = None) -> jax.Array:
-    """A JAX PRNG key: ``jax.random.key(seed)`` or a raw ``uint32[2]`` from ``PRNGKey``."""
+    """A JAX PRNG key: ``jax.random.key(seed)`` or a raw ``uint32[2]`` from ``PRNGKey``.
+
+    Args:
+        key: the value to check.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+
+    Returns:
+        ``key`` unchanged.
+
+    Raises:
+        ValueError: ``key`` is an int seed, an array of several keys, or any other non-key.
+
+    Example:
+        >>> import jax
+        >>> from deqlab.checks import prng_key
+        >>> prng_key(jax.random.key(0)).shape
+        ()
+    """
     requirement = "a JAX PRNG key such as jax.random.key(0) (not an int seed)"
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         raise fail(name, requirement, key, where)
@@ -158,8 +338,27 @@ def prng_key(key: Any, name: str = "key", where: str | None = None) -> jax.Array
 
 
 def seed_list(value: Any, name: str = "seeds", where: str | None = None) -> list[int]:
-    """A non-empty sequence of distinct integers >= 0 (the seeds one sweep configuration trains
-    together), as a list of Python ``int``."""
+    """A non-empty sequence of distinct integers >= 0, as a list of Python ``int``.
+
+    (The seeds that one sweep configuration trains together.)
+
+    Args:
+        value: the value to check.
+        name: the argument's name, for the message.
+        where: the public function, for the message.
+
+    Returns:
+        The seeds, a list of Python ints.
+
+    Raises:
+        ValueError: ``value`` is not a non-empty sequence, holds a non-integer or negative
+            entry, or repeats a seed.
+
+    Example:
+        >>> from deqlab.checks import seed_list
+        >>> seed_list((0, 1, 2))
+        [0, 1, 2]
+    """
     from collections.abc import Sequence
 
     if isinstance(value, (int, np.integer, str)) or not isinstance(value, Sequence) or len(value) == 0:

@@ -217,6 +217,13 @@ def sample(
         or non-integer ``n`` or one with ``n * n >`` :data:`MAX_ELEMENTS`, a negative,
         non-finite or non-scalar ``scale``, or a non-floating ``dtype`` (messages in the format
         of :mod:`deqlab.checks`, naming the argument and its valid range).
+
+    Example:
+        >>> import jax
+        >>> from deqlab import ensembles
+        >>> w = ensembles.sample("goe", jax.random.key(0), 4, scale=0.5)
+        >>> w.shape, w.dtype, bool((w == w.T).all())
+        ((4, 4), dtype('float32'), True)
     """
     where = "ensembles.sample"
     name = _name(name, where)
@@ -232,6 +239,20 @@ def critical_scale(name: str) -> float:
 
     ``1`` for ``"gaussian"`` and ``"orthogonal"``, ``1/2`` for ``"goe"`` and
     ``"antisymmetric"`` (001 §2.1.2, App. A.1).
+
+    Args:
+        name: one of :data:`ENSEMBLES`.
+
+    Returns:
+        The critical scale, a Python float.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`ENSEMBLES`.
+
+    Example:
+        >>> from deqlab.ensembles import critical_scale
+        >>> critical_scale("gaussian"), critical_scale("goe")
+        (1.0, 0.5)
     """
     name = _name(name, "ensembles.critical_scale")
     return 1.0 / _RADIUS_FACTOR[name]
@@ -242,6 +263,20 @@ def critical_variance(name: str) -> float:
 
     ``1`` for ``"gaussian"`` and ``"orthogonal"``, ``1/4`` for ``"goe"`` and
     ``"antisymmetric"``.
+
+    Args:
+        name: one of :data:`ENSEMBLES`.
+
+    Returns:
+        The critical variance, a Python float.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`ENSEMBLES`.
+
+    Example:
+        >>> from deqlab.ensembles import critical_variance
+        >>> critical_variance("antisymmetric")
+        0.25
     """
     name = _name(name, "ensembles.critical_variance")
     return critical_scale(name) ** 2
@@ -253,6 +288,22 @@ def spectral_radius_limit(name: str, scale: float | jax.Array = 1.0) -> float | 
     ``scale`` for ``"gaussian"`` (circular law) and ``"orthogonal"`` (exact at every ``n``),
     ``2 * scale`` for ``"goe"`` and ``"antisymmetric"`` (semicircle edge). Finite-``n``
     corrections are ``O(sqrt(log n / n))`` for Ginibre and ``O(n^{-2/3})`` for GOE.
+
+    Args:
+        name: one of :data:`ENSEMBLES`.
+        scale: ``sqrt(V) >= 0``; may be traced.
+
+    Returns:
+        The limit, a float (an array when ``scale`` is one).
+
+    Raises:
+        ValueError: ``name`` is unknown, or a concrete ``scale`` is negative, not finite or not a
+            scalar.
+
+    Example:
+        >>> from deqlab.ensembles import spectral_radius_limit
+        >>> spectral_radius_limit("goe", 0.4)
+        0.8
     """
     where = "ensembles.spectral_radius_limit"
     name = _name(name, where)
@@ -281,14 +332,25 @@ def initializer(name: str, scale: float | None = None) -> Callable[..., jax.Arra
     * ``"goe"``, ``"antisymmetric"``: square shapes only.
 
     Args:
-      name: one of :data:`ENSEMBLES`.
-      scale: ``sqrt(V) >= 0``; ``None`` (default) means :func:`critical_scale` ``(name)``,
-        the edge of stability of the linear DEQ (001 §2.1.2).
+        name: one of :data:`ENSEMBLES`.
+        scale: ``sqrt(V) >= 0``; ``None`` (default) means :func:`critical_scale` ``(name)``,
+            the edge of stability of the linear DEQ (001 §2.1.2).
 
     Returns:
-      ``init(key, shape, dtype=jnp.float32)``; raises ``ValueError`` for a ``shape`` that is
-      not 2-D with positive dims (or not square for ``"goe"``/``"antisymmetric"``) or a
-      non-floating ``dtype``.
+        ``init(key, shape, dtype=jnp.float32)``, which raises ``ValueError`` for a non-key
+        ``key``, a ``shape`` that is not 2-D with positive dims (or not square for
+        ``"goe"``/``"antisymmetric"``), or a non-floating ``dtype``.
+
+    Raises:
+        ValueError: ``name`` is unknown, or ``scale`` is negative, not finite or not a scalar.
+
+    Example:
+        >>> import jax
+        >>> from deqlab.ensembles import initializer, sample
+        >>> init = initializer("orthogonal", 0.9)
+        >>> key = jax.random.key(1)
+        >>> bool((init(key, (3, 3)) == sample("orthogonal", key, 3, 0.9)).all())
+        True
     """
     where = "ensembles.initializer"
     name = _name(name, where)

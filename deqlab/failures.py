@@ -47,7 +47,19 @@ FAILURE_POLICIES = ("warn", "raise", "nan", "ignore")
 
 
 class Result(enum.IntEnum):
-    """Outcome of a solve, one per sample."""
+    """Outcome of a solve, one per sample (``Solution.result``).
+
+    Attributes:
+        SUCCESS: the relative residual reached ``tol``.
+        MAX_STEPS_REACHED: ``max_steps`` ran out first.
+        DIVERGED: the residual grew past the solver's divergence threshold.
+        NONFINITE: the iterate or the residual became NaN or infinite.
+
+    Example:
+        >>> from deqlab.failures import Result
+        >>> Result(1).name, int(Result.SUCCESS)
+        ('MAX_STEPS_REACHED', 0)
+    """
 
     SUCCESS = 0
     MAX_STEPS_REACHED = 1
@@ -77,7 +89,23 @@ NOT_GIVEN = _NOT_GIVEN
 
 
 def check_policy(value, where: str) -> str:
-    """``value`` if it is one of :data:`FAILURE_POLICIES`, else a ValueError naming ``on_failure``."""
+    """``value`` if it is one of :data:`FAILURE_POLICIES`, else an error naming ``on_failure``.
+
+    Args:
+        value: the ``on_failure`` argument received.
+        where: the public function named in the error message.
+
+    Returns:
+        ``value``, one of ``"warn"``, ``"raise"``, ``"nan"``, ``"ignore"``.
+
+    Raises:
+        ValueError: ``value`` is not one of :data:`FAILURE_POLICIES`.
+
+    Example:
+        >>> from deqlab.failures import check_policy
+        >>> check_policy("nan", "solve")
+        'nan'
+    """
     return checks.choice(value, "on_failure", FAILURE_POLICIES, where)
 
 
@@ -88,8 +116,19 @@ _FLAX = os.path.join(os.path.dirname(_JAX), "flax")
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` of ``warnings.warn`` (called by this module's caller) that attributes a
-    warning to the first frame outside deqlab, JAX and Flax: the user's line, not deqlab's."""
+    """The ``stacklevel`` that attributes a warning to the user's line.
+
+    For ``warnings.warn`` called by this function's caller: the first frame outside deqlab, JAX
+    and Flax.
+
+    Returns:
+        A positive int (1 when every frame is inside those packages).
+
+    Example:
+        >>> from deqlab.failures import user_stacklevel
+        >>> user_stacklevel() >= 1
+        True
+    """
     frame = sys._getframe(1)
     level = 1
     while frame is not None:
@@ -149,6 +188,16 @@ def signal(caller: str, what: str, policy: str, result, residual, *, category=So
     Raises:
         SolverError: with ``policy="raise"`` and concrete results that hold a failure (traced
             results: raised from a host callback when the program runs).
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.failures import Result, SolverError, signal
+        >>> result = np.array([Result.SUCCESS, Result.MAX_STEPS_REACHED])
+        >>> try:
+        ...     signal("solve", "", "raise", result, np.array([1e-6, 3e-2]))
+        ... except SolverError as error:
+        ...     print(error)
+        solve: the solve failed for 1/2 samples: sample 1: max_steps_reached (residual 3.000e-02).
     """
     if policy in ("ignore", "nan"):
         return
@@ -164,12 +213,27 @@ def signal(caller: str, what: str, policy: str, result, residual, *, category=So
 
 
 def nan_where_failed(tree, result, batch_axis: int | None):
-    """``tree`` with every entry of the failing samples NaN (``result`` per sample along
-    ``batch_axis`` of every leaf; a single sample without a batch axis).
+    """``tree`` with every entry of the failing samples NaN: the ``"nan"`` failure policy.
 
     Multiplied, not selected: a ``where`` would cut the gradient of the failing samples (the NaN
     branch is a constant), and even an added NaN leaves the derivative at 1; times NaN, both the
     value and every gradient through it are NaN, whatever the loss.
+
+    Args:
+        tree: a pytree of arrays (a solution, or anything computed per sample).
+        result: the :class:`Result` codes, one per sample along ``batch_axis`` of every leaf, or a
+            scalar for a single sample.
+        batch_axis: the axis of every leaf that indexes the samples; None: one sample.
+
+    Returns:
+        ``tree`` with the entries of failing samples NaN and the others unchanged.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.failures import Result, nan_where_failed
+        >>> z = jnp.ones((2, 3))
+        >>> nan_where_failed(z, jnp.array([Result.SUCCESS, Result.DIVERGED]), batch_axis=0).tolist()
+        [[1.0, 1.0, 1.0], [nan, nan, nan]]
     """
     failed = jnp.asarray(result) != Result.SUCCESS
 

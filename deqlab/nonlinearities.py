@@ -73,6 +73,13 @@ class Nonlinearity:
       binary_slope: ``phi'`` takes only the values 0 and 1, so ``D^2 = diag(phi'(h)^2)`` is a
         Bernoulli spectrum (the Bernoulli universality class of 002 §5, Table 1).
       reference: where the book takes it from.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab import nonlinearities
+        >>> relu = nonlinearities.get("relu")
+        >>> relu.kinks, relu.binary_slope, relu.jax(jnp.array([-1.0, 2.0])).tolist()
+        ((0.0,), True, [0.0, 2.0])
     """
 
     name: str
@@ -167,13 +174,43 @@ NONLINEARITIES: tuple[str, ...] = tuple(_REGISTRY)
 def get(name: str, where: str | None = None) -> Nonlinearity:
     """The :class:`Nonlinearity` called ``name`` (one of :data:`NONLINEARITIES`).
 
-    ``where`` names the public function that asks, for the error message.
+    Args:
+        name: one of :data:`NONLINEARITIES`.
+        where: the public function that asks, for the error message.
+
+    Returns:
+        The registry entry.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`NONLINEARITIES`.
+
+    Example:
+        >>> from deqlab import nonlinearities
+        >>> erf = nonlinearities.get("erf")
+        >>> float(erf.derivative_numpy(0.0))  # scaled to slope 1 at 0 (002 §5)
+        1.0
     """
     return _REGISTRY[checks.choice(name, "nonlinearity", NONLINEARITIES, where)]
 
 
 def index(name: str, where: str | None = None) -> int:
-    """Position of ``name`` in :data:`NONLINEARITIES`: the branch of :func:`apply_jax`."""
+    """Position of ``name`` in :data:`NONLINEARITIES`: the branch of :func:`apply_jax`.
+
+    Args:
+        name: one of :data:`NONLINEARITIES`.
+        where: the public function that asks, for the error message.
+
+    Returns:
+        An int in ``[0, len(NONLINEARITIES))``.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`NONLINEARITIES`.
+
+    Example:
+        >>> from deqlab import nonlinearities
+        >>> nonlinearities.NONLINEARITIES[nonlinearities.index("relu")]
+        'relu'
+    """
     return NONLINEARITIES.index(checks.choice(name, "nonlinearity", NONLINEARITIES, where))
 
 
@@ -204,9 +241,26 @@ def apply_jax(code, h: jax.Array) -> jax.Array:
     """``phi(h)`` for the nonlinearity ``NONLINEARITIES[code]``; ``code`` may be traced.
 
     A ``lax.switch`` over the registry, so that one compiled function serves every
-    nonlinearity. Get ``code`` from :func:`index`. A concrete ``code`` outside
-    ``0 <= code < len(NONLINEARITIES)`` (or not an integer) raises ``ValueError``; a traced
-    ``code`` cannot be checked and is clamped into that range by ``lax.switch``.
+    nonlinearity. Get ``code`` from :func:`index`.
+
+    Args:
+        code: position in :data:`NONLINEARITIES` (an int, or a traced integer scalar).
+        h: pre-activations, a JAX array.
+
+    Returns:
+        ``phi(h)``, of the shape and dtype of ``h``.
+
+    Raises:
+        ValueError: a concrete ``code`` is not an integer in ``0 <= code < len(NONLINEARITIES)``
+            (a traced ``code`` cannot be checked and is clamped into that range by
+            ``lax.switch``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab import nonlinearities
+        >>> code = nonlinearities.index("hard_tanh")
+        >>> nonlinearities.apply_jax(code, jnp.array([-3.0, 0.5])).tolist()
+        [-1.0, 0.5]
     """
     return jax.lax.switch(_check_code(code, "nonlinearities.apply_jax"), _PHI_BRANCHES, h)
 
@@ -214,7 +268,22 @@ def apply_jax(code, h: jax.Array) -> jax.Array:
 def derivative_apply_jax(code, h: jax.Array) -> jax.Array:
     """``phi'(h)`` for the nonlinearity ``NONLINEARITIES[code]``; ``code`` may be traced.
 
-    ``code`` is checked as in :func:`apply_jax` (concrete: ``ValueError`` outside
-    ``0 <= code < len(NONLINEARITIES)``; traced: clamped by ``lax.switch``).
+    Args:
+        code: position in :data:`NONLINEARITIES` (an int, or a traced integer scalar).
+        h: pre-activations, a JAX array.
+
+    Returns:
+        ``phi'(h)``, of the shape and dtype of ``h``.
+
+    Raises:
+        ValueError: a concrete ``code`` is not an integer in ``0 <= code < len(NONLINEARITIES)``
+            (a traced one is clamped by ``lax.switch``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab import nonlinearities
+        >>> code = nonlinearities.index("relu")
+        >>> nonlinearities.derivative_apply_jax(code, jnp.array([-1.0, 1.0])).tolist()
+        [0.0, 1.0]
     """
     return jax.lax.switch(_check_code(code, "nonlinearities.derivative_apply_jax"), _DPHI_BRANCHES, h)

@@ -77,7 +77,20 @@ _warned_tols: set[tuple[str, float]] = set()
 
 
 class PrecisionWarning(UserWarning):
-    """A tolerance below what the dtype (or the matmul precision) can reach."""
+    """A tolerance below what the dtype (or the matmul precision) can reach.
+
+    Issued by :func:`check_tol`, once per (dtype, tolerance) pair.
+
+    Example:
+        >>> import warnings
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import PrecisionWarning, check_tol
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     check_tol(1e-9, jnp.float32, where="example")
+        >>> caught[0].category is PrecisionWarning
+        True
+    """
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -85,7 +98,26 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def default_tol(dtype: Any) -> float:
-    """Default relative-residual tolerance of a solve whose iterate has this dtype."""
+    """Default relative-residual tolerance of a solve whose iterate has this dtype.
+
+    float64 ``1e-10``, float32 ``1e-5``, float16 ``1e-2``, bfloat16 ``5e-2`` (any other floating
+    dtype: ``1e-5``), each well above the dtype's :func:`attainable_tol`.
+
+    Args:
+        dtype: a real floating-point dtype (``jnp.float32``, ``"float64"``, ...).
+
+    Returns:
+        The tolerance, a Python float.
+
+    Raises:
+        ValueError: ``dtype`` is None or not a real floating-point dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import default_tol
+        >>> default_tol(jnp.float32), default_tol(jnp.float64), default_tol(jnp.bfloat16)
+        (1e-05, 1e-10, 0.05)
+    """
     dtype = checks.floating_dtype(dtype, "dtype", "precision.default_tol")
     return _DEFAULT_TOL.get(_dtype_name(dtype), 1e-5)
 
@@ -94,14 +126,45 @@ def attainable_tol(dtype: Any) -> float:
     """About the smallest relative residual a solve in this dtype reaches: 4 machine epsilons.
 
     Rounding f(z) to the dtype perturbs it by half an epsilon per entry; accumulated over a
-    matmul and the residual's norm this leaves a floor of one to a few epsilons (measured on the
-    solver page of the book: float32 solves settle at 1-3e-7).
+    matmul and the residual's norm this leaves a floor of one to a few epsilons.
+
+    Args:
+        dtype: a real floating-point dtype.
+
+    Returns:
+        ``4 * jnp.finfo(dtype).eps``, a Python float.
+
+    Raises:
+        ValueError: ``dtype`` is None or not a real floating-point dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import attainable_tol
+        >>> f"{attainable_tol(jnp.float32):.2e}"
+        '4.77e-07'
     """
     return 4.0 * float(jnp.finfo(checks.floating_dtype(dtype, "dtype", "precision.attainable_tol")).eps)
 
 
 def check_tol(tol: float, dtype: Any, where: str = "solve") -> None:
-    """Warn once per (dtype, tol) when ``tol`` is below :func:`attainable_tol`."""
+    """Warn once per (dtype, tol) when ``tol`` is below :func:`attainable_tol`.
+
+    Args:
+        tol: the tolerance asked for, a finite number > 0.
+        dtype: the dtype of the iterate.
+        where: the public function named in the warning.
+
+    Raises:
+        ValueError: ``tol`` is not a finite number > 0, or ``dtype`` is not a floating dtype.
+
+    Warns:
+        PrecisionWarning: ``tol < attainable_tol(dtype)`` (once per pair).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import check_tol
+        >>> check_tol(1e-5, jnp.float32)  # reachable: silent
+    """
     tol = checks.positive_number(tol, "tol", where)
     floor = attainable_tol(dtype)
     name = _dtype_name(dtype)
@@ -131,19 +194,55 @@ def _normalise(precision: Any, where: str | None = None) -> str | None:
 
 
 def check_precision(precision: Any, where: str | None = None) -> str:
-    """A matmul precision named by :data:`PRECISIONS` (or a ``jax.lax.Precision``), normalised."""
+    """A matmul precision named by :data:`PRECISIONS` (or a ``jax.lax.Precision``), normalised.
+
+    Also accepts JAX's aliases ``"bfloat16"``/``"fastest"`` (``"default"``), ``"tensorfloat32"``
+    (``"high"``) and ``"float32"`` (``"highest"``).
+
+    Args:
+        precision: a name of :data:`PRECISIONS`, one of the aliases, or a ``jax.lax.Precision``.
+        where: the public function named in an error message.
+
+    Returns:
+        One of ``"default"``, ``"high"``, ``"highest"``.
+
+    Raises:
+        ValueError: ``precision`` is None or not a known precision.
+
+    Example:
+        >>> import jax
+        >>> from deqlab.precision import check_precision
+        >>> check_precision("float32"), check_precision(jax.lax.Precision.HIGH)
+        ('highest', 'high')
+    """
     if precision is None:
         raise checks.fail("precision", f"one of {', '.join(repr(p) for p in PRECISIONS)}", precision, where)
     return _normalise(precision, where)
 
 
 def required_precision(tol: float, dtype: Any) -> str:
-    """The cheapest matmul precision whose stall residual stays 10x below ``tol`` for this dtype:
-    float32 ``"default"`` for ``tol >= 3e-3``, ``"high"`` for ``tol >= 4e-6`` (the float32
-    default 1e-5 included), ``"highest"`` below.
+    """The cheapest matmul precision whose stall residual stays 10x below ``tol`` for this dtype.
 
-    Only float32 has a choice: 16-bit iterates are rounded more coarsely than any matmul, and
-    float64 matmuls are never demoted.
+    float32: ``"default"`` for ``tol >= 3e-3``, ``"high"`` for ``tol >= 4e-6`` (the float32
+    default 1e-5 included), ``"highest"`` below. Only float32 has a choice: 16-bit iterates are
+    rounded more coarsely than any matmul (``"default"``), and float64 matmuls are never demoted
+    (``"highest"``).
+
+    Args:
+        tol: the solve's tolerance, a finite number > 0.
+        dtype: the dtype of the iterate.
+
+    Returns:
+        One of :data:`PRECISIONS`.
+
+    Raises:
+        ValueError: ``tol`` is not a finite number > 0, or ``dtype`` is not a floating dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import required_precision
+        >>> [required_precision(t, jnp.float32) for t in (1e-2, 1e-5, 1e-6)]
+        ['default', 'high', 'highest']
     """
     checks.positive_number(tol, "tol", "precision.required_precision")
     dtype = checks.floating_dtype(dtype, "dtype", "precision.required_precision")
@@ -157,7 +256,28 @@ def required_precision(tol: float, dtype: Any) -> str:
 
 @contextlib.contextmanager
 def matmul_precision(precision: Any) -> Iterator[None]:
-    """Evaluate the enclosed traced code with this default matmul precision (None: unchanged)."""
+    """Evaluate the enclosed traced code with this default matmul precision (None: unchanged).
+
+    A thin wrapper of ``jax.default_matmul_precision`` that also accepts None and the names of
+    :func:`check_precision`. Like it, it affects code traced inside the context.
+
+    Args:
+        precision: None, a name of :data:`PRECISIONS` or an alias, or a ``jax.lax.Precision``.
+
+    Returns:
+        A context manager.
+
+    Raises:
+        ValueError: ``precision`` is not a known precision.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import matmul_precision
+        >>> with matmul_precision("highest"):
+        ...     y = jnp.ones((2, 2)) @ jnp.ones(2)
+        >>> y.tolist()
+        [2.0, 2.0]
+    """
     level = _normalise(precision, "matmul_precision")
     if level is None:
         yield
@@ -172,6 +292,25 @@ def emulate_accelerator_matmuls(enabled: bool = True) -> Iterator[None]:
 
     Applies to code traced inside the context (call ``jax.jit`` functions for the first time
     inside it, or clear their cache).
+
+    Args:
+        enabled: True to emulate, False to turn an enclosing emulation off.
+
+    Returns:
+        A context manager.
+
+    Raises:
+        ValueError: ``enabled`` is not a bool.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import dot_general, emulate_accelerator_matmuls
+        >>> x = jnp.array([[1.0 + 2.0**-12]])
+        >>> dims = (((1,), (0,)), ((), ()))
+        >>> with emulate_accelerator_matmuls():
+        ...     rounded = dot_general(x, jnp.ones((1, 1)), dims, precision="default")
+        >>> float(rounded[0, 0])  # the operand was rounded to bfloat16 (8 significant bits)
+        1.0
     """
     if not isinstance(enabled, (bool, np.bool_)):
         raise checks.fail("enabled", "True or False", enabled, "precision.emulate_accelerator_matmuls")
@@ -183,7 +322,18 @@ def emulate_accelerator_matmuls(enabled: bool = True) -> Iterator[None]:
 
 
 def emulating() -> bool:
-    """True inside :func:`emulate_accelerator_matmuls`."""
+    """True inside :func:`emulate_accelerator_matmuls`.
+
+    Returns:
+        Whether float32 matmuls of :func:`dot_general` are being emulated.
+
+    Example:
+        >>> from deqlab.precision import emulate_accelerator_matmuls, emulating
+        >>> with emulate_accelerator_matmuls():
+        ...     inside = emulating()
+        >>> inside, emulating()
+        (True, False)
+    """
     return _emulation.get()
 
 
@@ -208,7 +358,26 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     """``jax.lax.dot_general`` that honours :func:`emulate_accelerator_matmuls` on CPU.
 
     Pass it as ``dot_general=`` of ``flax.nnx.Linear`` (deqlab's cells do). Outside the emulation
-    it is exactly ``jax.lax.dot_general``.
+    it is exactly ``jax.lax.dot_general``. Inside it, float32 operands are rounded as the
+    precision says (to bfloat16 at ``"default"``, to a three-term bfloat16 split at ``"high"``,
+    not at all at ``"highest"``) and the products accumulated in float32.
+
+    Args:
+        lhs: left operand.
+        rhs: right operand.
+        dimension_numbers: as for ``jax.lax.dot_general``.
+        precision: as for ``jax.lax.dot_general``; None follows ``jax.default_matmul_precision``.
+        preferred_element_type: as for ``jax.lax.dot_general``.
+        **kwargs: passed to ``jax.lax.dot_general`` outside the emulation.
+
+    Returns:
+        The contraction, as ``jax.lax.dot_general`` returns it.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import dot_general
+        >>> dot_general(jnp.ones((2, 3)), jnp.ones((3,)), (((1,), (0,)), ((), ()))).tolist()
+        [3.0, 3.0]
     """
     both_f32 = jnp.result_type(lhs) == jnp.float32 and jnp.result_type(rhs) == jnp.float32
     if not (emulating() and both_f32):
@@ -233,6 +402,21 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 
 def working_dtype(dtype: Any) -> np.dtype:
-    """The dtype of a solver's reductions and small systems: at least float32 (``dtype`` a real
-    floating-point dtype; None or an integer dtype is refused, not promoted)."""
+    """The dtype of a solver's reductions and small systems: at least float32.
+
+    Args:
+        dtype: a real floating-point dtype (None or an integer dtype is refused, not promoted).
+
+    Returns:
+        ``jnp.promote_types(dtype, float32)``.
+
+    Raises:
+        ValueError: ``dtype`` is None or not a real floating-point dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.precision import working_dtype
+        >>> working_dtype(jnp.bfloat16), working_dtype(jnp.float32)
+        (dtype('float32'), dtype('float32'))
+    """
     return jnp.promote_types(checks.floating_dtype(dtype, "dtype", "precision.working_dtype"), jnp.float32)

@@ -7,8 +7,8 @@ forming the Jacobian ``J = df/dz``.
   for probes with ``E[eps eps^T] = I``), differentiable in ``f``'s parameters so that it can be
   added to a loss.
 - :func:`spectral_radius`: ``rho(J)`` by power iteration with Jacobian-vector products. ``rho(J) < 1``
-  at the equilibrium is what makes the plain iteration converge locally (003 §3.1; chapter 3 of the
-  book predicts it from the weights' scale, 001 Eq. 33).
+  at the equilibrium is what makes the plain iteration converge locally (003 §3.1; for a nonlinear DEQ
+  with random weights its large-width value follows from the weights' scale, 001 Eq. 30).
 
 Both act per sample when ``batch_axis`` is given (as in :func:`deqlab.solvers.solve`: the map must
 not mix samples, so ``J`` is block diagonal and each block is estimated on its own).
@@ -144,6 +144,20 @@ def jacobian_penalty(f: Callable[..., Any], z: Any, *args: Any, key: jax.Array, 
 
     Returns:
         A scalar, or one estimate per sample (shape ``(batch,)``) when ``batch_axis`` is given.
+
+    Raises:
+        ValueError: ``f`` is not callable or does not map ``z``'s structure and shapes to
+            themselves, ``z`` is not a pytree of floating arrays, ``batch_axis`` is not an axis of
+            every leaf (or the leaves differ in size along it), ``n_probes < 1``, ``probe`` is
+            unknown, or ``key`` is not a PRNG key.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> from deqlab.stability import jacobian_penalty
+        >>> f = lambda z, d: d * z  # J = diag(d): every Rademacher probe gives ||J||_F^2 exactly
+        >>> float(jacobian_penalty(f, jnp.zeros(2), jnp.array([1.0, 2.0]), key=jax.random.key(0)))
+        5.0
     """
     where = "stability.jacobian_penalty"
     n_probes = checks.positive_int(n_probes, "n_probes", where)
@@ -185,6 +199,20 @@ def spectral_radius(f: Callable[..., Any], z: Any, *args: Any, key: jax.Array, s
 
     Returns:
         A scalar, or one estimate per sample when ``batch_axis`` is given (0 where ``J v`` vanishes).
+
+    Raises:
+        ValueError: ``f`` is not callable or does not map ``z``'s structure, shapes and dtypes to
+            themselves, ``z`` is not a pytree of floating arrays, ``batch_axis`` is not an axis of
+            every leaf, ``steps < 2``, or ``key`` is not a PRNG key.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> from deqlab.stability import spectral_radius
+        >>> f = lambda z, d: d * z  # J = diag(d), spectral radius 0.9
+        >>> rho = spectral_radius(f, jnp.zeros(3), jnp.array([0.5, -0.9, 0.2]), key=jax.random.key(0))
+        >>> round(float(rho), 3)
+        0.9
     """
     where = "stability.spectral_radius"
     steps = checks.integer(steps, "steps", where, minimum=2)

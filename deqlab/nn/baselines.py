@@ -50,6 +50,23 @@ class RecurrentModel(nnx.Module):
         hidden: the state width, an integer >= 1.
         cell: ``"lstm"`` (Hochreiter & Schmidhuber 1997) or ``"gru"`` (Cho et al. 2014).
         rngs: ``nnx.Rngs``.
+
+    Attributes:
+        vocab_size: number of tokens.
+        hidden: the state width.
+        cell_kind: ``"lstm"`` or ``"gru"``.
+
+    Raises:
+        ValueError: ``vocab_size`` or ``hidden`` is not an integer >= 1, or ``cell`` is not one of
+            :data:`RECURRENT_CELLS`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn.baselines import RecurrentModel
+        >>> model = RecurrentModel(10, 8, cell="gru", rngs=nnx.Rngs(0))
+        >>> model(jnp.zeros((2, 5), int)).shape
+        (2, 5, 10)
     """
 
     def __init__(self, vocab_size: int, hidden: int, *, cell: str = "lstm", rngs: nnx.Rngs):
@@ -62,21 +79,66 @@ class RecurrentModel(nnx.Module):
         self.head = nnx.Linear(hidden, vocab_size, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Logits of every position, causally.
+
+        Args:
+            tokens: integer ids ``(batch, T)``.
+
+        Returns:
+            Logits ``(batch, T, vocab_size)``.
+
+        Raises:
+            ValueError: ``tokens`` is not an integer array of shape (batch, T).
+        """
         x = _check_tokens(tokens, self.vocab_size, "nn.baselines.RecurrentModel")
         return self.head(self.rnn(x))
 
 
 def tcn_receptive_field(levels: int, kernel_size: int) -> int:
-    """Steps of the past a :class:`TCN` sees: ``1 + 2 (k - 1)(2^levels - 1)`` (two convolutions
-    of dilation 2^i per block i)."""
+    """Steps of the past a :class:`TCN` sees: ``1 + 2 (k - 1)(2^levels - 1)``.
+
+    (Two convolutions of dilation 2^i per block i.)
+
+    Args:
+        levels: number of blocks, an integer >= 1.
+        kernel_size: k, an integer >= 1.
+
+    Returns:
+        The receptive field, an int.
+
+    Raises:
+        ValueError: ``levels`` or ``kernel_size`` is not an integer >= 1.
+
+    Example:
+        >>> from deqlab.nn.baselines import tcn_receptive_field
+        >>> tcn_receptive_field(3, 8)
+        99
+    """
     levels = checks.positive_int(levels, "levels", "nn.baselines.tcn_receptive_field")
     kernel_size = checks.positive_int(kernel_size, "kernel_size", "nn.baselines.tcn_receptive_field")
     return 1 + 2 * (kernel_size - 1) * (2 ** levels - 1)
 
 
 def tcn_levels(length: int, kernel_size: int) -> int:
-    """The fewest blocks whose receptive field covers ``length`` steps (Bai et al. 2018 size the
-    TCN so that the last output sees the first input)."""
+    """The fewest blocks whose receptive field covers ``length`` steps.
+
+    Bai et al. 2018 size the TCN so that the last output sees the first input.
+
+    Args:
+        length: the sequence length, an integer >= 1.
+        kernel_size: k, an integer >= 2.
+
+    Returns:
+        The number of levels, an int >= 1.
+
+    Raises:
+        ValueError: ``length < 1`` or ``kernel_size < 2`` (or not integers).
+
+    Example:
+        >>> from deqlab.nn.baselines import tcn_levels
+        >>> tcn_levels(100, 8)
+        4
+    """
     where = "nn.baselines.tcn_levels"
     length = checks.positive_int(length, "length", where)
     kernel_size = checks.integer(kernel_size, "kernel_size", where, minimum=2)
@@ -107,6 +169,25 @@ class TCN(nnx.Module):
         levels: number of residual blocks (dilations 1, 2, ..., 2^(levels-1)); see :func:`tcn_levels`.
         kernel_size: length of the causal convolutions, >= 2.
         rngs: ``nnx.Rngs``.
+
+    Attributes:
+        vocab_size: number of tokens.
+        channels: width of every block.
+        levels: number of blocks.
+        kernel_size: length of the convolutions.
+        receptive_field: :func:`tcn_receptive_field` of the model (a property).
+
+    Raises:
+        ValueError: ``vocab_size``, ``channels`` or ``levels`` is not an integer >= 1, or
+            ``kernel_size < 2``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn.baselines import TCN
+        >>> model = TCN(10, 6, levels=2, kernel_size=2, rngs=nnx.Rngs(0))
+        >>> model(jnp.zeros((1, 7), int)).shape, model.receptive_field
+        ((1, 7, 10), 7)
     """
 
     def __init__(self, vocab_size: int, channels: int, *, levels: int, kernel_size: int = 8, rngs: nnx.Rngs):
@@ -123,9 +204,21 @@ class TCN(nnx.Module):
 
     @property
     def receptive_field(self) -> int:
+        """Steps of the past the model sees (:func:`tcn_receptive_field`)."""
         return tcn_receptive_field(self.levels, self.kernel_size)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Logits of every position, causally.
+
+        Args:
+            tokens: integer ids ``(batch, T)``.
+
+        Returns:
+            Logits ``(batch, T, vocab_size)``.
+
+        Raises:
+            ValueError: ``tokens`` is not an integer array of shape (batch, T).
+        """
         h = _check_tokens(tokens, self.vocab_size, "nn.baselines.TCN")
         for block in self.blocks:
             h = block(h)
@@ -133,18 +226,53 @@ class TCN(nnx.Module):
 
 
 def parameter_count(model: nnx.Module) -> int:
-    """Number of scalar parameters (``nnx.Param`` entries) of ``model``."""
+    """Number of scalar parameters (``nnx.Param`` entries) of ``model``.
+
+    Args:
+        model: an ``nnx.Module``.
+
+    Returns:
+        The count, an int.
+
+    Raises:
+        ValueError: ``model`` is not an ``nnx.Module``.
+
+    Example:
+        >>> from flax import nnx
+        >>> from deqlab.nn.baselines import parameter_count
+        >>> parameter_count(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))  # 3 x 2 kernel + 2 biases
+        8
+    """
     if not isinstance(model, nnx.Module):
         raise checks.fail("model", "an nnx.Module", type(model).__name__, "nn.baselines.parameter_count")
     return int(sum(p.size for p in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))))
 
 
 def width_for_parameters(make: Callable[[int], nnx.Module], target: int, widths: Iterable[int]) -> int:
-    """The width ``w`` among ``widths`` whose model ``make(w)`` has a parameter count closest to
-    ``target`` (ties: the smaller width).
+    """The width among ``widths`` whose model has a parameter count closest to ``target``.
 
-    The count must grow with the width (it does for every model here), so a bisection over the
-    sorted ``widths`` traces about log2(len(widths)) models (``nnx.eval_shape``: no arrays are made).
+    Ties go to the smaller width. The count must grow with the width (it does for every model
+    here), so a bisection over the sorted ``widths`` traces about log2(len(widths)) models
+    (``nnx.eval_shape``: no arrays are made).
+
+    Args:
+        make: ``make(width) -> nnx.Module``.
+        target: the parameter budget, an integer >= 1.
+        widths: candidate widths, integers >= 1.
+
+    Returns:
+        The chosen width, an int.
+
+    Raises:
+        ValueError: ``make`` is not callable, ``target < 1``, or ``widths`` is empty or holds a
+            non-positive entry.
+
+    Example:
+        >>> from flax import nnx
+        >>> from deqlab.nn.baselines import width_for_parameters
+        >>> make = lambda w: nnx.Linear(10, w, rngs=nnx.Rngs(0))  # 11 w parameters
+        >>> width_for_parameters(make, 50, range(1, 20))
+        5
     """
     where = "nn.baselines.width_for_parameters"
     if not callable(make):

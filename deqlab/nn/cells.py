@@ -48,7 +48,7 @@ def _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemb
 
 
 class TanhCell(nnx.Module):
-    """The single-layer DEQ cell f(z, x) = tanh(W z + U x + b) (001 Eq. 21 with phi = tanh).
+    """The single-layer DEQ cell ``f(z, x) = tanh(W z + U x + b)`` (001 Eq. 21 with phi = tanh).
 
     Args:
         width: size N of the hidden state z.
@@ -59,6 +59,24 @@ class TanhCell(nnx.Module):
         param_dtype: dtype of the parameters (float32 for training, float64 for checks).
         precision: matmul precision (``"default"``, ``"high"``, ``"highest"``; None: the context's).
         rngs: ``nnx.Rngs``.
+
+    Attributes:
+        width: size of z.
+        in_features: size of x.
+        recurrent: the ``nnx.Linear`` of W (no bias).
+        inject: the ``nnx.Linear`` of U and b.
+
+    Raises:
+        ValueError: ``width`` or ``in_features`` is not an integer >= 1, ``ensemble`` is unknown,
+            ``rngs`` is not an ``nnx.Rngs``, or a dtype or the precision is not valid.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import TanhCell
+        >>> cell = TanhCell(4, 2, rngs=nnx.Rngs(0))
+        >>> cell(jnp.zeros((3, 4)), jnp.ones((3, 2))).shape
+        (3, 4)
     """
 
     def __init__(self, width: int, in_features: int, *, ensemble: str = "orthogonal",
@@ -75,24 +93,52 @@ class TanhCell(nnx.Module):
         self.inject = _linear(in_features, width, **common)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        """One step of the cell.
+
+        Args:
+            z: hidden state, last axis ``width``.
+            x: input, last axis ``in_features``.
+
+        Returns:
+            ``tanh(W z + U x + b)``, of z's shape.
+        """
         return jnp.tanh(self.recurrent(z) + self.inject(x))
 
 
 class ResNetCell(nnx.Module):
-    """A dense residual cell in the style of multiscale DEQs:
-    f(z, x) = LayerNorm(relu(z + W2 relu(LayerNorm(W1 z)) + U x)).
+    """A dense residual cell in the style of multiscale DEQs.
 
-    The normalisations bound the map's output, which keeps the fixed point well defined during
-    training (003 §3.2, "The choice of f").
+    ``f(z, x) = LayerNorm(relu(z + W2 relu(LayerNorm(W1 z)) + U x))``. The normalisations bound
+    the map's output, which keeps the fixed point well defined during training (003 §3.2, "The
+    choice of f").
 
     Args:
         width: size of z.
         in_features: size of x.
         hidden: width of the inner layer (default 2 * width; width for the square ``"goe"`` and
             ``"antisymmetric"`` ensembles, as in 001 App. D).
-        ensemble, scale: law and scale of W1 and W2 (scale defaults to 0.5 of critical).
-        dtype, param_dtype, precision: as for :class:`TanhCell`.
+        ensemble: law of W1 and W2, one of ``deqlab.ensembles.ENSEMBLES``.
+        scale: scale of W1 and W2; default 0.5 of the ensemble's critical scale.
+        dtype: as for :class:`TanhCell`.
+        param_dtype: as for :class:`TanhCell`.
+        precision: as for :class:`TanhCell`.
         rngs: ``nnx.Rngs``.
+
+    Attributes:
+        width: size of z.
+        in_features: size of x.
+
+    Raises:
+        ValueError: as for :class:`TanhCell`, and when ``hidden`` is not an integer >= 1 or (for
+            ``"goe"`` and ``"antisymmetric"``) differs from ``width``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import ResNetCell
+        >>> cell = ResNetCell(4, 2, rngs=nnx.Rngs(0))
+        >>> cell(jnp.zeros((3, 4)), jnp.ones((3, 2))).shape
+        (3, 4)
     """
 
     def __init__(self, width: int, in_features: int, *, hidden: int | None = None,
@@ -119,5 +165,14 @@ class ResNetCell(nnx.Module):
         self.outer_norm = nnx.LayerNorm(width, **norms)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        """One step of the cell.
+
+        Args:
+            z: hidden state, last axis ``width``.
+            x: input, last axis ``in_features``.
+
+        Returns:
+            The next state, of z's shape.
+        """
         h = jax.nn.relu(self.inner_norm(self.expand(z)))
         return self.outer_norm(jax.nn.relu(z + self.contract(h) + self.inject(x)))

@@ -27,29 +27,44 @@ _capturing = contextvars.ContextVar("deqlab_capture_solver_stats", default=False
 
 
 class DEQ(nnx.Module):
-    """Deep equilibrium layer ``z* = cell(z*, x)``, differentiated implicitly (003 §3.1).
+    """Deep equilibrium layer ``z* = cell(z*, x)``, differentiated implicitly (003 Eq. 11).
 
-    The cell's parameters are split from its graph (``nnx.split``) and passed to
-    :func:`deqlab.implicit.fixed_point` explicitly, so the custom VJP never closes over traced
-    parameters.
+    The forward pass solves for the fixed point of the cell (003 §3.1); the backward pass is
+    chosen by ``backward``. The cell's parameters are split from its graph (``nnx.split``) and
+    passed to :func:`deqlab.implicit.fixed_point` explicitly, so the custom VJP never closes over
+    traced parameters.
 
     Args:
         cell: an ``nnx.Module`` mapping ``(z, x)`` to ``z'`` of the same shape as z, with a
             ``width`` attribute (the size of z's last axis) and, to have x's width checked, an
             ``in_features`` attribute.
-        solver: forward solver, a name or a configured object (``Anderson(m=6, tol=1e-6)``, or an
-            instance of your own :class:`deqlab.solvers.Solver` subclass); its settings are kept unless
-            ``tol`` / ``max_steps`` are given here.
-        tol, max_steps: override the solver's; ``tol`` None (and a solver without one): the
-            default of the solve's dtype (float32 1e-5, float64 1e-10).
-        backward: how the gradient is computed: ``"implicit"`` (default), ``"unrolled"``,
-            ``"phantom"``, ``"jacobian_free"``, ``"shine"`` (Broyden only), or an object:
-            :class:`deqlab.implicit.Implicit`, ``Unrolled``, ``Phantom``, ``JacobianFree``,
-            ``SHINE``, or an instance of your own :class:`deqlab.implicit.Backward` subclass.
+        solver: forward solver: ``"anderson"`` (the default: Anderson acceleration with ``m=5``,
+            ``max_steps=100``), ``"broyden"``, ``"picard"``, or a configured object
+            (``Anderson(m=6, tol=1e-6)``, or an instance of your own
+            :class:`deqlab.solvers.Solver` subclass); its settings are kept unless ``tol`` /
+            ``max_steps`` are given here.
+        tol: overrides the solver's tolerance; None (and a solver without one): the default of the
+            solve's dtype (float32 1e-5, float64 1e-10; :func:`deqlab.precision.default_tol`).
+        max_steps: overrides the solver's iteration limit.
+        backward: how the gradient is computed, a name (the mode with its defaults) or an object:
+
+            * ``"implicit"`` (default) / :class:`deqlab.implicit.Implicit`: solve the adjoint
+              fixed point of 003 Eq. 11; ``Implicit(solver="gmres")`` (or
+              ``Implicit(solver=GMRES(restart=...))``, :class:`deqlab.implicit.GMRES`) solves the
+              adjoint linear system by GMRES instead of the forward solver;
+            * ``"unrolled"`` / :class:`deqlab.implicit.Unrolled`: backpropagation through the
+              forward iterations;
+            * ``"phantom"`` / :class:`deqlab.implicit.Phantom`: a few damped steps from ``z*``;
+            * ``"jacobian_free"`` / :class:`deqlab.implicit.JacobianFree`: one undamped step;
+            * ``"shine"`` / :class:`deqlab.implicit.SHINE`: the forward Broyden inverse-Jacobian
+              estimate (needs ``solver="broyden"``);
+            * an instance of your own :class:`deqlab.implicit.Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
-            (default), ``"raise"``, ``"nan"`` (no host callback: the choice for TPUs) or
-            ``"ignore"``, as for :func:`deqlab.implicit.fixed_point` (:mod:`deqlab.failures`).
-        batch_axis: axis of x and z indexing independent samples (None for a single sample).
+            (default), ``"raise"``, ``"nan"`` (its value and gradient become NaN; no host callback:
+            the choice for TPUs) or ``"ignore"``, as for :func:`deqlab.implicit.fixed_point`
+            (:mod:`deqlab.failures`).
+        batch_axis: axis of x and z indexing independent samples (default 0; it must not be the
+            feature axis). None: x is a single sample.
         precision: matmul precision of the solve (``"default"``, ``"high"``, ``"highest"``); None:
             what the tolerance needs (see :mod:`deqlab.precision`; it matters on TPUs).
         dtype: dtype of the solve (x and z are cast to it); None: x's dtype.
@@ -60,20 +75,47 @@ class DEQ(nnx.Module):
             2022, "Deep equilibrium optical flow estimation"); 0 (default): none.
         correction_stride: forward-solver steps between two correction iterates (>= 1).
 
+    Attributes:
+        cell: the cell (a copy with ``param_dtype`` parameters when that was given).
+        solver: the forward solver object.
+        backward: the backward object.
+        on_failure: the failure policy.
+        batch_axis: the batch axis, or None.
+
+    Raises:
+        ValueError: ``cell`` is not a callable ``nnx.Module`` with an integer ``width >= 1``, or
+            ``solver``, ``backward``, ``on_failure``, ``batch_axis``, ``precision``, ``dtype``,
+            ``param_dtype``, ``correction`` or ``correction_stride`` is not valid (the message names
+            the argument and its valid values).
+
     **Fixed-point correction.** With ``correction=K``, ``layer(x, return_iterates=True)`` also
     returns ``K`` intermediate states, stacked on a new leading axis: the forward solver's own
     iterates after ``s, 2s, ..., Ks`` steps (``s = correction_stride``; computed without gradient,
     by continuing one solve through :class:`deqlab.solvers.SolverState`), each followed by one
     differentiable step of the cell, ``z_k = cell(stop_gradient(zhat_k), x)`` (a one-step phantom
     gradient, as Bai et al. 2022 use). A loss on them, ``sum_k gamma^(K-k) L(z_k)`` as in Bai et
-    al.'s sparse correction, trains the early iterates towards the answer, which makes the forward solve need fewer
-    steps. They cost ``K s`` more cell evaluations without gradient and ``K`` with.
+    al.'s sparse correction, trains the early iterates towards the answer, which makes the
+    forward solve need fewer steps. They cost ``K s`` more cell evaluations without gradient and
+    ``K`` with.
 
-    Inside a function wrapped by :func:`capture_solver_stats`, each call sows its solver
-    statistics into the ``nnx.Intermediate`` collection under ``"solver_stats"`` (a dict per
-    call: ``steps_mean``, ``steps_max``, ``converged_fraction``, ``residual_max``, ``nfe``); calls
-    append, so two calls of a shared layer do not overwrite each other. ``return_solution=True``
-    also returns the whole :class:`~deqlab.solvers.Solution`.
+    **Solver statistics.** Inside a function wrapped by :func:`capture_solver_stats`, each call
+    sows its solver statistics into the ``nnx.Intermediate`` collection under
+    :data:`SOLVER_STATS` (a dict per call: ``steps_mean``, ``steps_max``, ``converged_fraction``,
+    ``residual_max``, ``nfe``); calls append, so two calls of a shared layer do not overwrite each
+    other. ``return_solution=True`` also returns the whole :class:`~deqlab.solvers.Solution`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import DEQ, TanhCell
+        >>> layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), backward="implicit")
+        >>> x = jnp.ones((2, 3))
+        >>> z, sol = layer(x, return_solution=True)
+        >>> z.shape, bool(sol.converged.all())
+        ((2, 8), True)
+        >>> residual = layer.cell(z, x) - z
+        >>> bool(jnp.abs(residual).max() < 1e-4)
+        True
     """
 
     def __init__(self, cell: nnx.Module, *, solver: Any = "anderson", tol: float | None = None,
@@ -142,9 +184,24 @@ class DEQ(nnx.Module):
 
     def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, return_solution: bool = False,
                  return_iterates: bool = False):
-        """``z*``; with ``return_solution`` also the :class:`~deqlab.solvers.Solution`, with
-        ``return_iterates`` also the fixed-point-correction iterates (class docstring), in that
-        order."""
+        """The equilibrium ``z*`` of the cell for the input ``x``.
+
+        Args:
+            x: the input, a real floating array whose last axis is the cell's ``in_features`` (with a
+                batch axis ``batch_axis`` when the layer has one); it must be finite.
+            z0: the starting point, of shape ``x.shape[:-1] + (cell.width,)``; None: zeros.
+            return_solution: also return the :class:`~deqlab.solvers.Solution`.
+            return_iterates: also return the fixed-point-correction iterates (class docstring),
+                shape ``(correction,) + z.shape``.
+
+        Returns:
+            ``z*``; with ``return_solution`` also the solution, with ``return_iterates`` also the
+            iterates, in that order (a tuple when more than ``z*``).
+
+        Raises:
+            ValueError: ``x`` is not a finite real floating array of the expected shape, ``z0`` has
+                the wrong shape, or ``return_iterates`` is asked of a layer without ``correction``.
+        """
         if return_iterates and self.correction == 0:
             raise ValueError("nn.DEQ: `return_iterates=True` needs a layer built with correction >= 1 "
                              f"(the number of correction iterates), got correction={self.correction}.")
@@ -194,16 +251,32 @@ class DEQ(nnx.Module):
 
 
 def capture_solver_stats(fn: Callable[..., Any]) -> Callable[..., tuple[Any, dict[str, list]]]:
-    """Wrap ``fn(model, *args)`` to return ``(fn's result, stats)``, where ``stats`` maps the path
-    of each :class:`DEQ` in ``model`` (``"/"``-joined attribute names; ``""`` for ``model``
-    itself) to the list of its calls' statistics, in call order::
+    """Wrap ``fn(model, *args)`` to also return the solver statistics of every :class:`DEQ` in it.
+
+    Works inside ``nnx.jit`` and ``nnx.grad``, with ``nnx.capture`` where flax has it (>= 0.12)
+    and with sow-then-pop before::
 
         loss_and_stats = capture_solver_stats(lambda m, x: loss(m(x)))
         (loss, stats), grads = nnx.value_and_grad(loss_and_stats, has_aux=True)(model, x)
         stats["deq"][0]["converged_fraction"]
 
-    Works inside ``nnx.jit`` and ``nnx.grad``, with ``nnx.capture`` where flax has it (>= 0.12) and
-    with sow-then-pop before.
+    Args:
+        fn: a function ``fn(model, *args, **kwargs)`` of an ``nnx.Module``.
+
+    Returns:
+        ``run(model, *args, **kwargs) -> (fn's result, stats)``, where ``stats`` maps the path of
+        each :class:`DEQ` in ``model`` (``"/"``-joined attribute names; ``""`` for ``model``
+        itself) to the list of its calls' statistics, in call order.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import DEQ, TanhCell, capture_solver_stats
+        >>> layer = DEQ(TanhCell(4, 2, rngs=nnx.Rngs(0)))
+        >>> run = capture_solver_stats(lambda model, x: model(x).sum())
+        >>> total, stats = run(layer, jnp.ones((3, 2)))
+        >>> list(stats), sorted(stats[""][0])
+        ([''], ['converged_fraction', 'nfe', 'residual_max', 'steps_max', 'steps_mean'])
     """
 
     def run(model, *args, **kwargs):

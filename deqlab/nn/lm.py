@@ -69,16 +69,34 @@ def _per_sample_residual(fz, z, batch_axis):
 
 def unroll(cell: nnx.Module, x: jax.Array, depth: int, *, z0: jax.Array | None = None,
            batch_axis: int | None = 0) -> tuple[jax.Array, jax.Array]:
-    """The weight-tied deep network z[i+1] = f(z[i]; x), i < depth, z[0] = z0 or 0 (003 Eq. 3).
+    """The weight-tied deep network ``z[i+1] = f(z[i]; x)``, ``i < depth``, ``z[0] = z0`` or 0 (003 Eq. 3).
 
     Runs as one ``lax.scan`` over the split parameters, so reverse-mode differentiation stores one
     set of activations per layer: the O(L) memory that 003 §3.2 contrasts with the DEQ.
+
+    Args:
+        cell: a cell ``f(z, x)`` with a ``width`` attribute.
+        x: the input, last axis the cell's ``in_features``.
+        depth: number of layers L, an integer >= 1.
+        z0: the starting state, of shape ``x.shape[:-1] + (cell.width,)``; None: zeros.
+        batch_axis: axis of independent samples (for the per-sample residuals); None: one sample.
 
     Returns:
         ``(z[depth], trace)``; ``trace[i]`` is the relative residual
         ``||f(z[i]) - z[i]|| / ||f(z[i])||`` of each sample at layer i, the quantity the
         solvers stop on (:mod:`deqlab.solvers`), so that layer i is comparable with solver
         evaluation i.
+
+    Raises:
+        ValueError: ``depth`` is not an integer >= 1.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import TanhCell, unroll
+        >>> z, trace = unroll(TanhCell(4, 2, rngs=nnx.Rngs(0)), jnp.ones((3, 2)), depth=5)
+        >>> z.shape, trace.shape
+        ((3, 4), (5, 3))
     """
     checks.positive_int(depth, "depth", "nn.unroll")
     z = jnp.zeros(x.shape[:-1] + (cell.width,), x.dtype) if z0 is None else z0
@@ -92,12 +110,30 @@ def unroll(cell: nnx.Module, x: jax.Array, depth: int, *, z0: jax.Array | None =
 
 
 def solver_stats(solution=None, *, trace=None) -> dict[str, jax.Array]:
-    """The statistics logged per training step (:data:`STAT_NAMES`), from a DEQ's
-    :class:`~deqlab.solvers.Solution` or from the residual trace of :func:`unroll`.
+    """The statistics logged per training step (:data:`STAT_NAMES`).
 
-    ``steps_*`` are iterations per sequence (for the unrolled network, its depth);
-    ``residual_max`` the worst final relative residual; ``converged_fraction`` the fraction of
-    sequences whose solve met its tolerance (unrolled: NaN, it has none); ``nfe`` evaluations of f.
+    From a DEQ's :class:`~deqlab.solvers.Solution` or from the residual trace of :func:`unroll`
+    (exactly one of the two). ``steps_*`` are iterations per sequence (for the unrolled network,
+    its depth); ``residual_max`` the worst final relative residual; ``converged_fraction`` the
+    fraction of sequences whose solve met its tolerance (unrolled: NaN, it has none); ``nfe``
+    evaluations of f.
+
+    Args:
+        solution: a :class:`~deqlab.solvers.Solution`.
+        trace: the residual trace of :func:`unroll`, shape ``(depth, batch)``.
+
+    Returns:
+        A dict of float32 scalars keyed by :data:`STAT_NAMES`.
+
+    Raises:
+        ValueError: neither or both of ``solution`` and ``trace`` are given.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.nn import solver_stats
+        >>> stats = solver_stats(trace=jnp.array([[0.5, 0.4], [0.1, 0.2]]))
+        >>> float(stats["steps_max"]), round(float(stats["residual_max"]), 6)
+        (2.0, 0.2)
     """
     if (solution is None) == (trace is None):
         raise ValueError("nn.solver_stats: give exactly one of `solution` (a DEQ's Solution) and `trace` "
@@ -125,16 +161,38 @@ def solver_stats(solution=None, *, trace=None) -> dict[str, jax.Array]:
 class EquilibriumBlock(nnx.Module):
     """A sequence cell as a DEQ (003 §3.1) or as its weight-tied deep network (003 Eq. 3).
 
+    Call ``block(x, depth=...)`` to override the mode for one call (``depth=None`` there keeps the
+    block's own). ``block.cell`` is the cell, whatever the mode: the parameters are the same.
+
     Args:
         cell: a cell ``f(z, x)`` with ``width`` and ``readout`` (:class:`deqlab.nn.TransformerCell`,
             :class:`deqlab.nn.TrellisCell`).
         depth: None: solve for the equilibrium; an int L: unroll L weight-tied layers from z = 0.
-        solver, tol, max_steps, backward, on_failure, precision: of the :class:`deqlab.nn.DEQ` (003 §5 uses
-            Broyden; the default ``max_steps`` 30 is 003 §5's "iteration limit of 30").
+        solver: of the :class:`deqlab.nn.DEQ`; default ``"broyden"``, as 003 §5 uses.
+        tol: of the :class:`deqlab.nn.DEQ`.
+        max_steps: of the :class:`deqlab.nn.DEQ`; default 30 (003 §5's "iteration limit of 30").
+        backward: of the :class:`deqlab.nn.DEQ` (any of its backward modes).
+        on_failure: of the :class:`deqlab.nn.DEQ`.
         batch_axis: the axis of independent sequences (0), or None for one sequence.
+        precision: of the :class:`deqlab.nn.DEQ`.
 
-    Call ``block(x, depth=...)`` to override the mode for one call (``depth=None`` there keeps the
-    block's own). ``block.cell`` is the cell, whatever the mode: the parameters are the same.
+    Attributes:
+        deq: the :class:`deqlab.nn.DEQ` holding the cell.
+        depth: the block's own mode (None or L).
+        cell: the cell (a property: ``deq.cell``).
+
+    Raises:
+        ValueError: ``depth`` is not None or an integer >= 1, ``cell`` has no ``readout``, or a
+            :class:`deqlab.nn.DEQ` argument is not valid.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import EquilibriumBlock, TrellisCell
+        >>> block = EquilibriumBlock(TrellisCell(4, 3, rngs=nnx.Rngs(0)), depth=3)
+        >>> features, stats = block(jnp.ones((2, 5, 3)))
+        >>> features.shape, float(stats["steps_mean"])
+        ((2, 5, 4), 3.0)
     """
 
     def __init__(self, cell: nnx.Module, *, depth: int | None = None, solver: Any = "broyden",
@@ -152,10 +210,20 @@ class EquilibriumBlock(nnx.Module):
 
     @property
     def cell(self) -> nnx.Module:
+        """The cell, whatever the mode (the parameters are the same)."""
         return self.deq.cell
 
     def __call__(self, x: jax.Array, *, depth: int | None = None, z0: jax.Array | None = None):
-        """``(features, stats)``: the cell's readout of z* (or of z[L]) and :func:`solver_stats`."""
+        """The cell's readout of z* (or of z[L]) and the solver statistics.
+
+        Args:
+            x: the injected sequence, ``(batch, T, in_features)``.
+            depth: None: the block's own mode; an int L: unroll L layers for this call.
+            z0: the starting state; None: zeros.
+
+        Returns:
+            ``(features, stats)``: ``cell.readout(z)`` and :func:`solver_stats`.
+        """
         depth = self.depth if depth is None else depth
         if depth is None:
             z, sol = self.deq(x, z0, return_solution=True)
@@ -167,17 +235,42 @@ class EquilibriumBlock(nnx.Module):
 class LanguageModel(nnx.Module):
     """Token embedding, equilibrium block, projection to the vocabulary (003 §5).
 
-    Args:
-        vocab_size: number of tokens.
-        cell: the sequence cell; the embedding has its ``in_features``, the head reads its
-            ``features``.
-        depth, solver, tol, max_steps, backward, on_failure, precision: of the :class:`EquilibriumBlock`.
-        rngs: ``nnx.Rngs`` of the embedding and head.
-
     ``model(tokens)`` with int tokens (B, T) returns ``(logits (B, T, vocab), stats)``. Concrete
     token ids outside ``[0, vocab_size)`` raise ``ValueError``; under ``jit`` (where they cannot be
     read) such a position embeds as NaN: its logits are NaN (so is the loss) and its sequence's
     solve reports ``Result.NONFINITE``; never a silently wrapped-around embedding.
+
+    Args:
+        vocab_size: number of tokens (1 to ``2**31 - 1``: ids are int32).
+        cell: the sequence cell; the embedding has its ``in_features``, the head reads its
+            ``features``.
+        depth: of the :class:`EquilibriumBlock` (None: the DEQ).
+        solver: of the :class:`EquilibriumBlock`.
+        tol: of the :class:`EquilibriumBlock`.
+        max_steps: of the :class:`EquilibriumBlock`.
+        backward: of the :class:`EquilibriumBlock`.
+        on_failure: of the :class:`EquilibriumBlock`.
+        precision: of the :class:`EquilibriumBlock`.
+        rngs: ``nnx.Rngs`` of the embedding and head.
+
+    Attributes:
+        vocab_size: number of tokens.
+        embed: the ``nnx.Embed``.
+        block: the :class:`EquilibriumBlock`.
+        head: the ``nnx.Linear`` to the vocabulary.
+
+    Raises:
+        ValueError: ``vocab_size`` is out of range, ``rngs`` is not an ``nnx.Rngs``, or ``cell``
+            is not a sequence cell with parameters, ``in_features`` and ``features``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import LanguageModel, TrellisCell
+        >>> model = LanguageModel(7, TrellisCell(4, 6, rngs=nnx.Rngs(0)), depth=2, rngs=nnx.Rngs(1))
+        >>> logits, stats = model(jnp.array([[1, 2, 3]]))
+        >>> logits.shape
+        (1, 3, 7)
     """
 
     def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
@@ -201,6 +294,19 @@ class LanguageModel(nnx.Module):
         self.head = nnx.Linear(cell.features, vocab_size, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, depth: int | None = None):
+        """Logits of the next token at every position, and the solver statistics.
+
+        Args:
+            tokens: integer token ids, shape ``(batch, T)``.
+            depth: None: the block's own mode; an int L: unroll L layers for this call.
+
+        Returns:
+            ``(logits, stats)``: logits ``(batch, T, vocab_size)`` and :func:`solver_stats`.
+
+        Raises:
+            ValueError: ``tokens`` is not an integer array of shape (batch, T), or a concrete id is
+                outside ``[0, vocab_size)``.
+        """
         tokens = _token_ids(tokens, self.vocab_size, "tokens", "nn.LanguageModel")
         # Traced ids cannot be checked: an id outside [0, vocab_size) embeds as NaN (not as a
         # wrapped-around row, as a negative index would), so its sequence's solve reports
@@ -234,8 +340,29 @@ def _token_ids(tokens: Any, vocab_size: int, name: str, where: str) -> jax.Array
 def lm_loss(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int | None = None):
     """Mean next-token cross-entropy (nats per token) and the forward pass's solver statistics.
 
-    ``targets`` are ids in ``[0, vocab_size)`` of the shape of ``tokens`` (checked when concrete;
-    under ``jit`` a target outside the range makes the loss NaN, never a silent number)."""
+    Args:
+        model: a :class:`LanguageModel`.
+        tokens: integer ids, shape ``(batch, T)``.
+        targets: ids in ``[0, vocab_size)`` of the shape of ``tokens`` (checked when concrete;
+            under ``jit`` a target outside the range makes the loss NaN, never a silent number).
+        depth: None: the model's own mode; an int L: unroll L layers.
+
+    Returns:
+        ``(loss, stats)``: a scalar and :func:`solver_stats`.
+
+    Raises:
+        ValueError: ``targets`` (or ``tokens``) is not an integer array of the right shape, or a
+            concrete id is out of range.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import LanguageModel, TrellisCell, lm_loss
+        >>> model = LanguageModel(7, TrellisCell(4, 6, rngs=nnx.Rngs(0)), depth=2, rngs=nnx.Rngs(1))
+        >>> loss, _ = lm_loss(model, jnp.array([[1, 2, 3]]), jnp.array([[2, 3, 4]]))
+        >>> bool(loss > 0)
+        True
+    """
     where = "nn.lm_loss"
     targets = _token_ids(targets, model.vocab_size, "targets", where)
     if tuple(targets.shape) != tuple(jnp.shape(tokens)):
@@ -251,12 +378,33 @@ def lm_loss(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, dept
 @nnx.jit(static_argnames=("depth",))
 def train_step(model: LanguageModel, optimizer: nnx.Optimizer, tokens: jax.Array, targets: jax.Array,
                *, depth: int | None = None) -> dict[str, jax.Array]:
-    """One optimiser step on the batch ``(tokens, targets)`` (int (B, T) each); updates ``model``
-    and ``optimizer`` in place.
+    """One optimiser step on the batch ``(tokens, targets)``; updates ``model`` and ``optimizer`` in place.
 
-    Returns the step's ``loss`` (before the update) and the forward solve's statistics
-    (:data:`STAT_NAMES`). Runs unchanged on one device or a data mesh: place the batch with
-    :func:`shard_batch` and the model and optimiser with :func:`replicate` first.
+    Runs unchanged on one device or a data mesh: place the batch with :func:`shard_batch` and the
+    model and optimiser with :func:`replicate` first. Compiled with ``nnx.jit`` (``depth``
+    static).
+
+    Args:
+        model: a :class:`LanguageModel`.
+        optimizer: an ``nnx.Optimizer`` of ``model``.
+        tokens: integer ids ``(batch, T)``.
+        targets: integer ids ``(batch, T)``.
+        depth: None: the model's own mode; an int L: unroll L layers.
+
+    Returns:
+        A dict: the step's ``loss`` (before the update) and the forward solve's statistics
+        (:data:`STAT_NAMES`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import optax
+        >>> from flax import nnx
+        >>> from deqlab.nn import LanguageModel, TrellisCell, train_step
+        >>> model = LanguageModel(7, TrellisCell(4, 6, rngs=nnx.Rngs(0)), depth=2, rngs=nnx.Rngs(1))
+        >>> optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+        >>> metrics = train_step(model, optimizer, jnp.array([[1, 2, 3]]), jnp.array([[2, 3, 4]]))
+        >>> sorted(metrics)
+        ['converged_fraction', 'loss', 'nfe', 'residual_max', 'steps_max', 'steps_mean']
     """
     (loss, stats), grads = nnx.value_and_grad(lambda m: lm_loss(m, tokens, targets, depth=depth),
                                               has_aux=True)(model)
@@ -267,13 +415,47 @@ def train_step(model: LanguageModel, optimizer: nnx.Optimizer, tokens: jax.Array
 @nnx.jit(static_argnames=("depth",))
 def eval_step(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *,
               depth: int | None = None) -> dict[str, jax.Array]:
-    """Loss and solver statistics on a batch, without updating anything."""
+    """Loss and solver statistics on a batch, without updating anything (``nnx.jit``, ``depth`` static).
+
+    Args:
+        model: a :class:`LanguageModel`.
+        tokens: integer ids ``(batch, T)``.
+        targets: integer ids ``(batch, T)``.
+        depth: None: the model's own mode; an int L: unroll L layers.
+
+    Returns:
+        A dict: ``loss`` and the statistics of :data:`STAT_NAMES`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import LanguageModel, TrellisCell, eval_step
+        >>> model = LanguageModel(7, TrellisCell(4, 6, rngs=nnx.Rngs(0)), depth=2, rngs=nnx.Rngs(1))
+        >>> float(eval_step(model, jnp.array([[1, 2]]), jnp.array([[2, 3]]))["steps_max"])
+        2.0
+    """
     loss, stats = lm_loss(model, tokens, targets, depth=depth)
     return {"loss": loss, **stats}
 
 
 def data_mesh(devices: Any = None) -> jax.sharding.Mesh:
-    """A 1-D mesh with axis ``"data"`` over ``devices`` (default: all of ``jax.devices()``)."""
+    """A 1-D mesh with axis ``"data"`` over ``devices``.
+
+    Args:
+        devices: the devices; None: all of ``jax.devices()`` (every host's, after
+            ``jax.distributed.initialize()``).
+
+    Returns:
+        A ``jax.sharding.Mesh`` with the single axis ``"data"``.
+
+    Raises:
+        ValueError: ``devices`` is empty.
+
+    Example:
+        >>> from deqlab.nn import data_mesh
+        >>> data_mesh().axis_names
+        ('data',)
+    """
     devices = jax.devices() if devices is None else list(devices)
     if not devices:
         raise ValueError("data_mesh: `devices` must be a non-empty list of devices.")
@@ -287,7 +469,24 @@ def shard_batch(mesh: jax.sharding.Mesh, *arrays: Any):
     """Place arrays with their leading (batch) axis split over the mesh's ``"data"`` axis.
 
     On several hosts each passes its local slice of the batch; the global array is assembled with
-    ``jax.make_array_from_process_local_data``. The global batch must divide by the mesh size.
+    ``jax.make_array_from_process_local_data``.
+
+    Args:
+        mesh: a mesh with a ``"data"`` axis (:func:`data_mesh`).
+        *arrays: arrays with a leading batch axis; the global batch must divide by the mesh size.
+
+    Returns:
+        The placed array, or a tuple of them for several.
+
+    Raises:
+        ValueError: an array has no leading axis, or its batch does not divide by the mesh size.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.nn import data_mesh, shard_batch
+        >>> tokens, targets = shard_batch(data_mesh(), np.zeros((4, 3), int), np.ones((4, 3), int))
+        >>> tokens.shape, tuple(targets.sharding.spec)
+        ((4, 3), ('data',))
     """
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     size = mesh.shape["data"]
@@ -308,7 +507,20 @@ def shard_batch(mesh: jax.sharding.Mesh, *arrays: Any):
 
 
 def replicate(mesh: jax.sharding.Mesh, *modules: Any) -> None:
-    """Replicate every array of the given NNX objects (model, optimiser) over ``mesh``, in place."""
+    """Replicate every array of the given NNX objects (model, optimiser) over ``mesh``, in place.
+
+    Args:
+        mesh: the mesh.
+        *modules: NNX objects (``nnx.Module``, ``nnx.Optimizer``).
+
+    Example:
+        >>> from flax import nnx
+        >>> from deqlab.nn import data_mesh, replicate
+        >>> layer = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+        >>> replicate(data_mesh(), layer)
+        >>> tuple(layer.kernel[...].sharding.spec)  # replicated: no axis split
+        ()
+    """
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     for module in modules:
         state = nnx.state(module)
@@ -317,10 +529,34 @@ def replicate(mesh: jax.sharding.Mesh, *modules: Any) -> None:
 
 def train(model: LanguageModel, optimizer: nnx.Optimizer, batches: Iterable[tuple[Any, Any]], *,
           depth: int | None = None, mesh: jax.sharding.Mesh | None = None) -> dict[str, list[float]]:
-    """Run :func:`train_step` over ``batches`` of ``(tokens, targets)``; return the per-step log:
-    ``loss`` and every solver statistic of :data:`STAT_NAMES`, one entry per step.
+    """Run :func:`train_step` over ``batches``; return the per-step log.
 
     With a ``mesh``, the model and optimiser are replicated on it and each batch is sharded.
+
+    Args:
+        model: a :class:`LanguageModel`.
+        optimizer: an ``nnx.Optimizer`` of ``model``.
+        batches: an iterable of ``(tokens, targets)``, integer arrays ``(batch, T)``.
+        depth: None: the model's own mode; an int L: unroll L layers.
+        mesh: a mesh from :func:`data_mesh`; None: no placement.
+
+    Returns:
+        A dict of lists, one entry per step: ``loss`` and every statistic of :data:`STAT_NAMES`.
+
+    Raises:
+        FloatingPointError: the loss becomes NaN or infinite.
+
+    Example:
+        >>> import numpy as np
+        >>> import optax
+        >>> from flax import nnx
+        >>> from deqlab.nn import LanguageModel, TrellisCell, train
+        >>> model = LanguageModel(7, TrellisCell(4, 6, rngs=nnx.Rngs(0)), depth=2, rngs=nnx.Rngs(1))
+        >>> optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+        >>> batch = (np.array([[1, 2, 3]]), np.array([[2, 3, 4]]))
+        >>> log = train(model, optimizer, [batch, batch])
+        >>> len(log["loss"]), log["steps_mean"]
+        (2, [2.0, 2.0])
     """
     if mesh is not None:
         replicate(mesh, model, optimizer)

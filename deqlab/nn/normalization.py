@@ -41,7 +41,15 @@ stride 1, whose exact norm :class:`SpectralNorm` computes from its dense matrix 
 
 
 class PowerIterate(nnx.Variable):
-    """The power-iteration vector of a :class:`SpectralNorm`: state, not a parameter (no gradient)."""
+    """The power-iteration vector of a :class:`SpectralNorm`: state, not a parameter (no gradient).
+
+    Example:
+        >>> from flax import nnx
+        >>> from deqlab.nn.normalization import PowerIterate, SpectralNorm
+        >>> layer = SpectralNorm(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
+        >>> isinstance(layer.u, PowerIterate), layer.u[...].shape
+        (True, (2,))
+    """
 
 
 def _value(variable: nnx.Variable) -> jax.Array:
@@ -114,6 +122,28 @@ class SpectralNorm(nnx.Module):
         power_steps: power-iteration steps done at construction (so that ``u`` starts converged),
             >= 1 (with none, ``u`` is a random vector and ``sigma`` can be far below the norm).
         rngs: ``nnx.Rngs`` for ``u``'s random start.
+
+    Attributes:
+        layer: the wrapped layer (its own kernel is never changed).
+        target: the spectral norm of the kernel used.
+        exact: whether ``sigma`` is exact.
+        u: the :class:`PowerIterate` (right singular vector estimate).
+
+    Raises:
+        ValueError: ``layer`` has no 2-D or 4-D ``kernel`` parameter, ``rngs`` is not an
+            ``nnx.Rngs``, ``target`` is not > 0, ``exact`` is not a bool (or False for a
+            convolution), ``input_shape`` is missing for a convolution, a non-circular
+            convolution's input exceeds :data:`MAX_DENSE_CONV_INPUT`, or ``power_steps < 1``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn.normalization import SpectralNorm
+        >>> layer = SpectralNorm(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), target=0.9, exact=True, rngs=nnx.Rngs(1))
+        >>> round(float(jnp.linalg.norm(layer.kernel(), 2)), 4)
+        0.9
+        >>> layer(jnp.ones((2, 4))).shape
+        (2, 4)
     """
 
     def __init__(self, layer: nnx.Module, *, rngs: nnx.Rngs, target: float = 1.0, exact: bool = False,
@@ -154,7 +184,11 @@ class SpectralNorm(nnx.Module):
             self.update(power_steps)
 
     def sigma(self) -> jax.Array:
-        """The normaliser of the kernel (see the class docstring)."""
+        """The normaliser of the kernel (see the class docstring).
+
+        Returns:
+            A scalar: the power-iteration estimate ``v^T W u``, or the exact norm when ``exact``.
+        """
         kernel = _value(self.layer.kernel)
         if self.convolutional and self.circular:
             from deqlab.theory.kglm.kernels import conv_spectral_norm
@@ -174,8 +208,16 @@ class SpectralNorm(nnx.Module):
         return v @ kernel @ u
 
     def update(self, steps: int = 1) -> None:
-        """Advance the power iteration ``u <- W^T W u / ||W^T W u||`` by ``steps`` steps (no-op
-        when ``exact``); not differentiated."""
+        """Advance the power iteration ``u <- W^T W u / ||W^T W u||`` (not differentiated).
+
+        A no-op when ``exact``.
+
+        Args:
+            steps: number of steps, an integer >= 0.
+
+        Raises:
+            ValueError: ``steps`` is not an integer >= 0.
+        """
         steps = checks.integer(steps, "steps", "nn.SpectralNorm.update", minimum=0)
         if self.exact or steps == 0:
             return
@@ -188,11 +230,23 @@ class SpectralNorm(nnx.Module):
         self.u[...] = u
 
     def kernel(self) -> jax.Array:
-        """The kernel the layer computes with, ``target * W / sigma`` (a zero kernel stays zero)."""
+        """The kernel the layer computes with, ``target * W / sigma`` (a zero kernel stays zero).
+
+        Returns:
+            An array of the wrapped kernel's shape.
+        """
         kernel = _value(self.layer.kernel)
         return self.target * kernel / jnp.maximum(self.sigma(), jnp.finfo(kernel.dtype).tiny)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """The wrapped layer applied with :meth:`kernel`.
+
+        Args:
+            x: the layer's input.
+
+        Returns:
+            The layer's output.
+        """
         return _with_kernel(self.layer, self.kernel())(x)
 
 
@@ -205,6 +259,22 @@ class WeightNorm(nnx.Module):
 
     Args:
         layer: an ``nnx.Linear`` or ``nnx.Conv``.
+
+    Attributes:
+        layer: the wrapped layer (its kernel is ``v``).
+        gain: the learned gains ``g``, one per output unit.
+
+    Raises:
+        ValueError: ``layer`` is not an ``nnx.Module`` with a ``kernel`` parameter of ndim >= 2.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn.normalization import WeightNorm
+        >>> dense = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        >>> layer = WeightNorm(dense)
+        >>> bool(jnp.allclose(layer(jnp.ones((1, 3))), dense(jnp.ones((1, 3)))))  # starts as the layer
+        True
     """
 
     def __init__(self, layer: nnx.Module):
@@ -217,16 +287,46 @@ class WeightNorm(nnx.Module):
         return jnp.sqrt(jnp.sum(kernel**2, axis=tuple(range(kernel.ndim - 1))))
 
     def kernel(self) -> jax.Array:
-        """The kernel the layer computes with."""
+        """The kernel the layer computes with, ``g_j v_j / ||v_j||`` per output unit ``j``.
+
+        Returns:
+            An array of the wrapped kernel's shape.
+        """
         v = _value(self.layer.kernel)
         return v * (_value(self.gain) / jnp.maximum(self._norms(v), jnp.finfo(v.dtype).tiny))
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """The wrapped layer applied with :meth:`kernel`.
+
+        Args:
+            x: the layer's input.
+
+        Returns:
+            The layer's output.
+        """
         return _with_kernel(self.layer, self.kernel())(x)
 
 
 def update_estimates(model: nnx.Module, steps: int = 1) -> None:
-    """Advance the power iteration of every :class:`SpectralNorm` in ``model`` by ``steps``."""
+    """Advance the power iteration of every :class:`SpectralNorm` in ``model`` by ``steps``.
+
+    Call it after each optimiser step (Miyato et al. 2018 advance ``u`` once per step).
+
+    Args:
+        model: an ``nnx.Module`` (searched recursively).
+        steps: power-iteration steps, an integer >= 0.
+
+    Raises:
+        ValueError: ``steps`` is not an integer >= 0.
+
+    Example:
+        >>> from flax import nnx
+        >>> from deqlab.nn.normalization import SpectralNorm, update_estimates
+        >>> layer = SpectralNorm(nnx.Linear(3, 3, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1))
+        >>> update_estimates(layer, steps=2)
+        >>> float(layer.sigma()) > 0
+        True
+    """
     steps = checks.integer(steps, "steps", "nn.update_estimates", minimum=0)
     for _, node in nnx.iter_graph(model):
         if isinstance(node, SpectralNorm):

@@ -56,7 +56,22 @@ SQUARE_ENSEMBLES = ("goe", "antisymmetric")
 
 
 def alibi_slopes(heads: int) -> jax.Array:
-    """ALiBi head slopes ``m_h = 2^(-8 h / H)``, h = 1..H (Press et al. 2022)."""
+    """ALiBi head slopes ``m_h = 2^(-8 h / H)``, h = 1..H (Press et al. 2022).
+
+    Args:
+        heads: number of heads H, an integer >= 1.
+
+    Returns:
+        An array of shape ``(heads,)``.
+
+    Raises:
+        ValueError: ``heads`` is not an integer >= 1.
+
+    Example:
+        >>> from deqlab.nn.transformer import alibi_slopes
+        >>> alibi_slopes(2).tolist()
+        [0.0625, 0.00390625]
+    """
     heads = checks.positive_int(heads, "heads", "nn.alibi_slopes")
     return 2.0 ** (-8.0 * jnp.arange(1, heads + 1) / heads)
 
@@ -64,30 +79,50 @@ def alibi_slopes(heads: int) -> jax.Array:
 class TransformerCell(nnx.Module):
     """One weight-tied causal transformer layer with input injection, as a DEQ cell (003 §4).
 
+    ``width`` and ``features`` (what a readout sees) are both d; :meth:`readout` is the
+    identity.
+
     Args:
         width: model width d (size of z's last axis); a multiple of ``heads``.
         in_features: size of the input x (its injection ``x W_x`` has 3 x width outputs: Q, K, V).
         heads: number of attention heads.
         hidden: width of the feed-forward layer; default 4 x width (001 App. D: 700 -> 2800), and
             width itself for the square ``"goe"`` / ``"antisymmetric"`` ensembles (required).
-        ensemble, scale: law and scale sqrt(V) of the feed-forward matrices W1, W2
-            (``deqlab.ensembles.ENSEMBLES``); scale defaults to half the ensemble's critical
-            scale, the middle of 001's range sqrt(V) in [0.1, 1] for Gaussian weights.
-        attention_ensemble, attention_scale: law and scale of W_Q, W_K, W_V, W_O; the scale
-            defaults to 0.3 of the ensemble's critical scale. It decides how contractive f is:
-            with it the plain iteration converges at initialisation (book chapter 5, page 1: at
-            0.3 the layer's Jacobian has spectral radius below 0.9, at 0.9 above 1 for most
-            sequences). 003 §5 asks for "a small operator norm in the weight matrices" at
-            initialisation.
+        ensemble: law of the feed-forward matrices W1, W2 (``deqlab.ensembles.ENSEMBLES``).
+        scale: scale sqrt(V) of W1, W2; default half the ensemble's critical scale, the middle of
+            001's range sqrt(V) in [0.1, 1] for Gaussian weights.
+        attention_ensemble: law of W_Q, W_K, W_V, W_O.
+        attention_scale: their scale; default 0.3 of the ensemble's critical scale. It decides how
+            contractive f is: small attention weights let the plain iteration converge at
+            initialisation (003 §5 asks for "a small operator norm in the weight matrices").
         max_distance: number of learned relative-position biases per head (distances beyond
             share the last one).
         attention_residual: normalise ``z + Attention(...)`` as Transformer-XL does, instead of
             003's ``Attention(...)`` (module docstring).
-        dtype, param_dtype, precision: as for :class:`deqlab.nn.TanhCell`.
+        dtype: as for :class:`deqlab.nn.TanhCell`.
+        param_dtype: as for :class:`deqlab.nn.TanhCell`.
+        precision: as for :class:`deqlab.nn.TanhCell`.
         rngs: ``nnx.Rngs``.
 
-    ``width`` and ``features`` (what a readout sees) are both d; :meth:`readout` is the
-    identity.
+    Attributes:
+        width: d, the size of z's last axis.
+        features: d, the size of :meth:`readout`'s output.
+        in_features: size of x.
+        heads: number of heads.
+        hidden: feed-forward width.
+
+    Raises:
+        ValueError: a size is not an integer >= 1, ``heads`` does not divide ``width``, ``hidden``
+            differs from ``width`` for a square ensemble, an ensemble is unknown, a scale is
+            negative, or a dtype, the precision or ``attention_residual`` is not valid.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import TransformerCell
+        >>> cell = TransformerCell(8, 3, heads=2, rngs=nnx.Rngs(0))
+        >>> cell(jnp.zeros((1, 5, 8)), jnp.ones((1, 5, 3))).shape
+        (1, 5, 8)
     """
 
     def __init__(self, width: int, in_features: int, *, heads: int = 4, hidden: int | None = None,
@@ -142,11 +177,26 @@ class TransformerCell(nnx.Module):
         self.position_bias = nnx.Param(-alibi_slopes(heads).astype(param_dtype)[:, None] * distances)
 
     def readout(self, z: jax.Array) -> jax.Array:
-        """What a head reads from the equilibrium: all of z."""
+        """What a head reads from the equilibrium: all of z.
+
+        Args:
+            z: the state ``(..., T, width)``.
+
+        Returns:
+            ``z``.
+        """
         return z
 
     def attention(self, z: jax.Array, x: jax.Array) -> jax.Array:
-        """Causal multi-head self-attention on ``z W_QKV + x W_x`` (before the residual)."""
+        """Causal multi-head self-attention on ``z W_QKV + x W_x`` (before the residual).
+
+        Args:
+            z: the state ``(..., T, width)``.
+            x: the input ``(..., T, in_features)``.
+
+        Returns:
+            The attention output ``(..., T, width)``, after ``W_O``.
+        """
         length = z.shape[-2]
         xq, xk, xv = jnp.split(self.inject(x), 3, axis=-1)
         dh = self.width // self.heads
@@ -176,15 +226,36 @@ class TransformerCell(nnx.Module):
         return precision_module.dot_general(a, b, (((ca,), (cb,)), (batch, batch)), precision=self.precision)
 
     def feed_forward_hidden(self, z: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(a, h)`` at state z: the feed-forward's input ``a`` (after the first LayerNorm) and its
-        hidden pre-activation ``h = a W1 + b1``, the layer whose matrices come from the ensemble
-        (001 App. D). The statistics of ``h`` at initialisation are what the ensemble and
-        ``scale`` set; z itself leaves through a LayerNorm and has unit variance whatever they are."""
+        """The feed-forward's input and hidden pre-activation at state z.
+
+        The statistics of ``h`` at initialisation are what the ensemble and ``scale`` set; z itself
+        leaves through a LayerNorm and has unit variance whatever they are.
+
+        Args:
+            z: the state ``(..., T, width)``.
+            x: the input ``(..., T, in_features)``.
+
+        Returns:
+            ``(a, h)``: ``a`` after the first LayerNorm, and ``h = a W1 + b1``, the layer whose
+            matrices come from the ensemble (001 App. D).
+        """
         attended = self.attention(z, x)
         a = self.attention_norm(z + attended if self.attention_residual else attended)
         return a, self.expand(a)
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        """One layer of 003 §4's weight-tied transformer.
+
+        Args:
+            z: the state ``(..., T, width)``.
+            x: the input ``(..., T, in_features)``.
+
+        Returns:
+            ``LN(phi(LN(Attention(...))))``, of z's shape.
+
+        Raises:
+            ValueError: ``z`` or ``x`` has the wrong shape.
+        """
         if z.ndim < 2 or z.shape[-1] != self.width:
             raise ValueError(f"nn.TransformerCell: `z` must have shape (..., T, {self.width}), got "
                              f"{tuple(z.shape)}.")

@@ -41,8 +41,30 @@ __all__ = ["TrellisCell", "causal_conv"]
 
 
 def causal_conv(u: jax.Array, kernel: jax.Array, dilation: int, precision: Any = None) -> jax.Array:
-    """Causal dilated 1-D convolution over the time axis -2 of ``u`` (..., T, C_in) with
-    ``kernel`` (k, C_in, C_out): out_t = sum_j u_{t - j s} K_j, zero for t - j s < 0."""
+    """Causal dilated 1-D convolution over the time axis -2.
+
+    ``out_t = sum_j u_{t - j s} K_j``, with zero for ``t - j s < 0``.
+
+    Args:
+        u: input ``(..., T, C_in)``.
+        kernel: ``(k, C_in, C_out)``.
+        dilation: s, an integer >= 1.
+        precision: matmul precision (None: the context's).
+
+    Returns:
+        ``(..., T, C_out)``.
+
+    Raises:
+        ValueError: ``dilation`` is not an integer >= 1, or the shapes of ``u`` and ``kernel`` do
+            not fit.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.nn.trellis import causal_conv
+        >>> u = jnp.arange(4.0).reshape(4, 1)
+        >>> causal_conv(u, jnp.ones((2, 1, 1)), dilation=1)[:, 0].tolist()  # u_t + u_{t-1}
+        [0.0, 1.0, 3.0, 5.0]
+    """
     where = "nn.causal_conv"
     dilation = checks.positive_int(dilation, "dilation", where)
     if jnp.ndim(u) < 2:
@@ -67,19 +89,40 @@ def causal_conv(u: jax.Array, kernel: jax.Array, dilation: int, precision: Any =
 class TrellisCell(nnx.Module):
     """Weight-tied temporal convolution with input injection and gated activation (003 §4).
 
+    ``features`` (what :meth:`readout` returns) is ``hidden``: a head reads h, not c.
+
     Args:
         hidden: size of h (and of c); the state z has width 2 x hidden.
         in_features: size of the input x.
         kernel_size: k >= 1, taps of both convolutions.
         dilation: s >= 1.
-        ensemble, scale: law and scale sqrt(V) of the recurrent kernel W_z. Each of its k taps and
-            each of the four gates is a square hidden x hidden block from the ensemble, drawn at
-            ``scale / sqrt(k)`` so that the whole convolution (fan-in k x hidden) has scale
-            ``scale``; default half the ensemble's critical scale.
-        dtype, param_dtype, precision: as for :class:`deqlab.nn.TanhCell`.
+        ensemble: law of the recurrent kernel W_z. Each of its k taps and each of the four gates
+            is a square hidden x hidden block from the ensemble.
+        scale: scale sqrt(V) of W_z; the blocks are drawn at ``scale / sqrt(k)`` so that the whole
+            convolution (fan-in k x hidden) has scale ``scale``; default half the ensemble's
+            critical scale.
+        dtype: as for :class:`deqlab.nn.TanhCell`.
+        param_dtype: as for :class:`deqlab.nn.TanhCell`.
+        precision: as for :class:`deqlab.nn.TanhCell`.
         rngs: ``nnx.Rngs``.
 
-    ``features`` (what :meth:`readout` returns) is ``hidden``: a head reads h, not c.
+    Attributes:
+        hidden: size of h.
+        width: 2 x hidden, the size of z.
+        features: hidden, the size of :meth:`readout`'s output.
+        in_features: size of x.
+
+    Raises:
+        ValueError: a size is not an integer >= 1, the ensemble is unknown, ``scale`` is negative,
+            or a dtype or the precision is not valid.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import TrellisCell
+        >>> cell = TrellisCell(4, 3, rngs=nnx.Rngs(0))
+        >>> cell(jnp.zeros((2, 5, 8)), jnp.ones((2, 5, 3))).shape
+        (2, 5, 8)
     """
 
     def __init__(self, hidden: int, in_features: int, *, kernel_size: int = 2, dilation: int = 1,
@@ -111,10 +154,29 @@ class TrellisCell(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((4 * hidden,), param_dtype))
 
     def readout(self, z: jax.Array) -> jax.Array:
-        """The h half of the state, what TrellisNet's decoder reads."""
+        """The h half of the state, what TrellisNet's decoder reads.
+
+        Args:
+            z: the state ``(..., T, 2 hidden)``.
+
+        Returns:
+            ``z[..., :hidden]``.
+        """
         return z[..., : self.hidden]
 
     def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        """One layer of the trellis network: gated convolution of h plus the injection.
+
+        Args:
+            z: the state ``[h, c]``, ``(..., T, 2 hidden)``.
+            x: the input ``(..., T, in_features)``.
+
+        Returns:
+            The next ``[h', c']``, of z's shape.
+
+        Raises:
+            ValueError: ``z`` or ``x`` has the wrong shape.
+        """
         where = "nn.TrellisCell"
         if z.ndim < 2 or z.shape[-1] != self.width:
             raise ValueError(f"{where}: `z` must have shape (..., T, {self.width}) ([h, c]), got {tuple(z.shape)}.")

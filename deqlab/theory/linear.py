@@ -153,6 +153,21 @@ def critical_variance(ensemble: str, tied: bool = True) -> float:
 
     With ``tied=False`` (independent ``W_t`` at every step, 001 Eq. 6) the statistics only see
     ``tr[W_t^T W_t] = V`` (001 Eq. 56), so ``V_c = 1`` for every ensemble, the GOE included.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        tied: tied weights (one ``W``) or untied (a fresh ``W_t`` per step).
+
+    Returns:
+        ``V_c``, a Python float.
+
+    Raises:
+        ValueError: ``ensemble`` is not one of :data:`ENSEMBLES`, or ``tied`` is not a bool.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.critical_variance("goe"), linear.critical_variance("goe", tied=False)
+        (0.25, 1.0)
     """
     where = "theory.linear.critical_variance"
     ensemble = _check_ensemble(ensemble, where)
@@ -161,7 +176,25 @@ def critical_variance(ensemble: str, tied: bool = True) -> float:
 
 
 def delta(ensemble: str, V, tied: bool = True):
-    """Distance to the transition ``delta = 1 - V / V_c`` (001 §2.2.3, Fig. 1)."""
+    """Distance to the transition ``delta = 1 - V / V_c`` (001 §2.2.3, Fig. 1).
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights (:func:`critical_variance`).
+
+    Returns:
+        ``1 - V / V_c``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> round(linear.delta("goe", 0.2), 12)
+        0.2
+    """
     where = "theory.linear.delta"
     ensemble = _check_ensemble(ensemble, where)
     tied = _check_tied(tied, where)
@@ -188,6 +221,23 @@ def first_moment(ensemble: str, V, tied: bool = True):
     ``tr[W^{2k}] = C_k V^k`` (001 Eq. 61), so ``g = f_c(V) = (1 - sqrt(1-4V)) / (2V)``, the
     Catalan generating function of 001 Eq. 62, not 1 as stated in 001 App. A.3. Untied weights:
     ``E[z_t] = x`` (each ``W_t`` has mean zero), so 1.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``lim E[z*_i] / x_i``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.first_moment("gaussian", 0.5), round(linear.first_moment("goe", 0.2), 6)
+        (1.0, 1.381966)
     """
     where = "theory.linear.first_moment"
     ensemble = _check_ensemble(ensemble, where)
@@ -210,6 +260,23 @@ def second_moment(ensemble: str, V, tied: bool = True):
     - Untied (any of the three): ``1 / (1 - V)`` from the recursion of 001 Eq. 56.
 
     Diverges as ``delta^-1`` (``delta^-1/2`` for the tied GOE), see :func:`divergence`.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``lim E tr[M^T M]``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.second_moment("gaussian", 0.5), round(linear.second_moment("goe", 0.2), 6)
+        (2.0, 3.09017)
     """
     return _gram_trace(ensemble, V, 1, tied, "theory.linear.second_moment")
 
@@ -224,6 +291,23 @@ def variance(ensemble: str, V, tied: bool = True):
 
     By 001 Theorem A.2 (Gaussian weights) ``z*_i`` is asymptotically Gaussian with this variance
     around its mean.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance of the weights, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``lim Var_W[z*_i] / ((1/N) x . x)``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.variance("orthogonal", 0.5)  # V / (1 - V), 001 Eq. 8
+        1.0
     """
     where = "theory.linear.variance"
     m2 = np.asarray(_gram_trace(ensemble, V, 1, tied, where))
@@ -263,6 +347,24 @@ def gram_trace(ensemble: str, V, power: int = 2, tied: bool = True):
     ``r' = 1 + 4Vq + V^2 (q^2 + r)`` for a circular ``s`` (Ginibre), the extra ``2V tr[M]^2``
     from ``tr[s M s M]`` for a semicircular ``s`` (GOE), and ``r' = 1 + 4Vq + V^2 r`` for a Haar
     ``s`` (``s^T s = V I``); the fixed point with ``q = 1/(1-V)`` is the formula above.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        power: 1 or 2.
+        tied: tied or untied weights.
+
+    Returns:
+        ``lim E tr[(M^T M)^power]``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, ``power`` is not 1 or 2, or
+            some ``V`` is outside ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.gram_trace("gaussian", 0.5), linear.gram_trace("orthogonal", 0.5)  # 001 Eq. 191, 79
+        (16.0, 12.0)
     """
     return _gram_trace(ensemble, V, power, tied, "theory.linear.gram_trace")
 
@@ -312,6 +414,23 @@ def length_variance(ensemble: str, V, tied: bool = True):
     Divergence at ``V -> V_c`` (:func:`divergence`): tied ``delta^-4`` (Gaussian), ``delta^-3``
     (orthogonal), ``delta^-5/2`` (GOE); untied ``delta^-2`` (orthogonal), ``delta^-3``
     (Gaussian, GOE).
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights.
+
+    Returns:
+        The length variance: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.length_variance("gaussian", 0.5)  # 2 / (1 - V)^4
+        32.0
     """
     out = _gram_trace(ensemble, V, 2, tied, "theory.linear.length_variance")
     return 2.0 * out if np.ndim(out) else 2.0 * float(out)
@@ -329,6 +448,21 @@ def goe_length_variance_integral(V, nodes: int | None = None):
     Evaluated by Gauss-Chebyshev quadrature of the second kind with ``nodes`` points (default:
     enough for relative error below ``1e-12``: the integrand's pole at ``1/(2 sqrt(V))`` sets
     the geometric convergence rate).
+
+    Args:
+        V: the variance, a number or an array with ``0 <= V < 1/4``.
+        nodes: quadrature points, an integer >= 1; None: automatic.
+
+    Returns:
+        The integral: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: some ``V`` is outside ``[0, 1/4)``, or ``nodes`` is not an integer >= 1.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> round(linear.goe_length_variance_integral(0.2), 9), round(linear.gram_trace("goe", 0.2), 9)
+        (55.901699437, 55.901699437)
     """
     where = "theory.linear.goe_length_variance_integral"
     arr, scalar = _check_V(V, "goe", where)
@@ -382,6 +516,22 @@ def divergence(ensemble: str, quantity: str = "length", tied: bool = True) -> tu
 
     ``delta`` is relative to :func:`critical_variance` ``(ensemble, tied)``: for untied weights
     ``V_c = 1`` for every ensemble, the GOE included.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        quantity: ``"second"`` or ``"length"``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``(A, p)``, two Python floats.
+
+    Raises:
+        ValueError: ``ensemble`` or ``quantity`` is unknown, or ``tied`` is not a bool.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.divergence("goe", "length")
+        (2.0, 2.5)
     """
     where = "theory.linear.divergence"
     ensemble = _check_ensemble(ensemble, where)
@@ -397,6 +547,24 @@ def asymptote(ensemble: str, V, quantity: str = "length", tied: bool = True):
     ``2 delta^{-5/2}``, exact for all ``V``. In the paper's variable ``sqrt(V) = 1/2 - delta'``
     the leading term of ``tr[(I-W)^{-4}]`` (half the length variance) is ``delta'^{-5/2} / 32``
     (001 Eq. 85 with ``int_0^inf sqrt(y) (1+y)^{-4} dy = pi/16``), where 001 Eq. 86 prints 1/8.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        quantity: ``"second"`` or ``"length"``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``A delta^{-p}``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` or ``quantity`` is unknown, ``tied`` is not a bool, or some ``V``
+            is outside ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> round(linear.asymptote("goe", 0.2), 6) == round(linear.length_variance("goe", 0.2), 6)
+        True
     """
     where = "theory.linear.asymptote"
     ensemble = _check_ensemble(ensemble, where)
@@ -435,6 +603,24 @@ def power_series(ensemble: str, V: float, quantity: str = "second", terms: int =
     For ``V < V_c`` they converge to :func:`second_moment` and :func:`gram_trace`; at finite
     ``N`` the matrix series itself diverges with non-zero probability (001 §2.2.2), which is why
     the closed forms are ``N -> inf`` limits.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a scalar with ``0 <= V < V_c``.
+        quantity: ``"second"`` or ``"fourth"``.
+        terms: number of partial sums, an integer >= 1.
+
+    Returns:
+        A float64 array of the ``terms`` partial sums.
+
+    Raises:
+        ValueError: ``ensemble`` or ``quantity`` is unknown, ``V`` is not a scalar in
+            ``[0, V_c)``, or ``terms < 1``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.power_series("gaussian", 0.5, "second", terms=4).tolist()  # -> 1 / (1 - V) = 2
+        [1.0, 1.5, 1.75, 1.875]
     """
     where = "theory.linear.power_series"
     ensemble = _check_ensemble(ensemble, where)
@@ -469,6 +655,23 @@ def ntk(ensemble: str, V, tied: bool = True):
     concentrate, on ``tr[M M^T]`` and on ``tr[M^T M] x . x'``, giving
     ``Theta(x, x') -> second_moment(ensemble, V)^2 x . x'`` (001: ``(1/N^2) E[z* . z*]^2 x . x'``
     for unit-variance inputs). Returns ``second_moment(ensemble, V, tied) ** 2``.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``second_moment(ensemble, V, tied) ** 2``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.ntk("gaussian", 0.5)
+        4.0
     """
     m2 = _gram_trace(ensemble, V, 1, tied, "theory.linear.ntk")
     return m2**2 if np.ndim(m2) else float(m2) ** 2
@@ -489,6 +692,23 @@ def ntk_fluctuation(ensemble: str, V, tied: bool = True):
     ``v . v`` fluctuates), diverging
     near ``V_c`` with the exponent of :func:`length_variance` minus twice that of
     :func:`second_moment`.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        V: the variance, a number or an array with ``0 <= V < V_c``.
+        tied: tied or untied weights.
+
+    Returns:
+        ``lim N Var[Theta] / E[Theta]^2``: a float for a scalar ``V``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``tied`` is not a bool, or some ``V`` is outside
+            ``[0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.ntk_fluctuation("gaussian", 0.0)  # only the readout fluctuates
+        2.0
     """
     where = "theory.linear.ntk_fluctuation"
     quartic = _gram_trace(ensemble, V, 2, tied, where)
@@ -562,6 +782,21 @@ def tracy_widom_cdf(s, beta: int = 1):
     Checked in ``tests/test_theory_linear_edge.py`` against the known moments (``F_1``: mean
     ``-1.2065``, standard deviation ``1.2680``; ``F_2``: mean ``-1.7711``) and against sampled GOE
     largest eigenvalues.
+
+    Args:
+        s: real numbers (a scalar or an array; +-inf allowed).
+        beta: 1 (GOE) or 2 (GUE).
+
+    Returns:
+        ``F_beta(s)``: a float for a scalar ``s``, else an array of its shape.
+
+    Raises:
+        ValueError: ``beta`` is not 1 or 2, or ``s`` is not real or holds NaN.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> round(linear.tracy_widom_cdf(-1.2065), 4)  # F_1 at its own mean
+        0.5197
     """
     where = "theory.linear.tracy_widom_cdf"
     beta = checks.integer(beta, "beta", where, minimum=1, maximum=2)
@@ -631,6 +866,23 @@ def edge_scaling(ensemble: str, N: int) -> tuple[float, float]:
 
     The orthogonal ensemble has ``rho = 1`` exactly and no edge law (ValueError). ``N`` is an
     integer with ``2 <= N <=`` :data:`MAX_N` (``2**53``).
+
+    Args:
+        ensemble: ``"gaussian"`` or ``"goe"``.
+        N: the width, an integer with ``2 <= N <=`` :data:`MAX_N` (``>=`` :data:`GINIBRE_MIN_N`
+            for ``"gaussian"``).
+
+    Returns:
+        ``(centre, width)``, two Python floats.
+
+    Raises:
+        ValueError: ``ensemble`` is ``"orthogonal"`` or unknown, or ``N`` is out of range.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> centre, width = linear.edge_scaling("goe", 1000)
+        >>> centre, round(width, 6)
+        (2.0, 0.01)
     """
     where = "theory.linear.edge_scaling"
     ensemble = _check_ensemble(ensemble, where)
@@ -668,6 +920,25 @@ def edge_failure_probability(ensemble: str, N: int, delta):
     (``x ~ delta N^{2/3}`` for small ``delta``), ``1 - exp(-e^{-t})`` with
     ``t = (r - centre) / width`` for real Ginibre; 0 for the orthogonal ensemble.
     ``2 <= N <=`` :data:`MAX_N`.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        N: the width, an integer with ``2 <= N <=`` :data:`MAX_N`.
+        delta: distance to the transition, numbers in ``(0, 1]``.
+
+    Returns:
+        The probability: a float for a scalar ``delta``, else an array.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``N`` is out of range (or too small for the Gumbel
+            law of ``"gaussian"``), or some ``delta`` is outside ``(0, 1]``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> linear.edge_failure_probability("orthogonal", 100, 0.1)
+        0.0
+        >>> linear.edge_failure_probability("goe", 1000, 0.1) < 1e-10
+        True
     """
     where = "theory.linear.edge_failure_probability"
     ensemble = _check_ensemble(ensemble, where)
@@ -695,6 +966,23 @@ def reliable_delta(ensemble: str, N: int, risk: float = 0.05) -> float:
     ~ x N^{-2/3}``. Real Ginibre: ``t = -log(-log(1 - risk))`` and
     ``delta = 1 - (centre + t width)^{-2} ~ sqrt(log N / N)``. Orthogonal: 0.
     ``2 <= N <=`` :data:`MAX_N`.
+
+    Args:
+        ensemble: one of :data:`ENSEMBLES`.
+        N: the width, an integer with ``2 <= N <=`` :data:`MAX_N`.
+        risk: the accepted probability of divergence, in ``(0, 1)``.
+
+    Returns:
+        ``delta``, a Python float in ``[0, 1)``.
+
+    Raises:
+        ValueError: ``ensemble`` is unknown, ``N`` is out of range, or ``risk`` is not in
+            ``(0, 1)``.
+
+    Example:
+        >>> from deqlab.theory import linear
+        >>> round(linear.reliable_delta("goe", 1000), 4)
+        0.0143
     """
     where = "theory.linear.reliable_delta"
     ensemble = _check_ensemble(ensemble, where)

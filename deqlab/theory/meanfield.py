@@ -120,8 +120,25 @@ _TANH = nonlinearities.Nonlinearity(
 
 
 def nonlinearity(phi: str, where: str | None = None) -> nonlinearities.Nonlinearity:
-    """The :class:`deqlab.nonlinearities.Nonlinearity` called ``phi`` (one of :data:`PHIS`),
-    with NumPy and JAX forms of ``phi`` and ``phi'`` (tanh defined here)."""
+    """The :class:`deqlab.nonlinearities.Nonlinearity` called ``phi`` (one of :data:`PHIS`).
+
+    It holds NumPy and JAX forms of ``phi`` and ``phi'`` (tanh is defined in this module).
+
+    Args:
+        phi: one of :data:`PHIS`.
+        where: the public function named in an error message.
+
+    Returns:
+        The :class:`~deqlab.nonlinearities.Nonlinearity`.
+
+    Raises:
+        ValueError: ``phi`` is not one of :data:`PHIS`.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> float(meanfield.nonlinearity("tanh").derivative_numpy(0.0))
+        1.0
+    """
     name = checks.choice(phi, "phi", PHIS, where)
     return _TANH if name == "tanh" else nonlinearities.get(name, where)
 
@@ -206,11 +223,23 @@ def gaussian_moments(phi: str, q: float) -> tuple[float, float, float]:
     Closed forms for linear, ReLU (``sqrt(q / 2 pi)``, ``q/2``, ``1/2``), hard tanh
     (``0``, ``q (erf(a/sqrt2) - 2 a pdf(a)) + erfc(a/sqrt2)``, ``erf(a/sqrt2)``, ``a = q^-1/2``)
     and erf (``0``, ``(2/pi) arcsin(pi q / (2 + pi q))``, ``(1 + pi q)^-1/2``); tanh (odd, so
-    ``E phi = 0``) by composite Gauss-Legendre quadrature in ``h`` (relative error < 1e-12,
-    checked in the tests against adaptive quadrature and against halved panels).
+    ``E phi = 0``) by composite Gauss-Legendre quadrature in ``h`` (relative error below 1e-12).
 
     Args:
-      q: the variance, ``>= 0``.
+        phi: one of :data:`PHIS`.
+        q: the variance, ``>= 0``.
+
+    Returns:
+        Three Python floats.
+
+    Raises:
+        ValueError: ``phi`` is unknown, or ``q`` is negative or not finite.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> mean, second, slope = meanfield.gaussian_moments("relu", 2.0)
+        >>> round(mean, 6), second, slope
+        (0.56419, 1.0, 0.5)
     """
     where = "theory.meanfield.gaussian_moments"
     nl = nonlinearity(phi, where)
@@ -224,14 +253,27 @@ def gaussian_moments(phi: str, q: float) -> tuple[float, float, float]:
 
 
 class FixedPoint(NamedTuple):
-    """One solution ``q`` of ``q = F(q)``, with ``slope = F'(q)``: the fixed point of the variance
-    iteration ``q <- F(q)`` is stable for ``slope < 1`` (inf where ``F`` has a vertical tangent)."""
+    """One solution ``q`` of ``q = F(q)`` of the variance map (001 Thm. 3.1, Eq. 25).
+
+    The fixed point of the variance iteration ``q <- F(q)`` is stable for ``slope < 1``.
+
+    Attributes:
+        q: the variance ``sigma_h2``.
+        slope: ``F'(q)`` (inf where ``F`` has a vertical tangent).
+        stable: ``slope < 1`` (a property).
+
+    Example:
+        >>> from deqlab.theory.meanfield import FixedPoint
+        >>> FixedPoint(q=1.0, slope=0.5).stable
+        True
+    """
 
     q: float
     slope: float
 
     @property
     def stable(self) -> bool:
+        """Whether the variance iteration converges to this fixed point (``slope < 1``)."""
         return self.slope < 1
 
 
@@ -241,8 +283,16 @@ class NoFixedPointError(ValueError):
 
 
 class MultipleFixedPointsError(ValueError):
-    """The self-consistent equation has several solutions; ``roots`` lists them
-    (:class:`FixedPoint`, ascending ``q``; ``None`` when every ``q`` solves it)."""
+    """The self-consistent equation has several solutions.
+
+    Args:
+        message: the error message.
+        roots: the solutions (:class:`FixedPoint`, ascending ``q``), or ``None`` when every ``q``
+            solves it.
+
+    Attributes:
+        roots: the ``roots`` given.
+    """
 
     def __init__(self, message: str, roots: tuple[FixedPoint, ...] | None):
         super().__init__(message)
@@ -325,6 +375,20 @@ def variance_fixed_points(phi: str, V: float, sigma_x2: float = 1.0, mean_x: flo
     Returns:
       A tuple of :class:`FixedPoint` (ascending ``q``; empty if there is none), or ``None`` when
       every ``q >= 0`` is a solution (linear with ``V = 1``, ReLU with ``V = 2``, no input).
+
+    Args:
+        phi: one of :data:`PHIS`.
+        V: ``E tr[W W^T] > 0``.
+        sigma_x2: ``(1/N) x . x >= 0``.
+        mean_x: ``(1/N) 1^T x``, with ``mean_x^2 <= sigma_x2``.
+
+    Raises:
+        ValueError: ``phi`` is unknown, ``V <= 0``, ``sigma_x2 < 0``, or ``mean_x^2 > sigma_x2``.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> meanfield.variance_fixed_points("linear", 0.5)  # q = V (q + 1)
+        (FixedPoint(q=1.0, slope=0.5),)
     """
     where = "theory.meanfield.variance_fixed_points"
     nl = nonlinearity(phi, where)
@@ -340,22 +404,35 @@ def variance_fixed_points(phi: str, V: float, sigma_x2: float = 1.0, mean_x: flo
 
 
 def hidden_variance(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, mean_x: float = 0.0) -> float:
-    """``sigma_h2 = lim (1/N) h* . h*`` of the nonlinear DEQ ``z* = phi(W z*) + x``, ``h* = W z*``
-    (001 Thm. 3.1, Eq. 24-26): the solution of
-    ``sigma_h2 = V (E[phi(h)^2] + 2 mean_x E[phi(h)] + sigma_x2)``, ``h ~ N(0, sigma_h2)``.
+    """``sigma_h2 = lim (1/N) h* . h*`` of the nonlinear DEQ ``z* = phi(W z*) + x``, ``h* = W z*``.
 
+    The solution of 001 Thm. 3.1, Eq. 24-26:
+    ``sigma_h2 = V (E[phi(h)^2] + 2 mean_x E[phi(h)] + sigma_x2)``, ``h ~ N(0, sigma_h2)``.
     Exact in the large-``N`` limit for ``"gaussian"`` and ``"orthogonal"`` ``W`` under 001's
     free-independence assumption; for ``"goe"`` this is the same Eq. 25 value, which the measured
     variance exceeds (001 Fig. 2; :func:`variance_fixed_points` has all solutions).
 
     Args:
-      phi: one of :data:`PHIS`. ensemble: one of :data:`ENSEMBLES`.
-      V: ``E tr[W W^T] > 0``. sigma_x2: ``(1/N) x . x >= 0``. mean_x: ``(1/N) 1^T x``,
-        ``mean_x^2 <= sigma_x2``.
+        phi: one of :data:`PHIS`.
+        ensemble: one of :data:`ENSEMBLES`.
+        V: ``E tr[W W^T] > 0``.
+        sigma_x2: ``(1/N) x . x >= 0``.
+        mean_x: ``(1/N) 1^T x``, with ``mean_x^2 <= sigma_x2``.
+
+    Returns:
+        ``sigma_h2``, a Python float.
+
     Raises:
-      NoFixedPointError: no finite solution (ReLU ``V >= 2``, linear ``V >= 1`` with an input).
-      MultipleFixedPointsError: more than one solution (``.roots`` lists them).
-      ValueError: arguments out of range.
+        NoFixedPointError: no finite solution (ReLU ``V >= 2``, linear ``V >= 1`` with an input).
+        MultipleFixedPointsError: more than one solution (``.roots`` lists them).
+        ValueError: arguments out of range.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> meanfield.hidden_variance("linear", "gaussian", 0.5)  # V / (1 - V)
+        1.0
+        >>> round(meanfield.hidden_variance("tanh", "gaussian", 0.5), 6)
+        0.660167
     """
     where = "theory.meanfield.hidden_variance"
     nl = nonlinearity(phi, where)
@@ -440,15 +517,32 @@ def spectral_radius(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, me
     - ``"goe"``: the eigenvalues are real (``D W`` is similar to ``D^{1/2} W D^{1/2}``); ``r`` is
       the edge of that spectrum for ``D`` free from ``W`` (001 §3.2, App. C.1). Hard tanh, ReLU,
       linear: ``2 sqrt(V p)``, ``p = P(phi' = 1)`` (001 Eq. 124; ``p = erf(1 / sqrt(2
-      sigma_h2))`` for hard tanh); tanh, erf: numerically (see :func:`_goe_edge`). 001 Fig. 3
-      finds this accurate for small ``V`` only: ``h*`` is not free from a symmetric ``W``.
+      sigma_h2))`` for hard tanh); tanh, erf: numerically, the minimum over ``y > 1`` of
+      ``y sqrt(V E[d / (y - d)])``, ``d = phi'(h)``. 001 Fig. 3 finds this accurate for small
+      ``V`` only: ``h*`` is not free from a symmetric ``W``.
 
     ``h ~ N(0, sigma_h2)`` with ``sigma_h2`` from :func:`hidden_variance` (``sigma_x2``,
     ``mean_x``), or the value given (e.g. a measured ``(1/N) h* . h*``). For linear and ReLU,
     ``phi'^2`` does not depend on ``sigma_h2``: none is computed and ``sigma_h2`` is ignored.
 
+    Args:
+        phi: one of :data:`PHIS`.
+        ensemble: one of :data:`ENSEMBLES`.
+        V: ``E tr[W W^T] > 0``.
+        sigma_x2: ``(1/N) x . x >= 0``.
+        mean_x: ``(1/N) 1^T x``, with ``mean_x^2 <= sigma_x2``.
+        sigma_h2: the variance of ``h*`` to use (> 0); None: :func:`hidden_variance`.
+
+    Returns:
+        ``r``, a Python float.
+
     Raises:
-      ValueError: arguments out of range; the errors of :func:`hidden_variance`.
+        ValueError: arguments out of range; the errors of :func:`hidden_variance`.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> meanfield.spectral_radius("relu", "gaussian", 0.5), meanfield.spectral_radius("relu", "goe", 0.5)
+        (0.5, 1.0)
     """
     where = "theory.meanfield.spectral_radius"
     nl = nonlinearity(phi, where)
@@ -471,15 +565,30 @@ def spectral_radius(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, me
 
 def critical_scale(phi: str, ensemble: str, sigma_x2: float = 1.0, mean_x: float = 0.0,
                    scale_max: float = 20.0) -> float:
-    """The ``sqrt(V)`` at which :func:`spectral_radius` reaches 1: the predicted onset of
-    instability of the fixed point (001 §3.2, Fig. 3-4).
+    """The ``sqrt(V)`` at which :func:`spectral_radius` reaches 1 (001 §3.2, Fig. 3-4).
 
-    Linear: 1 (Ginibre, orthogonal) and 1/2 (GOE); ReLU: ``sqrt(2)`` and ``1/sqrt(2)``
-    (``r^2 = V/2``, ``2 sqrt(V/2)``). Otherwise a geometric scan of ``sqrt(V)`` (steps of 1.25)
-    up to ``scale_max`` and Brent's method on the first crossing of ``r = 1``.
+    The predicted onset of instability of the fixed point. Linear: 1 (Ginibre, orthogonal) and
+    1/2 (GOE); ReLU: ``sqrt(2)`` and ``1/sqrt(2)`` (``r^2 = V/2``, ``2 sqrt(V/2)``). Otherwise a
+    geometric scan of ``sqrt(V)`` (steps of 1.25) up to ``scale_max`` and Brent's method on the
+    first crossing of ``r = 1``.
+
+    Args:
+        phi: one of :data:`PHIS`.
+        ensemble: one of :data:`ENSEMBLES`.
+        sigma_x2: ``(1/N) x . x``; > 0 for the bounded nonlinearities.
+        mean_x: ``(1/N) 1^T x``, with ``mean_x^2 <= sigma_x2``.
+        scale_max: the largest ``sqrt(V)`` searched, > 0.
+
+    Returns:
+        The critical ``sqrt(V)``, a Python float.
 
     Raises:
-      ValueError: arguments out of range, or no crossing below ``scale_max``.
+        ValueError: arguments out of range, or no crossing below ``scale_max``.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> round(meanfield.critical_scale("relu", "goe"), 6)
+        0.707107
     """
     where = "theory.meanfield.critical_scale"
     nl = nonlinearity(phi, where)
@@ -521,29 +630,66 @@ def critical_scale(phi: str, ensemble: str, sigma_x2: float = 1.0, mean_x: float
 
 def picard_rate(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, mean_x: float = 0.0,
                 sigma_h2: float | None = None) -> float:
-    """Asymptotic linear rate of Picard iteration near ``h*`` (001 Eq. 29): the error shrinks by
-    ``r`` per step, ``r`` = :func:`spectral_radius`. The same rate holds for the forward
-    ``z``-iteration (Jacobian ``D W``), the ``h``-iteration (``W D``) and the adjoint (backward)
-    iteration ``u <- J^T u + g`` (``J^T`` has the eigenvalues of ``J``)."""
+    """Asymptotic linear rate of Picard iteration near ``h*`` (001 Eq. 29).
+
+    The error shrinks by ``r`` per step, ``r`` = :func:`spectral_radius`. The same rate holds for
+    the forward ``z``-iteration (Jacobian ``D W``), the ``h``-iteration (``W D``) and the adjoint
+    (backward) iteration ``u <- J^T u + g`` (``J^T`` has the eigenvalues of ``J``).
+
+    Args:
+        phi: one of :data:`PHIS`.
+        ensemble: one of :data:`ENSEMBLES`.
+        V: ``E tr[W W^T] > 0``.
+        sigma_x2: ``(1/N) x . x >= 0``.
+        mean_x: ``(1/N) 1^T x``.
+        sigma_h2: as for :func:`spectral_radius`.
+
+    Returns:
+        ``r``, a Python float.
+
+    Raises:
+        ValueError: the errors of :func:`spectral_radius`.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> meanfield.picard_rate("linear", "orthogonal", 0.25)
+        0.5
+    """
     return spectral_radius(phi, ensemble, V, sigma_x2, mean_x, sigma_h2)
 
 
 def picard_nfe(phi: str, ensemble: str, V: float, tol: float, sigma_x2: float = 1.0, mean_x: float = 0.0,
                direction: str = "forward", sigma_h2: float | None = None) -> int:
-    """Predicted number of Picard steps to shrink the error (and the relative residual) by
-    ``tol``: ``ceil(log(tol) / log(r))``, ``r`` = :func:`picard_rate` (001 Eq. 29). Counted as
-    :func:`deqlab.solvers.solve` counts ``stats.steps`` from ``z0 = 0`` (``stats.nfe`` adds the evaluation
-    at ``z0``).
+    """Predicted number of Picard steps to shrink the error (and the relative residual) by ``tol``.
 
-    ``direction``: ``"forward"`` (the fixed point) or ``"backward"`` (the adjoint linear solve
-    ``u = J^T u + g`` of the implicit gradient, 001 Eq. 93); both have the rate ``r``. This is the
-    leading order in ``log(1/tol)``: the transient of the first steps (nonlinear, and for
-    non-normal ``J`` a growth ``||J^t|| ~ sqrt(t) r^t`` for Ginibre ``W``) adds ``O(log(t) /
-    log(1/r))`` steps, which the tests bound.
+    ``ceil(log(tol) / log(r))``, ``r`` = :func:`picard_rate` (001 Eq. 29), counted as
+    :func:`deqlab.solvers.solve` counts ``stats.steps`` from ``z0 = 0`` (``stats.nfe`` adds the
+    evaluation at ``z0``). Both directions have the rate ``r``. This is the leading order in
+    ``log(1/tol)``: the transient of the first steps (nonlinear, and for non-normal ``J`` a growth
+    ``||J^t|| ~ sqrt(t) r^t`` for Ginibre ``W``) adds ``O(log(t) / log(1/r))`` steps.
+
+    Args:
+        phi: one of :data:`PHIS`.
+        ensemble: one of :data:`ENSEMBLES`.
+        V: ``E tr[W W^T] > 0``.
+        tol: the error reduction, in (0, 1).
+        sigma_x2: ``(1/N) x . x >= 0``.
+        mean_x: ``(1/N) 1^T x``.
+        direction: ``"forward"`` (the fixed point) or ``"backward"`` (the adjoint linear solve
+            ``u = J^T u + g`` of the implicit gradient, whose solution gives 001 Eq. 93).
+        sigma_h2: as for :func:`spectral_radius`.
+
+    Returns:
+        The number of steps, an int >= 1.
 
     Raises:
-      ValueError: ``tol`` not in (0, 1), or ``r >= 1`` (``V`` at or above the critical value of
-        :func:`critical_scale`: Picard iteration does not converge).
+        ValueError: ``tol`` not in (0, 1), ``direction`` unknown, or ``r >= 1`` (``V`` at or above
+            the critical value of :func:`critical_scale`: Picard iteration does not converge).
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> meanfield.picard_nfe("linear", "orthogonal", 0.25, tol=1e-6)  # 0.5^20 < 1e-6
+        20
     """
     where = "theory.meanfield.picard_nfe"
     tol = checks.number(tol, "tol", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)

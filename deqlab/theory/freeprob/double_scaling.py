@@ -26,7 +26,24 @@ def double_scaling_q_star(nonlinearity: str, depth: int, sigma0_2: float) -> flo
 
     Solves ``L (mu_2 / mu_1^2 - 1) = sigma0_2`` (002 Eq. 22 with ``s_1 = 0``); closed form for
     hard tanh (``p = L / (L + sigma0_2)``, ``q* = 1 / (2 erfinv(p)^2)``), root finding otherwise.
-    Raises ValueError for ReLU and linear (their ``mu_k`` do not depend on ``q*``).
+
+    Args:
+        nonlinearity: a name of :data:`deqlab.nonlinearities.NONLINEARITIES` other than
+            ``"linear"`` and ``"relu"`` (their ``mu_k`` do not depend on ``q*``).
+        depth: L, an integer >= 1.
+        sigma0_2: the target variance of the spectrum of ``J J^T``, > 0.
+
+    Returns:
+        ``q*``, a Python float.
+
+    Raises:
+        ValueError: ``nonlinearity`` is unknown, linear or ReLU, ``depth < 1`` or
+            ``sigma0_2 <= 0``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> round(fp.double_scaling_q_star("hard_tanh", depth=16, sigma0_2=0.25), 6)
+        0.170303
     """
     where = "theory.freeprob.double_scaling_q_star"
     nl = nonlinearities.get(nonlinearity, where)
@@ -58,6 +75,23 @@ class BernoulliLimit(Spectrum):
     ``lambda_2 = exp(sigma0_2)`` (Eq. 34; mass from the residue, equal to the limit of the
     free-projection count ``1 - L (1 - p)``). The density diverges like
     ``sigma0_2 / (lambda log^2 lambda)`` at 0 (a double pole of ``G'``, Eq. 34, but no atom).
+
+    Args:
+        sigma0_2: the variance ``sigma0^2 > 0``.
+
+    Attributes:
+        sigma0_2: the variance.
+        edge: the right edge of the bulk, ``e sigma0_2``.
+        atoms: the atom at ``exp(sigma0_2)`` when ``sigma0_2 < 1``.
+
+    Raises:
+        ValueError: ``sigma0_2`` is not > 0.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> limit = fp.BernoulliLimit(0.25)
+        >>> round(limit.edge, 6), [(round(a, 6), m) for a, m in limit.atoms]
+        (0.67957, [(1.284025, 0.75)])
     """
 
     def __init__(self, sigma0_2: float):
@@ -66,7 +100,14 @@ class BernoulliLimit(Spectrum):
         self.atoms = ((math.exp(self.sigma0_2), 1.0 - self.sigma0_2),) if self.sigma0_2 < 1 else ()
 
     def s_transform(self, w):
-        """``S(w) = exp(-sigma0_2 w / (1 + w))`` (002 Eq. 29), finite ``w != -1``."""
+        """``S(w) = exp(-sigma0_2 w / (1 + w))`` (002 Eq. 29), finite ``w != -1``.
+
+        Args:
+            w: complex numbers, not -1.
+
+        Returns:
+            ``S(w)``, complex.
+        """
         w = transform_argument(w, self._where("s_transform"), "w", (-1.0,),
                                "S(w) = exp(-sigma0_2 w / (1 + w))")
         return np.exp(-self.sigma0_2 * w / (1 + w))
@@ -76,7 +117,15 @@ class BernoulliLimit(Spectrum):
         return 1.0 / (z - np.exp(-special.lambertw(-self.sigma0_2 / z, 0)))
 
     def density(self, x, eps: float = 0.0):
-        """Exact bulk density on the real axis (the atom is excluded; ``eps`` ignored)."""
+        """Exact bulk density on the real axis (the atom is excluded; ``eps`` ignored).
+
+        Args:
+            x: real points.
+            eps: ignored.
+
+        Returns:
+            The density at ``x``, float64 (0 outside ``(0, edge)``).
+        """
         x = real_points(x, self._where("density"))
         xs = np.where(x > 0, x, 1.0)
         # z = x + i0 maps to -sigma0_2 / z = -sigma0_2 / x + i0: just above the cut of W_0
@@ -92,8 +141,18 @@ class BernoulliLimit(Spectrum):
 
     @staticmethod
     def small_lambda_mass(sigma0_2: float, delta: float) -> float:
-        """Leading mass of the bulk on ``[0, delta]``: ``sigma0_2 / log(sigma0_2 / delta)``
-        (``0 < delta < sigma0_2``)."""
+        """Leading mass of the bulk on ``[0, delta]``: ``sigma0_2 / log(sigma0_2 / delta)``.
+
+        Args:
+            sigma0_2: the variance, > 0.
+            delta: the interval's end, in ``(0, sigma0_2)``.
+
+        Returns:
+            The mass, a Python float.
+
+        Raises:
+            ValueError: ``sigma0_2 <= 0`` or ``delta`` not in ``(0, sigma0_2)``.
+        """
         where = "theory.freeprob.BernoulliLimit.small_lambda_mass"
         sigma0_2 = checks.positive_number(sigma0_2, "sigma0_2", where)
         delta = checks.number(delta, "delta", where, lower=0.0, upper=sigma0_2, lower_open=True,
@@ -109,6 +168,23 @@ class SmoothLimit(Spectrum):
     at ``x_± = (-1 ± sqrt(1 + 4 / sigma0_2)) / 2``: ``lambda_± = z(x_±)``, so that the
     singular-value edges are ``s_± = sqrt(lambda_±)`` (002 Eq. 37; ``0.57`` and ``1.56`` for
     ``sigma0_2 = 1/4``). No atoms.
+
+    Args:
+        sigma0_2: the variance ``sigma0^2 > 0``.
+        ratio: the geometric step of the root following, > 1.
+
+    Attributes:
+        sigma0_2: the variance.
+        edges: ``(lambda_-, lambda_+)``, the edges of the spectrum of ``J J^T``.
+
+    Raises:
+        ValueError: ``sigma0_2 <= 0`` or ``ratio <= 1``.
+
+    Example:
+        >>> import math
+        >>> from deqlab.theory import freeprob as fp
+        >>> [round(math.sqrt(edge), 2) for edge in fp.SmoothLimit(0.25).edges]  # 002 Eq. 37
+        [0.57, 1.56]
     """
 
     def __init__(self, sigma0_2: float, ratio: float = 1.1):
@@ -120,7 +196,14 @@ class SmoothLimit(Spectrum):
         self.edges = tuple(float((1 + x) * math.exp(self.sigma0_2 * x) / x) for x in xs)
 
     def s_transform(self, w):
-        """``S(w) = exp(-sigma0_2 w)`` (002 Eq. 36), finite ``w``."""
+        """``S(w) = exp(-sigma0_2 w)`` (002 Eq. 36), finite ``w``.
+
+        Args:
+            w: complex numbers.
+
+        Returns:
+            ``S(w)``, complex.
+        """
         return np.exp(-self.sigma0_2 * transform_argument(w, self._where("s_transform"), "w"))
 
     def _f(self, x, z):

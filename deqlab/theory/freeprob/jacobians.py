@@ -68,15 +68,50 @@ def _q_star(q_star, where: str) -> float:
 
 
 def activation(nonlinearity: str, h):
-    """``phi(h)`` (NumPy, float64) for a named nonlinearity of :mod:`deqlab.nonlinearities`
+    """``phi(h)`` (NumPy, float64) for a named nonlinearity of :mod:`deqlab.nonlinearities`.
+
     (002 Table 1 and §5: hard tanh ``clip(h, -1, 1)``, erf ``erf(sqrt(pi) h / 2)``, shifted ReLU
-    ``[h + 1/2]_+ - 1/2``, SiLU ``h sigmoid(h)``)."""
+    ``[h + 1/2]_+ - 1/2``, SiLU ``h sigmoid(h)``.)
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        h: pre-activations.
+
+    Returns:
+        ``phi(h)``, float64.
+
+    Raises:
+        ValueError: ``nonlinearity`` is unknown.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.activation("hard_tanh", [-2.0, 0.5]).tolist()
+        [-1.0, 0.5]
+    """
     return _nonlinearity(nonlinearity, "theory.freeprob.activation").numpy(h)
 
 
 def gaussian_expectation(fun: Callable, q: float, kinks=()) -> float:
-    """``int Dh fun(sqrt(q) h)`` (``Dh`` the standard Gaussian measure) by adaptive quadrature,
-    split at the ``kinks`` of ``fun`` (in the variable ``sqrt(q) h``); 002 Eq. 4, 20."""
+    """``int Dh fun(sqrt(q) h)`` (``Dh`` the standard Gaussian measure); 002 Eq. 4, 20.
+
+    By adaptive quadrature, split at the ``kinks`` of ``fun`` (in the variable ``sqrt(q) h``).
+
+    Args:
+        fun: a scalar function of one float.
+        q: the variance, > 0.
+        kinks: points where ``fun`` or its derivative jumps.
+
+    Returns:
+        The expectation, a Python float.
+
+    Raises:
+        ValueError: ``q`` is not > 0.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> round(fp.gaussian_expectation(lambda h: h**2, 2.0), 10)
+        2.0
+    """
     q = checks.positive_number(q, "q", "theory.freeprob.gaussian_expectation")
     sq = math.sqrt(q)
     pts = sorted({-40.0, 40.0, *[k / sq for k in kinks if abs(k / sq) < 40]})
@@ -89,6 +124,21 @@ def bernoulli_p(nonlinearity: str, q_star: float) -> float:
     """``p(q*) = P(phi'(h)^2 = 1)`` for the piecewise-linear nonlinearities (002 Table 1, Eq. 24).
 
     linear 1, ReLU 1/2, hard tanh ``erf(1 / sqrt(2 q*))``, shifted ReLU ``Phi(1 / (2 sqrt q*))``.
+
+    Args:
+        nonlinearity: a piecewise-linear name of :data:`NONLINEARITIES`.
+        q_star: the pre-activation variance ``q* > 0``.
+
+    Returns:
+        ``p``, a Python float.
+
+    Raises:
+        ValueError: ``nonlinearity`` is unknown or not piecewise linear, or ``q_star <= 0``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> round(fp.bernoulli_p("hard_tanh", 1.0), 6)  # erf(1 / sqrt(2))
+        0.682689
     """
     where = "theory.freeprob.bernoulli_p"
     nl = _nonlinearity(nonlinearity, where)
@@ -111,6 +161,22 @@ def slope_moments(nonlinearity: str, q_star: float, kmax: int = 2) -> np.ndarray
 
     Closed forms for the Bernoulli class (``mu_k = p``) and erf (``(1 + pi k q*)^(-1/2)``);
     adaptive quadrature otherwise (SiLU).
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        q_star: ``q* > 0``.
+        kmax: the number of moments, an integer >= 1.
+
+    Returns:
+        A float64 array ``[mu_1, ..., mu_kmax]``.
+
+    Raises:
+        ValueError: ``nonlinearity`` is unknown, ``q_star <= 0`` or ``kmax < 1``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.slope_moments("erf", 1.0, 2).round(6).tolist()
+        [0.491379, 0.370544]
     """
     where = "theory.freeprob.slope_moments"
     nl = _nonlinearity(nonlinearity, where)
@@ -146,19 +212,69 @@ def squared_slope_spectrum(nonlinearity: str, q_star: float, n_nodes: int = 256)
     Exactly :class:`Bernoulli` for linear, ReLU, hard tanh, shifted ReLU (002 Table 1); for erf
     and SiLU the Gaussian integral of Eq. 23 by ``n_nodes``-point Gauss-Hermite quadrature, i.e.
     point masses at ``phi'(sqrt(q*) u_i)^2`` (accurate for ``z`` away from ``[0, max phi'^2]``).
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        q_star: ``q* > 0``.
+        n_nodes: Gauss-Hermite nodes, an integer >= 1.
+
+    Returns:
+        A :class:`Bernoulli` or :class:`PointMasses`.
+
+    Raises:
+        ValueError: ``nonlinearity`` is unknown, ``q_star <= 0`` or ``n_nodes < 1``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.squared_slope_spectrum("relu", 1.0).p
+        0.5
     """
     return _slope_points(nonlinearity, q_star, n_nodes, 2, "theory.freeprob.squared_slope_spectrum")
 
 
 def slope_spectrum(nonlinearity: str, q_star: float, n_nodes: int = 256) -> Spectrum:
-    """Spectrum of ``D`` itself (slopes ``phi'(h)``, 001 C.1): as :func:`squared_slope_spectrum`."""
+    """Spectrum of ``D`` itself (slopes ``phi'(h)``, 001 App. C.1): as :func:`squared_slope_spectrum`.
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        q_star: ``q* > 0``.
+        n_nodes: Gauss-Hermite nodes, an integer >= 1.
+
+    Returns:
+        A :class:`Bernoulli` or :class:`PointMasses`.
+
+    Raises:
+        ValueError: ``nonlinearity`` is unknown, ``q_star <= 0`` or ``n_nodes < 1``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> round(fp.slope_spectrum("erf", 1.0, n_nodes=16).moment(1), 6)  # E exp(-pi h^2 / 4)
+        0.623684
+    """
     return _slope_points(nonlinearity, q_star, n_nodes, 1, "theory.freeprob.slope_spectrum")
 
 
 def weight_spectrum(weights: str, sigma_w2: float) -> Spectrum:
-    """Spectrum of ``W^T W`` (002 Table 2) for ``W = sample(weights, key, n, sqrt(sigma_w2))``:
-    ``"orthogonal"`` a point mass at ``sigma_w2`` (``S = 1/sigma_w2``, ``s_1 = 0``),
-    ``"gaussian"`` Marchenko-Pastur (``S = 1 / (sigma_w2 (1 + w))``, ``s_1 = -1``)."""
+    """Spectrum of ``W^T W`` (002 Table 2) for ``W = sample(weights, key, n, sqrt(sigma_w2))``.
+
+    ``"orthogonal"``: a point mass at ``sigma_w2`` (``S = 1/sigma_w2``, ``s_1 = 0``);
+    ``"gaussian"``: Marchenko-Pastur (``S = 1 / (sigma_w2 (1 + w))``, ``s_1 = -1``).
+
+    Args:
+        weights: one of :data:`WEIGHTS`.
+        sigma_w2: the weight variance, > 0.
+
+    Returns:
+        A :class:`ScaledIdentity` or :class:`MarchenkoPastur`.
+
+    Raises:
+        ValueError: ``weights`` is unknown or ``sigma_w2 <= 0``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> type(fp.weight_spectrum("gaussian", 2.0)).__name__
+        'MarchenkoPastur'
+    """
     where = "theory.freeprob.weight_spectrum"
     weights = _weights(weights, where)
     sigma_w2 = checks.positive_number(sigma_w2, "sigma_w2", where)
@@ -174,6 +290,18 @@ def critical_point(nonlinearity: str, q_star: float) -> tuple[float, float]:
 
     Raises:
       ValueError: unknown nonlinearity, ``q* <= 0``, or no real bias (``sigma_b2 < 0``).
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        q_star: ``q* > 0``.
+
+    Returns:
+        ``(sigma_w2, sigma_b2)``, two Python floats.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.critical_point("relu", 1.0)
+        (2.0, 0.0)
     """
     where = "theory.freeprob.critical_point"
     nl = _nonlinearity(nonlinearity, where)
@@ -215,6 +343,24 @@ def jacobian_moments(nonlinearity: str, weights: str, depth: int, q_star: float,
     with ``s_1 = 0`` (orthogonal) or ``-1`` (Gaussian). ``sigma_w2=None`` puts the network on the
     critical line at ``q_star`` (``sigma_w2 mu_1 = 1``); then ``m2 - m1^2 = L (mu_2 / mu_1^2 - 1
     - s_1)`` (002 Eq. 22, Table 1). Weight names as in :mod:`deqlab.ensembles`.
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        weights: one of :data:`WEIGHTS`.
+        depth: L, an integer >= 1.
+        q_star: ``q* > 0``.
+        sigma_w2: the weight variance (> 0); None: the critical line.
+
+    Returns:
+        ``(m1, m2)``, two Python floats.
+
+    Raises:
+        ValueError: an argument is unknown or out of range.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.jacobian_moments("relu", "orthogonal", depth=4, q_star=1.0)  # m2 - m1^2 = L (1/p - 1)
+        (1.0, 5.0)
     """
     where = "theory.freeprob.jacobian_moments"
     nl, weights, L, q, sw2 = _network(nonlinearity, weights, depth, q_star, sigma_w2, where)
@@ -232,6 +378,24 @@ def jacobian_atoms(nonlinearity: str, weights: str, depth: int, q_star: float, s
     weights: ``max(0, 1 - L (1 - p))`` at ``sigma_w2^L``, the directions that every ``D_l``
     passes (dimension ``N - L (1 - p) N``); for linear orthogonal networks this is the whole
     spectrum (``delta(lambda - sigma_w2^L)``, 002 §4.3.1). Smooth nonlinearities: none.
+
+    Args:
+        nonlinearity: one of :data:`NONLINEARITIES`.
+        weights: one of :data:`WEIGHTS`.
+        depth: L, an integer >= 1.
+        q_star: ``q* > 0``.
+        sigma_w2: the weight variance (> 0); None: the critical line.
+
+    Returns:
+        ``((location, mass), ...)``.
+
+    Raises:
+        ValueError: an argument is unknown or out of range.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.jacobian_atoms("relu", "orthogonal", depth=1, q_star=1.0)
+        ((0.0, 0.5), (2.0, 0.5))
     """
     where = "theory.freeprob.jacobian_atoms"
     nl, weights, L, q, sw2 = _network(nonlinearity, weights, depth, q_star, sigma_w2, where)
@@ -247,7 +411,23 @@ def jacobian_atoms(nonlinearity: str, weights: str, depth: int, q_star: float, s
 
 @dataclass
 class JacobianDensity:
-    """Result of :func:`jacobian_density`: continuous density on ``lam`` plus the atoms."""
+    """Result of :func:`jacobian_density`: continuous density on ``lam`` plus the atoms.
+
+    Attributes:
+        lam: the points.
+        density: the continuous density at ``lam`` (atoms removed).
+        atoms: the point masses, ``((location, mass), ...)`` (:func:`jacobian_atoms`).
+        m1: the first moment (:func:`jacobian_moments`).
+        m2: the second moment.
+        eps: the final imaginary part per point.
+        residual: the root-following residual per point.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> result = fp.jacobian_density("relu", "gaussian", depth=2, q_star=1.0, lam=[0.5, 1.0])
+        >>> result.atoms, result.density.round(4).tolist()
+        (((0.0, 0.5),), [0.1602, 0.0965])
+    """
 
     lam: np.ndarray
     density: np.ndarray
@@ -287,6 +467,15 @@ def jacobian_density(
       n_nodes: Gauss-Hermite nodes of :func:`squared_slope_spectrum` (an integer ``>= 1``).
     Raises:
       ValueError: bad arguments; ConvergenceError: root following failed.
+
+    Returns:
+        A :class:`JacobianDensity`.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> result = fp.jacobian_density("linear", "gaussian", depth=1, q_star=1.0, lam=[1.0])
+        >>> round(float(result.density[0]), 4)  # Marchenko-Pastur at 1: sqrt(3) / (2 pi)
+        0.2757
     """
     where = "theory.freeprob.jacobian_density"
     nl, weights, L, q, sw2 = _network(nonlinearity, weights, depth, q_star, sigma_w2, where)

@@ -58,6 +58,18 @@ class Pencil:
     covariance ``tr(X_a X_b) = cov[a, b]``; ``Z(z) = Lambda(z) - M_hat`` is the constant part
     (``k x k``, ``Lambda = diag(z, 0, ...)``). The covariance map of Eq. 131-132 is then
     ``eta(G) = sum_ab cov[a, b] A_a G A_b``.
+
+    Attributes:
+        z_matrix: ``z -> Z(z)``, complex ``(..., k, k)``.
+        coeffs: the ``k x k`` matrices ``A_a``.
+        cov: the covariance matrix ``cov[a, b]``.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import freeprob as fp
+        >>> pencil = fp.goe_resolvent_pencil(0.1)
+        >>> pencil.eta(np.eye(2)).real.tolist()  # diag(0, V G_22)
+        [[0.0, 0.0], [0.0, 0.1]]
     """
 
     z_matrix: Callable  # z -> (..., k, k) complex
@@ -65,6 +77,14 @@ class Pencil:
     cov: np.ndarray
 
     def eta(self, g):
+        """The covariance map ``eta(G) = sum_ab cov[a, b] A_a G A_b`` (001 Eq. 131).
+
+        Args:
+            g: matrices ``G``, ``(..., k, k)``.
+
+        Returns:
+            ``eta(G)``, of ``g``'s shape.
+        """
         out = np.zeros_like(g)
         for i, a in enumerate(self.coeffs):
             for j, b in enumerate(self.coeffs):
@@ -75,7 +95,20 @@ class Pencil:
 
 @dataclass
 class PencilResult:
-    """Operator-valued Cauchy transform ``G`` per point, with iteration diagnostics."""
+    """Operator-valued Cauchy transform ``G`` per point, with iteration diagnostics.
+
+    Attributes:
+        g: ``G`` per point, ``(points, k, k)``.
+        iterations: the iterations done.
+        residual: ``|Z G - 1 - eta(G) G|`` per point.
+        converged: per point, whether the relative change fell below ``tol``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> result = fp.pencil_cauchy(fp.goe_resolvent_pencil(0.1), [2j])
+        >>> bool(result.converged[0]), result.g.shape
+        (True, (1, 2, 2))
+    """
 
     g: np.ndarray
     iterations: int
@@ -92,6 +125,29 @@ def pencil_cauchy(pencil: Pencil, z, damping: float = 0.5, tol: float = 1e-13,
     blocks (the usual regularisation; 0 is fine away from the spectrum). Convergence (relative
     change ``< tol``) is reported per point; ``check`` raises :class:`ConvergenceError`.
     ``z`` must be finite; real points are allowed (outside the spectrum the iteration converges).
+
+    Args:
+        pencil: the :class:`Pencil`.
+        z: finite complex points.
+        damping: the step fraction ``d``, in (0, 1].
+        tol: the relative-change tolerance, > 0.
+        max_iter: the most iterations, an integer >= 1.
+        aux_eps: regularisation of the auxiliary blocks, >= 0.
+        check: raise when a point did not converge.
+
+    Returns:
+        A :class:`PencilResult`.
+
+    Raises:
+        ValueError: an argument is out of range or ``z`` is not finite.
+        ConvergenceError: with ``check``, a point did not converge.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> g11 = fp.pencil_cauchy(fp.goe_resolvent_pencil(0.1), [2j]).g[0, 0, 0]
+        >>> exact = (fp.goe_resolvent_mgf(2j, 0.1) + 1) / 2j  # G = (1 + M) / z, 001 Eq. 141
+        >>> bool(abs(g11 - exact) < 1e-10)
+        True
     """
     where = "theory.freeprob.pencil_cauchy"
     damping = checks.unit_interval(damping, "damping", where)
@@ -134,6 +190,20 @@ def pencil_moments(pencil: Pencil, kmax: int, radius: float, n_points: int = 256
       radius: radius of the contour, ``> 0``.
       n_points: points on the contour, an integer ``> kmax`` (the trapezoid rule resolves
         ``e^{i k theta}`` only for ``k < n_points``).
+
+    Returns:
+        A float64 array ``[m_1, ..., m_kmax]``.
+
+    Raises:
+        ValueError: ``kmax < 1``, ``radius <= 0`` or ``n_points <= kmax``; the errors of
+            :func:`pencil_cauchy` (``**kw`` are its options).
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> lo, hi = fp.length_spectrum_edges("goe", 0.1)
+        >>> m1, m2 = fp.pencil_moments(fp.length_pencil("goe", 0.1), 2, radius=1.5 * hi, n_points=64)
+        >>> bool(abs(m2 - fp.goe_length_m2(0.1)) < 1e-8)  # 001 Eq. 148
+        True
     """
     where = "theory.freeprob.pencil_moments"
     kmax = checks.positive_int(kmax, "kmax", where)
@@ -157,6 +227,22 @@ def length_pencil(ensemble: str, V: float) -> Pencil:
 
     ``V`` must lie in ``(0, V_c)`` of the ensemble (:func:`deqlab.ensembles.critical_variance`:
     1 for Ginibre, 1/4 for GOE and antisymmetric).
+
+    Args:
+        ensemble: ``"gaussian"``, ``"goe"`` or ``"antisymmetric"``.
+        V: the variance, in ``(0, V_c)``.
+
+    Returns:
+        A :class:`Pencil` with ``k = 3``.
+
+    Raises:
+        ValueError: ``ensemble`` is not one of the three, or ``V`` is not in ``(0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> pencil = fp.length_pencil("gaussian", 0.5)
+        >>> pencil.cov.real.diagonal().tolist()  # (tr X^2, tr Y^2)
+        [0.25, 0.25]
     """
     where = "theory.freeprob.length_pencil"
     ensemble = _ensemble(ensemble, ("gaussian", "goe", "antisymmetric"), where)
@@ -177,9 +263,24 @@ def length_pencil(ensemble: str, V: float) -> Pencil:
 
 
 def goe_resolvent_pencil(V: float) -> Pencil:
-    """2x2 pencil of ``(I - W)^-1`` for GOE ``W`` of variance ``V`` (001 Eq. 129, 133-134):
-    ``Z = [[z, -1], [-1, 1]]``, ``A = [[0, 0], [0, 1]]``, ``eta(G) = diag(0, V G_22)``;
-    ``0 < V < 1/4``."""
+    """2x2 pencil of ``(I - W)^-1`` for GOE ``W`` of variance ``V`` (001 Eq. 129, 133-134).
+
+    ``Z = [[z, -1], [-1, 1]]``, ``A = [[0, 0], [0, 1]]``, ``eta(G) = diag(0, V G_22)``.
+
+    Args:
+        V: the variance, in ``(0, 1/4)``.
+
+    Returns:
+        A :class:`Pencil` with ``k = 2``.
+
+    Raises:
+        ValueError: ``V`` is not in ``(0, 1/4)``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.goe_resolvent_pencil(0.1).cov.real.tolist()
+        [[0.1]]
+    """
     v = _subcritical_V(V, "goe", "theory.freeprob.goe_resolvent_pencil")
 
     def zmat(z):
@@ -193,9 +294,27 @@ def goe_resolvent_pencil(V: float) -> Pencil:
 
 
 def goe_resolvent_mgf(z, V: float):
-    """``M(z)`` of ``(I - W)^-1``, GOE ``W`` of variance ``V`` (``0 < V < 1/4``):
-    ``((z-1) - sqrt((z-1)^2 - 4 V z^2)) / (2 V z^2)`` (001 Eq. 141), root of the quadratic
-    Eq. 138 chosen with ``M ~ 1/z``; ``z`` finite and off the real axis."""
+    """``M(z)`` of ``(I - W)^-1``, GOE ``W`` of variance ``V`` (001 Eq. 141).
+
+    ``((z-1) - sqrt((z-1)^2 - 4 V z^2)) / (2 V z^2)``, the root of the quadratic Eq. 138 with
+    ``M ~ 1/z``.
+
+    Args:
+        z: finite complex numbers off the real axis.
+        V: the variance, in ``(0, 1/4)``.
+
+    Returns:
+        ``M(z)``, complex.
+
+    Raises:
+        ValueError: ``V`` is not in ``(0, 1/4)``, or ``z`` is not finite or is real.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> m = complex(fp.goe_resolvent_mgf(1e4j, 0.1))
+        >>> round((m * 1e4j).real, 3)  # M ~ m_1 / z with m_1 = tr (I - W)^-1 = f_c(V)
+        1.127
+    """
     where = "theory.freeprob.goe_resolvent_mgf"
     v = _subcritical_V(V, "goe", where)
     z = complex_argument(z, where)
@@ -207,20 +326,65 @@ def goe_resolvent_mgf(z, V: float):
 
 
 def ginibre_length_cubic(m, z, V: float):
-    """Left side of 001 Eq. 188: ``V^2 z^2 M^3 + 2 V z M^2 + ((V - 1) z + 1) M + 1`` (Ginibre
-    ``W`` of variance ``V``; zero at ``M = M(z)`` of ``(I - W)^-T (I - W)^-1``)."""
+    """Left side of 001 Eq. 188: ``V^2 z^2 M^3 + 2 V z M^2 + ((V - 1) z + 1) M + 1``.
+
+    For Ginibre ``W`` of variance ``V``; zero at ``M = M(z)`` of ``(I - W)^-T (I - W)^-1``.
+
+    Args:
+        m: values of ``M`` (complex).
+        z: the spectral variable (complex).
+        V: the variance (not checked: the cubic is a polynomial).
+
+    Returns:
+        The cubic's value, of the broadcast shape.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.ginibre_length_cubic(0.0, 1.0, 0.5)
+        1.0
+    """
     v = V
     return v**2 * z**2 * m**3 + 2 * v * z * m**2 + ((v - 1) * z + 1) * m + 1
 
 
 def goe_length_m2(V: float) -> float:
-    """``tr[((I-W)^-T (I-W)^-1)^2]`` for GOE ``W`` of variance ``V`` (001 Eq. 148), ``0 < V < 1/4``."""
+    """``tr[((I-W)^-T (I-W)^-1)^2]`` for GOE ``W`` of variance ``V`` (001 Eq. 148).
+
+    Args:
+        V: the variance, in ``(0, 1/4)``.
+
+    Returns:
+        The trace, a Python float (``= (1 - 4V)^{-5/2}``).
+
+    Raises:
+        ValueError: ``V`` is not in ``(0, 1/4)``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> round(fp.goe_length_m2(0.2), 6)  # (1 - 4 V)^(-5/2)
+        55.901699
+    """
     v = _subcritical_V(V, "goe", "theory.freeprob.goe_length_m2")
     return (1 / (1 - 4 * v) ** 2.5 - 1 / (1 - 4 * v) ** 1.5) / (4 * v)
 
 
 def ginibre_length_m2(V: float) -> float:
-    """``tr[((I-W)^-T (I-W)^-1)^2]`` for Ginibre ``W`` of variance ``V`` (001 Eq. 191), ``0 < V < 1``."""
+    """``tr[((I-W)^-T (I-W)^-1)^2]`` for Ginibre ``W`` of variance ``V`` (001 Eq. 191).
+
+    Args:
+        V: the variance, in ``(0, 1)``.
+
+    Returns:
+        The trace, a Python float (``= (1 - V)^{-4}``).
+
+    Raises:
+        ValueError: ``V`` is not in ``(0, 1)``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> fp.ginibre_length_m2(0.5)
+        16.0
+    """
     v = _subcritical_V(V, "gaussian", "theory.freeprob.ginibre_length_m2")
     return v**2 / (1 - v) ** 4 + 2 * v / (1 - v) ** 3 + 1 / (1 - v) ** 2
 
@@ -239,6 +403,22 @@ def length_spectrum_edges(ensemble: str, V: float) -> tuple[float, float]:
 
     ``hi`` is the radius :func:`pencil_moments` needs to exceed: a contour that cuts the
     support gives wrong moments without any convergence failure.
+
+    Args:
+        ensemble: ``"goe"`` or ``"gaussian"``.
+        V: the variance, in ``(0, V_c)``.
+
+    Returns:
+        ``(lo, hi)``, two Python floats.
+
+    Raises:
+        ValueError: ``ensemble`` is not one of the two, or ``V`` is not in ``(0, V_c)``.
+
+    Example:
+        >>> from deqlab.theory import freeprob as fp
+        >>> lo, hi = fp.length_spectrum_edges("goe", 0.1)  # (1 +- 2 sqrt(V))^-2
+        >>> round(lo, 6), round(hi, 6)
+        (0.375247, 7.402531)
     """
     where = "theory.freeprob.length_spectrum_edges"
     ensemble = _ensemble(ensemble, ("goe", "gaussian"), where)

@@ -39,7 +39,27 @@ __all__ = [
 
 
 class PointMasses(Spectrum):
-    """A finite sum of point masses ``sum_i w_i delta(t - a_i)`` (e.g. an empirical spectrum)."""
+    """A finite sum of point masses ``sum_i w_i delta(t - a_i)`` (e.g. an empirical spectrum).
+
+    Args:
+        locations: the points ``a_i``, finite real numbers (at least one).
+        weights: the masses ``w_i``, non-negative and summing to 1; None: uniform.
+
+    Attributes:
+        locations: the points, float64.
+        weights: the masses, float64.
+        atoms: ``((a_i, w_i), ...)``.
+
+    Raises:
+        ValueError: ``locations`` is empty or not finite, or ``weights`` does not match it, has a
+            negative entry or does not sum to 1.
+
+    Example:
+        >>> from deqlab.theory.freeprob import PointMasses
+        >>> spectrum = PointMasses([1.0, 3.0], [0.25, 0.75])
+        >>> spectrum.moment(1), complex(spectrum.mgf(5.0))
+        (2.5, (1.1875+0j))
+    """
 
     def __init__(self, locations, weights=None):
         where = self._where("__init__")
@@ -76,8 +96,19 @@ class PointMasses(Spectrum):
         return z
 
     def mgf(self, z):
-        """``M(z) = sum_i w_i a_i / (z - a_i)`` (no cancellation in ``z G - 1`` at large ``z``);
-        ``z`` finite and not a nonzero location."""
+        """``M(z) = sum_i w_i a_i / (z - a_i)``; ``z`` finite and not a nonzero location.
+
+        Computed without the cancellation of ``z G - 1`` at large ``z``.
+
+        Args:
+            z: complex numbers.
+
+        Returns:
+            ``M(z)``, complex.
+
+        Raises:
+            ValueError: ``z`` is not finite or is a nonzero location.
+        """
         z = self._mgf_argument(z)
         a = self.locations[self.locations != 0]  # a mass at 0 adds nothing (no 0 / 0 at z = 0)
         w = self.weights[self.locations != 0]
@@ -91,7 +122,23 @@ class PointMasses(Spectrum):
 
 
 def samples(eigenvalues) -> PointMasses:
-    """The empirical spectral measure of sampled eigenvalues (002 Eq. 6)."""
+    """The empirical spectral measure of sampled eigenvalues (002 Eq. 6).
+
+    Args:
+        eigenvalues: real eigenvalues (any shape; flattened).
+
+    Returns:
+        A :class:`PointMasses` of equal weights.
+
+    Raises:
+        ValueError: ``eigenvalues`` is empty or not finite.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.freeprob import samples
+        >>> round(samples(np.array([1.0, 2.0, 3.0])).moment(2), 6)
+        4.666667
+    """
     return PointMasses(eigenvalues)
 
 
@@ -101,6 +148,21 @@ class Bernoulli(PointMasses):
     Closed forms (002 Table 1, 001 Eq. 111-114): ``M(z) = p / (z - 1)``,
     ``M^{-1}(w) = 1 + p / w``, ``S(w) = (1 + w) / (w + p)``; each refuses (``ValueError``) a
     non-finite argument and its pole (``z = 1``, ``w = 0``, ``w = -p``).
+
+    Args:
+        p: the mass at 1, in (0, 1].
+
+    Attributes:
+        p: the mass at 1.
+
+    Raises:
+        ValueError: ``p`` is not in (0, 1].
+
+    Example:
+        >>> from deqlab.theory.freeprob import Bernoulli
+        >>> b = Bernoulli(0.5)
+        >>> complex(b.mgf(3.0)), complex(b.s_transform(0.5))
+        ((0.25+0j), (1.5+0j))
     """
 
     def __init__(self, p: float):
@@ -112,7 +174,16 @@ class Bernoulli(PointMasses):
         return self.p / (self._mgf_argument(z) - 1.0)
 
     def mgf_inverse(self, w, z0=None, **kw):
-        """``M^{-1}(w) = 1 + p / w`` (``w != 0``); ``z0`` and Newton options are ignored."""
+        """``M^{-1}(w) = 1 + p / w`` (``w != 0``); ``z0`` and Newton options are ignored.
+
+        Args:
+            w: complex numbers, not 0.
+            z0: ignored.
+            **kw: ignored.
+
+        Returns:
+            ``M^{-1}(w)``, complex.
+        """
         w = transform_argument(w, self._where("mgf_inverse"), "w", (0.0,), "M^{-1}(w) = 1 + p / w")
         return 1.0 + self.p / w
 
@@ -123,9 +194,24 @@ class Bernoulli(PointMasses):
 
 
 class ScaledIdentity(PointMasses):
-    """``delta(t - V)``: ``W^T W = V I`` for ``W = sqrt(V)`` times a Haar orthogonal matrix
-    (``sigma_w^2 = V`` in 002 Table 2). ``M^{-1}(w) = V (1 + w) / w`` (``w != 0``),
+    """``delta(t - V)``: ``W^T W = V I`` for ``W = sqrt(V)`` times a Haar orthogonal matrix.
+
+    (``sigma_w^2 = V`` in 002 Table 2.) ``M^{-1}(w) = V (1 + w) / w`` (``w != 0``),
     ``S(w) = 1 / V`` (any finite ``w``).
+
+    Args:
+        V: the variance, > 0.
+
+    Attributes:
+        V: the variance.
+
+    Raises:
+        ValueError: ``V`` is not > 0.
+
+    Example:
+        >>> from deqlab.theory.freeprob import ScaledIdentity
+        >>> complex(ScaledIdentity(2.0).s_transform(0.3))
+        (0.5+0j)
     """
 
     def __init__(self, V: float):
@@ -151,6 +237,22 @@ class Semicircle(Spectrum):
     ``m1 / w + m2 / m1`` does not exist): :meth:`mgf_inverse` and :meth:`s_transform` return the
     branch with the principal ``sqrt(w)``, the one with ``M^{-1}(w) -> +inf`` as ``w -> 0+``;
     the other branch is its negative. See also :class:`~deqlab.theory.freeprob.products.DWSpectrum`.
+
+    Args:
+        V: the variance, > 0.
+
+    Attributes:
+        V: the variance.
+        radius: ``2 sqrt(V)``.
+
+    Raises:
+        ValueError: ``V`` is not > 0.
+
+    Example:
+        >>> from deqlab.theory.freeprob import Semicircle
+        >>> s = Semicircle(1.0)
+        >>> s.radius, s.moment(2), s.moment(4), complex(s.s_transform(0.25))
+        (2.0, 1.0, 2.0, (2+0j))
     """
 
     def __init__(self, V: float = 1.0):
@@ -162,16 +264,34 @@ class Semicircle(Spectrum):
         return 2.0 / (z + sqrt_with_cut(z, -self.radius, self.radius))  # = (z - sqrt) / (2V), stable
 
     def density(self, x, eps: float = 0.0):
-        """Exact density ``sqrt(4V - x^2) / (2 pi V)`` (``eps`` ignored)."""
+        """Exact density ``sqrt(4V - x^2) / (2 pi V)`` (``eps`` ignored).
+
+        Args:
+            x: real points.
+            eps: ignored (the density is exact).
+
+        Returns:
+            The density at ``x``, float64.
+        """
         x = real_points(x, self._where("density"))
         return np.sqrt(np.clip(self.radius**2 - x**2, 0, None)) / (2 * np.pi * self.V)
 
     continuous_density = density
 
     def mgf_inverse(self, w, z0=None, **kw):
-        """``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)``, principal ``sqrt`` (``V G^2 - z G + 1 = 0``
-        with ``G = (1 + w) / z``), finite ``w != 0``; ``z0`` and Newton options are not needed and
-        ignored."""
+        """``M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)``, principal ``sqrt``.
+
+        From ``V G^2 - z G + 1 = 0`` with ``G = (1 + w) / z``, for finite ``w != 0``; ``z0`` and
+        Newton options are not needed and ignored.
+
+        Args:
+            w: complex numbers, not 0.
+            z0: ignored.
+            **kw: ignored.
+
+        Returns:
+            ``M^{-1}(w)``, complex.
+        """
         w = transform_argument(w, self._where("mgf_inverse"), "w", (0.0,),
                                "M^{-1}(w) = sqrt(V) (1 + w) / sqrt(w)")
         return math.sqrt(self.V) * (1 + w) / np.sqrt(w)
@@ -189,12 +309,26 @@ class Semicircle(Spectrum):
 
 
 class MarchenkoPastur(Spectrum):
-    """Spectrum of ``W^T W`` for square Gaussian ``W`` with entries ``N(0, V/N)`` (002 Table 2,
-    ``sigma_w^2 = V``).
+    """Spectrum of ``W^T W`` for square Gaussian ``W`` with entries ``N(0, V/N)`` (002 Table 2).
 
-    Density ``sqrt(t (4 V - t)) / (2 pi V t)`` on ``[0, 4 V]``;
+    (``sigma_w^2 = V``.) Density ``sqrt(t (4 V - t)) / (2 pi V t)`` on ``[0, 4 V]``;
     ``G(z) = (z - sqrt(z (z - 4 V))) / (2 V z)``; ``M^{-1}(w) = V (1 + w)^2 / w`` (``w != 0``),
     ``S(w) = 1 / (V (1 + w))`` (``w != -1``).
+
+    Args:
+        V: the variance of the entries of ``W`` times ``N``, > 0.
+
+    Attributes:
+        V: the variance.
+
+    Raises:
+        ValueError: ``V`` is not > 0.
+
+    Example:
+        >>> from deqlab.theory.freeprob import MarchenkoPastur
+        >>> mp = MarchenkoPastur(1.0)
+        >>> mp.moment(2), complex(mp.s_transform(1.0))
+        (2.0, (0.5+0j))
     """
 
     def __init__(self, V: float = 1.0):
@@ -213,7 +347,15 @@ class MarchenkoPastur(Spectrum):
         return 1.0 / (self.V * (1 + w))
 
     def density(self, x, eps: float = 0.0):
-        """Exact density (``eps`` ignored)."""
+        """Exact density (``eps`` ignored).
+
+        Args:
+            x: real points.
+            eps: ignored.
+
+        Returns:
+            The density at ``x``, float64 (0 outside ``(0, 4V)``).
+        """
         x = real_points(x, self._where("density"))
         inside = (x > 0) & (x < 4 * self.V)
         xs = np.where(inside, x, 1.0)

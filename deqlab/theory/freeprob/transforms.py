@@ -47,8 +47,23 @@ def complex_argument(z: Any, where: str, name: str = "z",
                      support: tuple[float, float] | None = None) -> np.ndarray:
     """``z`` as complex128, checked finite and off the real axis where ``G`` has its cut.
 
-    ``support=None``: every real point is refused (``Im z != 0``); ``support=(lo, hi)``: real
-    points are allowed outside ``[lo, hi]``, where ``G`` is analytic.
+    Args:
+        z: complex numbers (a scalar or an array).
+        where: the public function named in an error message.
+        name: the argument's name, for the message.
+        support: None: every real point is refused (``Im z != 0``); ``(lo, hi)``: real points
+            are allowed outside ``[lo, hi]``, where ``G`` is analytic.
+
+    Returns:
+        ``z`` as a complex128 array.
+
+    Raises:
+        ValueError: ``z`` is not complex, not finite, or on the cut.
+
+    Example:
+        >>> from deqlab.theory.freeprob.transforms import complex_argument
+        >>> complex_argument(3.0, "example", support=(-2.0, 2.0))
+        array(3.+0.j)
     """
     try:
         z = np.asarray(z, dtype=np.complex128)
@@ -78,6 +93,24 @@ def transform_argument(w: Any, where: str, name: str = "w", poles: tuple[complex
 
     For the closed forms of ``M``, ``M^{-1}`` and ``S`` (analytic off a few points, where
     ``formula`` is singular); every other finite complex number is allowed.
+
+    Args:
+        w: complex numbers.
+        where: the public function named in an error message.
+        name: the argument's name, for the message.
+        poles: the points refused.
+        formula: the formula named in the message.
+
+    Returns:
+        ``w`` as a complex128 array.
+
+    Raises:
+        ValueError: ``w`` is not finite or hits a pole.
+
+    Example:
+        >>> from deqlab.theory.freeprob.transforms import transform_argument
+        >>> transform_argument(0.5, "example", poles=(0.0,), formula="1 / w")
+        array(0.5+0.j)
     """
     w = complex_argument(w, where, name, support=(math.inf, -math.inf))  # empty support: no cut
     for pole in poles:
@@ -89,7 +122,25 @@ def transform_argument(w: Any, where: str, name: str = "w", poles: tuple[complex
 
 
 def real_points(x: Any, where: str, name: str = "x", positive: bool = False) -> np.ndarray:
-    """``x`` as float64, checked finite (and ``> 0`` when ``positive``)."""
+    """``x`` as float64, checked finite (and ``> 0`` when ``positive``).
+
+    Args:
+        x: real numbers.
+        where: the public function named in an error message.
+        name: the argument's name, for the message.
+        positive: also require ``x > 0``.
+
+    Returns:
+        ``x`` as a float64 array.
+
+    Raises:
+        ValueError: ``x`` is not real, not finite, or (with ``positive``) not > 0.
+
+    Example:
+        >>> from deqlab.theory.freeprob.transforms import real_points
+        >>> real_points([1, 2], "example")
+        array([1., 2.])
+    """
     requirement = "finite real numbers" + (" > 0" if positive else "")
     try:
         x = np.asarray(x, dtype=np.float64)
@@ -106,6 +157,19 @@ def sqrt_with_cut(z, a: float, b: float):
 
     The principal ``sqrt((z - a)(z - b))`` has its cut where the product is negative real,
     which includes ``Re z < a`` far from the axis; the product of two principal roots does not.
+
+    Args:
+        z: complex numbers.
+        a: left end of the cut.
+        b: right end of the cut.
+
+    Returns:
+        The root, complex, of ``z``'s shape.
+
+    Example:
+        >>> from deqlab.theory.freeprob.transforms import sqrt_with_cut
+        >>> complex(sqrt_with_cut(-3 + 0j, -1.0, 1.0))  # ~ z left of the cut: negative
+        (-2.8284271247461903+0j)
     """
     return np.sqrt(z - a) * np.sqrt(z - b)
 
@@ -118,8 +182,24 @@ def sqrt_with_cut(z, a: float, b: float):
 def newton(f: Callable, x: Any, tol: float, max_iter: int) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised complex Newton with a central-difference derivative (``f`` holomorphic).
 
-    Returns ``(x, |f(x)|)``. A point whose iterate leaves the finite numbers is frozen at its
-    start and reported with residual ``inf`` (``f`` is never evaluated at NaN).
+    A point whose iterate leaves the finite numbers is frozen at its start and reported with
+    residual ``inf`` (``f`` is never evaluated at NaN).
+
+    Args:
+        f: ``f(x)``, holomorphic, vectorised over arrays.
+        x: starting points.
+        tol: stop when every step is below ``tol (1 + |x|)``.
+        max_iter: the most Newton steps.
+
+    Returns:
+        ``(x, |f(x)|)``, complex128 and float64 arrays.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.freeprob.transforms import newton
+        >>> root, residual = newton(lambda x: x**2 - 2, np.array([1.0]), 1e-12, 50)
+        >>> round(float(root[0].real), 12)
+        1.414213562373
     """
     x = np.array(x, dtype=np.complex128)
     start = x.copy()
@@ -172,6 +252,14 @@ def follow_roots(
     Raises:
       ValueError: ``eps <= 0``, ``ratio <= 1`` or non-finite ``re_z``.
       ConvergenceError: when ``check`` and the final residual exceeds ``sqrt(tol)``.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.freeprob.transforms import follow_roots
+        >>> f = lambda g, z: g * g - z * g + 1  # the semicircle's G (V = 1)
+        >>> z, g, residual = follow_roots(f, lambda z: 1 / z, np.array([0.0]), eps=1e-9)
+        >>> round(float(-g.imag[0] / np.pi), 6)  # density at 0: 1 / pi
+        0.31831
     """
     where = "theory.freeprob.follow_roots"
     eps_arr = real_points(eps, where, "eps", positive=True)
@@ -210,8 +298,20 @@ def follow_roots(
 class Spectrum:
     """A spectral measure with its transforms (002 Eq. 7-11; sign convention: module docstring).
 
-    Subclasses implement :meth:`stieltjes`; the rest follows. ``atoms`` lists the point masses
-    ``(location, mass)`` known in closed form, removed by :meth:`continuous_density`.
+    Subclasses implement :meth:`stieltjes` (and :meth:`moment`); the rest follows. ``atoms`` lists
+    the point masses ``(location, mass)`` known in closed form, removed by
+    :meth:`continuous_density`.
+
+    Attributes:
+        atoms: the closed-form point masses, ``((location, mass), ...)``.
+
+    Example:
+        >>> from deqlab.theory.freeprob import Semicircle
+        >>> s = Semicircle(1.0)
+        >>> complex(s.stieltjes(1j))  # G(i) = (i - sqrt(-5)) / 2
+        -0.6180339887498948j
+        >>> round(float(s.density(0.0, eps=1e-9)), 6)  # 1 / pi
+        0.31831
     """
 
     atoms: tuple = ()
@@ -220,23 +320,60 @@ class Spectrum:
         return f"theory.freeprob.{type(self).__name__}.{method}"
 
     def stieltjes(self, z):
-        """``G(z) = int rho(t) / (z - t) dt`` (002 Eq. 7), ``Im z != 0``."""
+        """``G(z) = int rho(t) / (z - t) dt`` (002 Eq. 7), ``Im z != 0``.
+
+        Args:
+            z: complex numbers off the support on the real axis.
+
+        Returns:
+            ``G(z)``, complex, of ``z``'s shape.
+
+        Raises:
+            ValueError: ``z`` is not finite or lies on the cut.
+        """
         raise NotImplementedError
 
     def mgf(self, z):
-        """``M(z) = z G(z) - 1 = sum_k m_k z^-k`` (002 Eq. 9)."""
+        """``M(z) = z G(z) - 1 = sum_k m_k z^-k`` (002 Eq. 9).
+
+        Args:
+            z: complex numbers off the support.
+
+        Returns:
+            ``M(z)``, complex.
+        """
         z = np.asarray(z, dtype=np.complex128)
         return z * self.stieltjes(z) - 1.0
 
     def moment(self, k: int) -> float:
-        """``m_k = int t^k rho(t) dt`` (002 Eq. 10)."""
+        """``m_k = int t^k rho(t) dt`` (002 Eq. 10).
+
+        Args:
+            k: the order, an integer >= 0.
+
+        Returns:
+            ``m_k``, a Python float.
+        """
         raise NotImplementedError
 
     def mgf_inverse(self, w, z0=None, tol: float = 1e-13, max_iter: int = 100):
         """Functional inverse ``M^{-1}(w)`` (002 Eq. 11) by Newton on ``M(z) = w``.
 
-        Starts from ``z0`` or from the two-term inversion ``m1 / w + m2 / m1`` of the moment
-        series, valid for small ``|w|`` (large ``|z|``). Raises :class:`ConvergenceError`.
+        Starts from ``z0`` or from the two-term inversion ``m1 / w + m2 / m1`` of the moment series,
+        valid for small ``|w|`` (large ``|z|``).
+
+        Args:
+            w: complex numbers, not 0.
+            z0: the Newton start; None: the moment-series inversion.
+            tol: Newton's step tolerance.
+            max_iter: the most Newton steps.
+
+        Returns:
+            ``M^{-1}(w)``, complex.
+
+        Raises:
+            ValueError: ``w`` is not finite or is 0.
+            ConvergenceError: Newton did not converge.
         """
         w = complex_argument(w, self._where("mgf_inverse"), "w", support=(0.0, 0.0))
         if z0 is None:
@@ -248,18 +385,51 @@ class Spectrum:
         return z
 
     def s_transform(self, w):
-        """``S(w) = (1 + w) / (w M^{-1}(w))`` (002 Eq. 11)."""
+        """``S(w) = (1 + w) / (w M^{-1}(w))`` (002 Eq. 11).
+
+        Args:
+            w: complex numbers, not 0.
+
+        Returns:
+            ``S(w)``, complex.
+
+        Raises:
+            ValueError: ``w`` is not finite or is 0.
+            ConvergenceError: :meth:`mgf_inverse` did not converge.
+        """
         w = complex_argument(w, self._where("s_transform"), "w", support=(0.0, 0.0))
         return (1 + w) / (w * self.mgf_inverse(w))
 
     def density(self, x, eps: float):
-        """``-Im G(x + i eps) / pi`` (002 Eq. 8 at finite ``eps > 0``), atoms smeared."""
+        """``-Im G(x + i eps) / pi`` (002 Eq. 8 at finite ``eps > 0``), atoms smeared.
+
+        Args:
+            x: real points.
+            eps: the imaginary part, > 0.
+
+        Returns:
+            The density at ``x``, float64.
+
+        Raises:
+            ValueError: ``eps <= 0`` or ``x`` not finite.
+        """
         where = self._where("density")
         eps = checks.positive_number(eps, "eps", where)
         return -np.imag(self.stieltjes(real_points(x, where) + 1j * eps)) / np.pi
 
     def continuous_density(self, x, eps: float):
-        """Density of the continuous part: :meth:`density` with the closed-form atoms removed."""
+        """Density of the continuous part: :meth:`density` with the closed-form atoms removed.
+
+        Args:
+            x: real points.
+            eps: the imaginary part, > 0.
+
+        Returns:
+            The density at ``x``, float64.
+
+        Raises:
+            ValueError: ``eps <= 0`` or ``x`` not finite.
+        """
         where = self._where("continuous_density")
         eps = checks.positive_number(eps, "eps", where)
         z = real_points(x, where) + 1j * eps

@@ -55,16 +55,22 @@ FIGURE2_KEYS: tuple[str, ...] = ("a", "b", "c", "d", "e", "f")
 
 @dataclasses.dataclass(frozen=True)
 class ScalarMap:
-    """One layer ``g(z)`` of 004 Figure 2 (Eq. 1 with ``Y = 0``, ``d_z = 1``).
+    r"""One layer ``g(z)`` of 004 Figure 2 (Eq. 1 with ``Y = 0``, ``d_z = 1``).
 
     Attributes:
         key: the panel, ``"a"`` ... ``"f"``.
-        label: the layer as 004 writes it, in TeX (``r"\\tanh(0.9z+2)"``).
+        label: the layer as 004 writes it, in TeX (``r"\tanh(0.9z+2)"``).
         function: ``g``, elementwise and traceable (``jax.numpy``).
         slope: ``a`` in ``g(z) = phi(a z + b)``.
         shift: ``b`` in ``g(z) = phi(a z + b)``.
         activation: ``"tanh"`` or ``"relu"``.
         fixed_point_count: 004's count on the real line (``math.inf`` for uncountably many).
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> layer = examples.figure2_maps()["a"]  # tanh(0.9 z + 2)
+        >>> round(float(layer(0.0)), 6), layer.fixed_point_count
+        (0.964028, 1)
     """
 
     key: str
@@ -76,10 +82,25 @@ class ScalarMap:
     fixed_point_count: float
 
     def __call__(self, z: Any) -> jax.Array:
+        """``g(z)`` elementwise.
+
+        Args:
+            z: a number or an array.
+
+        Returns:
+            ``g(z)``, a JAX array.
+        """
         return self.function(jnp.asarray(z))
 
     def derivative(self, z: Any) -> jax.Array:
-        """``g'(z)`` elementwise (for ReLU the right derivative at the kink, as ``jax.grad`` gives)."""
+        """``g'(z)`` elementwise (for ReLU the right derivative at the kink, as ``jax.grad`` gives).
+
+        Args:
+            z: a number or an array.
+
+        Returns:
+            ``g'(z)``, a JAX array.
+        """
         return jax.vmap(jax.grad(self.function))(jnp.ravel(jnp.asarray(z, dtype=jnp.result_type(float))))
 
 
@@ -91,7 +112,17 @@ def _layer(activation: str, slope: float, shift: float) -> Callable[[Any], Any]:
 
 @functools.lru_cache(maxsize=1)
 def figure2_maps() -> dict[str, ScalarMap]:
-    """The six layers of 004 Figure 2, keyed ``"a"`` ... ``"f"`` (see the module docstring)."""
+    """The six layers of 004 Figure 2, keyed ``"a"`` ... ``"f"`` (see the module docstring).
+
+    Returns:
+        A dict of :class:`ScalarMap` (cached: the same dict every call).
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> maps = examples.figure2_maps()
+        >>> list(maps), maps["d"].fixed_point_count
+        (['a', 'b', 'c', 'd', 'e', 'f'], 3)
+    """
     spec = {
         "a": ("tanh", 0.9, 2.0, r"\tanh(0.9z+2)", 1),
         "b": ("tanh", 1.0, 0.0, r"\tanh(z)", 1),
@@ -123,6 +154,15 @@ def iterate(g: Any, z0: Any, steps: int, damping: float = 1.0) -> np.ndarray:
 
     Returns:
         ``(steps + 1, len(z0))`` float array, row ``r`` the iterates ``z_r`` (row 0 the starts).
+
+    Raises:
+        ValueError: ``g`` is not a :class:`ScalarMap` or a key, ``z0`` is not finite, ``steps < 1``
+            or ``damping`` is not in (0, 1].
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> examples.iterate("a", 0.0, steps=2).astype(float).round(4).ravel().tolist()
+        [0.0, 0.964, 0.9936]
     """
     where = "examples.iterate"
     g = _get_map(g, where)
@@ -145,8 +185,19 @@ def _run(function, z0, steps, damping):
 
 
 class FixedPoints(NamedTuple):
-    """Result of :func:`fixed_points`: isolated fixed points (refined by bisection) and the
-    sub-intervals of the grid on which ``g(z) = z`` holds identically (``(lo, hi)`` pairs)."""
+    """Result of :func:`fixed_points`.
+
+    Attributes:
+        points: the isolated fixed points, refined by bisection.
+        intervals: the ``(lo, hi)`` sub-intervals of the grid on which ``g(z) = z`` holds
+            identically.
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> result = examples.fixed_points("a")  # tanh(0.9 z + 2): one fixed point
+        >>> result.points.round(3).tolist(), result.intervals
+        ([0.994], [])
+    """
 
     points: np.ndarray
     intervals: list
@@ -160,6 +211,23 @@ def fixed_points(g: Any, interval: tuple[float, float] = (-1.0, 1.0), grid: int 
     ``1e-14``; runs of grid points with ``g(z) = z`` exactly are reported as intervals (004 Fig. 2f).
     Only roots where ``g - z`` changes sign, or vanishes on a grid point, are found: a tangency
     between grid points would be missed (none of 004's six maps has one).
+
+    Args:
+        g: a :class:`ScalarMap` or its key ``"a"`` ... ``"f"``.
+        interval: ``(lo, hi)``, finite with ``lo < hi``.
+        grid: the number of grid points, an integer >= 3.
+
+    Returns:
+        :class:`FixedPoints`.
+
+    Raises:
+        ValueError: ``g`` is not a map or key, ``interval`` is not increasing and finite, or
+            ``grid`` is too small.
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> examples.fixed_points("d").points.round(4).tolist()  # tanh(3 z): three fixed points
+        [-0.9949, 0.0, 0.9949]
     """
     where = "examples.fixed_points"
     g = _get_map(g, where)
@@ -206,9 +274,28 @@ def fixed_points(g: Any, interval: tuple[float, float] = (-1.0, 1.0), grid: int 
 
 
 def derivative_bound(g: Any, interval: tuple[float, float], grid: int = 100001) -> float:
-    """``sup |g'|`` over the open ``interval`` (the ``lambda`` of 004 Prop. 2), on a grid that
-    excludes the end points and is refined towards them (a supremum approached at an end point,
-    like ``tanh'`` at 0 on ``(0, 1)``, is found to ``~1e-12``)."""
+    """``sup |g'|`` over the open ``interval`` (the ``lambda`` of 004 Prop. 2).
+
+    On a grid that excludes the end points and is refined towards them (a supremum approached at
+    an end point, like ``tanh'`` at 0 on ``(0, 1)``, is found to ``~1e-12``).
+
+    Args:
+        g: a :class:`ScalarMap` or its key.
+        interval: ``(lo, hi)``, finite with ``lo < hi``.
+        grid: the number of grid points, an integer >= 3.
+
+    Returns:
+        The supremum, a Python float.
+
+    Raises:
+        ValueError: ``g`` is not a map or key, ``interval`` is not increasing and finite, or
+            ``grid`` is too small.
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> round(examples.derivative_bound("b", (0.0, 1.0)), 9)  # tanh' -> 1 at 0: not < 1
+        1.0
+    """
     where = "examples.derivative_bound"
     g = _get_map(g, where)
     grid = checks.integer(grid, "grid", where, minimum=3)
@@ -227,9 +314,27 @@ def derivative_bound(g: Any, interval: tuple[float, float], grid: int = 100001) 
 
 
 def tanh_fixed_point(slope: float, shift: float = 0.0, start: float = 1.0) -> float:
-    """The fixed point of ``tanh(slope z + shift)`` reached by Newton's method on
-    ``tanh(slope z + shift) - z`` from ``start`` (for ``slope = 3``, ``shift = 0``, ``start = 1``: the
-    positive fixed point ``a = tanh(3 a)`` of 004 Fig. 2d, ``a = 0.99490...``)."""
+    """The fixed point of ``tanh(slope z + shift)`` reached by Newton's method from ``start``.
+
+    Newton on ``tanh(slope z + shift) - z``; for ``slope = 3``, ``shift = 0``, ``start = 1``: the
+    positive fixed point ``a = tanh(3 a)`` of 004 Fig. 2d.
+
+    Args:
+        slope: a finite number.
+        shift: a finite number.
+        start: the Newton start, a finite number.
+
+    Returns:
+        The fixed point, a Python float.
+
+    Raises:
+        ValueError: an argument is not finite, or Newton does not converge.
+
+    Example:
+        >>> from deqlab.theory.kglm import examples
+        >>> round(examples.tanh_fixed_point(3.0), 5)
+        0.9949
+    """
     where = "examples.tanh_fixed_point"
     a = checks.number(slope, "slope", where)
     b = checks.number(shift, "shift", where)

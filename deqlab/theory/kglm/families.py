@@ -82,6 +82,13 @@ class Family:
         support: a description of the allowed observations ``y``.
         valid_observation: entrywise predicate on NumPy ``y``: is it in the support?
         neg_log_prior: ``Q = -log q`` (entrywise, convex) or None for ``q`` constant (004 Eq. 4).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> spin = kglm.spin()
+        >>> round(float(spin.mean(0.5)), 6), spin.curvature_bound, spin.mean_range  # tanh, sech^2 <= 1
+        (0.462117, 1.0, (-1.0, 1.0))
     """
 
     name: str
@@ -99,7 +106,17 @@ class Family:
     # ---- the prior and rho (004 Eq. 4-5, Thm. 3) -------------------------------------------
 
     def with_prior(self, neg_log_prior: Callable[[Array], Array]) -> "Family":
-        """This family with ``Q = -log q`` (entrywise, convex, twice differentiable in JAX)."""
+        """This family with ``Q = -log q`` (entrywise, convex, twice differentiable in JAX).
+
+        Args:
+            neg_log_prior: ``Q(u)``, written with ``jax.numpy``.
+
+        Returns:
+            A new :class:`Family`.
+
+        Raises:
+            ValueError: ``neg_log_prior`` is not callable.
+        """
         if not callable(neg_log_prior):
             raise checks.fail("neg_log_prior", "a callable Q(u) = -log q(u), entrywise", neg_log_prior,
                               "Family.with_prior")
@@ -107,39 +124,87 @@ class Family:
 
     @property
     def has_prior(self) -> bool:
+        """Whether a prior ``Q`` is attached."""
         return self.neg_log_prior is not None
 
     def prior_value(self, f: Array) -> Array:
-        """``Q(f)`` entrywise (zeros when ``q`` is constant)."""
+        """``Q(f)`` entrywise (zeros when ``q`` is constant).
+
+        Args:
+            f: values of the function.
+
+        Returns:
+            ``Q(f)``, of ``f``'s shape.
+        """
         return jnp.zeros_like(f) if self.neg_log_prior is None else self.neg_log_prior(f)
 
     def prior_gradient(self, f: Array) -> Array:
-        """``Q'(f)`` entrywise (zeros when ``q`` is constant)."""
+        """``Q'(f)`` entrywise (zeros when ``q`` is constant).
+
+        Args:
+            f: values of the function.
+
+        Returns:
+            ``Q'(f)``, of ``f``'s shape.
+        """
         if self.neg_log_prior is None:
             return jnp.zeros_like(f)
         return _elementwise_derivative(self.neg_log_prior)(f)
 
     def prior_curvature(self, f: Array) -> Array:
-        """``Q''(f)`` entrywise (zeros when ``q`` is constant)."""
+        """``Q''(f)`` entrywise (zeros when ``q`` is constant).
+
+        Args:
+            f: values of the function.
+
+        Returns:
+            ``Q''(f)``, of ``f``'s shape.
+        """
         if self.neg_log_prior is None:
             return jnp.zeros_like(f)
         return _elementwise_derivative(_elementwise_derivative(self.neg_log_prior))(f)
 
     def rho(self, z: Array) -> Array:
-        """``rho(z) = Q'((A')^{-1}(z))`` (004 Thm. 3); zero for the Gaussian-process prior."""
+        """``rho(z) = Q'((A')^{-1}(z))`` (004 Thm. 3); zero for the Gaussian-process prior.
+
+        Args:
+            z: DEQ states in :attr:`mean_range`.
+
+        Returns:
+            ``rho(z)``, of ``z``'s shape.
+        """
         if self.neg_log_prior is None:
             return jnp.zeros_like(z)
         return self.prior_gradient(self.mean_inverse(z))
 
     def rho_derivative(self, z: Array) -> Array:
-        """``rho'(z) = Q''(eta) / A''(eta)`` at ``eta = (A')^{-1}(z)`` (chain rule)."""
+        """``rho'(z) = Q''(eta) / A''(eta)`` at ``eta = (A')^{-1}(z)`` (chain rule).
+
+        Args:
+            z: DEQ states in :attr:`mean_range`.
+
+        Returns:
+            ``rho'(z)``, of ``z``'s shape.
+        """
         if self.neg_log_prior is None:
             return jnp.zeros_like(z)
         eta = self.mean_inverse(z)
         return self.prior_curvature(eta) / self.curvature(eta)
 
     def check_observations(self, Y: Any, name: str = "Y", where: str | None = None) -> np.ndarray:
-        """``Y`` as a float64 vector, checked to lie in the support of the family."""
+        """``Y`` as a float64 vector, checked to lie in the support of the family.
+
+        Args:
+            Y: observations.
+            name: the argument's name, for the message.
+            where: the public function, for the message.
+
+        Returns:
+            ``Y`` as a 1-D float64 array.
+
+        Raises:
+            ValueError: ``Y`` is not a non-empty 1-D array of finite values in the support.
+        """
         requirement = f"a 1-D array of finite observations in the support of {self.name!r} ({self.support})"
         try:
             arr = np.asarray(Y, dtype=np.float64)
@@ -167,6 +232,20 @@ def gaussian(variance: float = 1.0) -> Family:
     """Gaussian with known variance ``v``: ``A = v eta^2 / 2``, ``A' = v eta``, ``A'' = v``.
 
     With ``v = 1`` the kGLM is kernel ridge regression and the DEQ is linear (004 §3.3).
+
+    Args:
+        variance: the known variance ``v > 0``.
+
+    Returns:
+        The :class:`Family` (cached per ``v``).
+
+    Raises:
+        ValueError: ``variance`` is not > 0.
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> float(kglm.gaussian(2.0).mean(3.0))  # v eta
+        6.0
     """
     v = checks.positive_number(variance, "variance", "kglm.gaussian")
     return Family(
@@ -185,8 +264,24 @@ def gaussian(variance: float = 1.0) -> Family:
 
 @functools.lru_cache(maxsize=None)
 def binomial(trials: int) -> Family:
-    """Binomial with ``r`` trials: ``A = r log(1 + e^eta)``, ``A' = r sigmoid``, ``A'' <= r/4``
-    (004 §3.2, below Assumption 2)."""
+    """Binomial with ``r`` trials: ``A = r log(1 + e^eta)``, ``A' = r sigmoid``, ``A'' <= r/4``.
+
+    (004 §3.2, below Assumption 2.)
+
+    Args:
+        trials: ``r``, an integer >= 1.
+
+    Returns:
+        The :class:`Family` (cached per ``r``; named ``"bernoulli"`` for ``r = 1``).
+
+    Raises:
+        ValueError: ``trials`` is not an integer >= 1.
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.binomial(3).curvature_bound, kglm.binomial(3).mean_range
+        (0.75, (0.0, 3.0))
+    """
     r = checks.positive_int(trials, "trials", "kglm.binomial")
     return Family(
         name="bernoulli" if r == 1 else f"binomial({r})",
@@ -203,14 +298,32 @@ def binomial(trials: int) -> Family:
 
 
 def bernoulli() -> Family:
-    """Bernoulli (kernel logistic regression, 004 App. G): ``A' =`` logistic sigmoid, ``A'' <= 1/4``."""
+    """Bernoulli (kernel logistic regression, 004 App. G): ``A' =`` logistic sigmoid, ``A'' <= 1/4``.
+
+    Returns:
+        ``binomial(1)``.
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> float(kglm.bernoulli().mean(0.0))
+        0.5
+    """
     return binomial(1)
 
 
 @functools.lru_cache(maxsize=None)
 def poisson() -> Family:
     """Poisson: ``A = A' = A'' = e^eta``; ``A''`` is unbounded, so Assumption 2 never holds on the
-    whole line (only on a bounded set of pre-activations, see :func:`~deqlab.theory.kglm.models.assumption2`)."""
+    whole line (only on a bounded set of pre-activations, see :func:`~deqlab.theory.kglm.models.assumption2`).
+
+    Returns:
+        The :class:`Family` (cached).
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.poisson().curvature_bound
+        inf
+    """
     return Family(
         name="poisson",
         log_partition=jnp.exp,
@@ -228,7 +341,16 @@ def poisson() -> Family:
 @functools.lru_cache(maxsize=None)
 def spin() -> Family:
     """The +-1 family of the interaction-free Ising model (004 App. C.1-C.2): ``A = log(2 cosh eta)``,
-    ``A' = tanh`` (the tanh DEQ of 004 Eq. 14), ``A'' = sech^2 <= 1``."""
+    ``A' = tanh`` (the tanh DEQ of 004 Eq. 14), ``A'' = sech^2 <= 1``.
+
+    Returns:
+        The :class:`Family` (cached).
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.spin().check_observations([1, -1]).tolist()
+        [1.0, -1.0]
+    """
 
     def log_partition(eta):
         a = jnp.abs(eta)  # log(2 cosh x) = |x| + log(1 + e^{-2|x|}), no overflow
@@ -257,6 +379,14 @@ def real_spin() -> Family:
     real ``Y``, so its MAP and Theorem 3 are unchanged; only the likelihood is no longer a
     normalised density for ``y`` other than ``+-1`` (a pseudo-likelihood). Same ``A``, ``A'``,
     ``A''`` as :func:`spin`; observations: any finite real number.
+
+    Returns:
+        The :class:`Family` (cached).
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.real_spin().check_observations([0.3]).tolist()
+        [0.3]
     """
     base = spin()
     return dataclasses.replace(base, name="real_spin", support="real numbers",
@@ -273,10 +403,28 @@ FAMILIES: dict[str, Callable[[], Family]] = {
 
 
 def log_cosh_prior(scale: float) -> Callable[[Array], Array]:
-    """``Q(u) = scale * log cosh(u)``: minus the log of a smoothed Laplace prior ``q`` (004 Eq. 4),
-    log-concave with ``Q' = scale * tanh`` and ``0 < Q'' <= scale``; pass it to
+    """``Q(u) = scale * log cosh(u)``: minus the log of a smoothed Laplace prior ``q`` (004 Eq. 4).
+
+    Log-concave with ``Q' = scale * tanh`` and ``0 < Q'' <= scale``; pass it to
     :meth:`Family.with_prior`. It shrinks large ``|f|`` linearly rather than quadratically (the
-    Gaussian-process prior's ``lam |f|^2 / 2`` still acts on top)."""
+    Gaussian-process prior's ``lam |f|^2 / 2`` still acts on top).
+
+    Args:
+        scale: > 0.
+
+    Returns:
+        ``Q``, a function of a JAX array, entrywise.
+
+    Raises:
+        ValueError: ``scale`` is not > 0.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> family = kglm.spin().with_prior(kglm.log_cosh_prior(2.0))
+        >>> family.has_prior, family.prior_curvature(jnp.array([0.0])).tolist()  # Q''(0) = scale
+        (True, [2.0])
+    """
     s = checks.positive_number(scale, "scale", "kglm.log_cosh_prior")
 
     def neg_log_prior(u):
@@ -287,7 +435,23 @@ def log_cosh_prior(scale: float) -> Callable[[Array], Array]:
 
 
 def get_family(family: Any, where: str | None = None) -> Family:
-    """A :class:`Family`, or the name of one in :data:`FAMILIES`."""
+    """A :class:`Family`, or the name of one in :data:`FAMILIES`.
+
+    Args:
+        family: a :class:`Family` (returned unchanged) or a name of :data:`FAMILIES`.
+        where: the public function, for the message.
+
+    Returns:
+        The :class:`Family`.
+
+    Raises:
+        ValueError: ``family`` is neither.
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.get_family("bernoulli").name
+        'bernoulli'
+    """
     if isinstance(family, Family):
         return family
     if isinstance(family, str) and family in FAMILIES:

@@ -132,12 +132,32 @@ class Kernel:
 
     ``kernel_a * kernel_b`` is the pointwise product (a PSD kernel when both are, Schur product
     theorem). ``name`` records the parameters for ``repr``.
+
+    Attributes:
+        function: ``(A, B) -> Gram matrix``, traceable.
+        name: the kernel and its parameters, for ``repr``.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> gram = kglm.squared_exponential(1.0)(np.array([[0.0], [1.0]]))
+        >>> np.asarray(gram, dtype=float).round(4).tolist()  # exp(-1/2) off the diagonal
+        [[1.0, 0.6065], [0.6065, 1.0]]
     """
 
     function: Callable[[jax.Array, jax.Array], jax.Array]
     name: str
 
     def __call__(self, A: Any, B: Any = None) -> jax.Array:
+        """The Gram matrix ``k(A, B)``.
+
+        Args:
+            A: points, ``(n_A, d)`` (or ``(n_A,)`` for ``d = 1``).
+            B: points, ``(n_B, d)``; None: ``A``.
+
+        Returns:
+            ``(n_A, n_B)``.
+        """
         where = self.name
         A = _points(A, "A", where)
         B = A if B is None else _points(B, "B", where)
@@ -157,7 +177,24 @@ class Kernel:
 
 
 def squared_exponential(length_scale: float = 1.0, variance: float = 1.0) -> Kernel:
-    """``variance * exp(-|x - x'|^2 / (2 length_scale^2))`` (004 §4 k_naive, App. E kappa_0, App. G)."""
+    """``variance * exp(-|x - x'|^2 / (2 length_scale^2))`` (004 §4 k_naive, App. E kappa_0, App. G).
+
+    Args:
+        length_scale: > 0.
+        variance: > 0.
+
+    Returns:
+        A :class:`Kernel`.
+
+    Raises:
+        ValueError: ``length_scale`` or ``variance`` is not > 0.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> kglm.squared_exponential(2.0, variance=3.0)(np.array([[0.0]])).tolist()
+        [[3.0]]
+    """
     where = "kernels.squared_exponential"
     ell = checks.positive_number(length_scale, "length_scale", where)
     var = checks.positive_number(variance, "variance", where)
@@ -176,6 +213,24 @@ def periodic(period: float, length_scale: float = 1.0, variance: float = 1.0) ->
     004 §4's ``k_true``). For ``d > 1`` the sum over coordinates makes it a product of 1-D periodic
     kernels, hence PSD; ``sin^2`` of the Euclidean distance ``|x - x'|`` would not be (its Gram
     matrices in 2-D have negative eigenvalues).
+
+    Args:
+        period: > 0.
+        length_scale: > 0.
+        variance: > 0.
+
+    Returns:
+        A :class:`Kernel`.
+
+    Raises:
+        ValueError: an argument is not > 0.
+
+    Example:
+        >>> import math
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> float(kglm.periodic(math.pi)(np.array([[0.0]]), np.array([[math.pi]]))[0, 0])  # one period apart
+        1.0
     """
     where = "kernels.periodic"
     p = checks.positive_number(period, "period", where)
@@ -190,7 +245,23 @@ def periodic(period: float, length_scale: float = 1.0, variance: float = 1.0) ->
 
 
 def white_noise(variance: float) -> Kernel:
-    """``variance * 1(x == x')`` (004 App. G adds it with variance ``1e-8`` to make K strictly PD)."""
+    """``variance * 1(x == x')`` (004 App. G adds it with variance ``1e-8`` to make K strictly PD).
+
+    Args:
+        variance: > 0.
+
+    Returns:
+        A :class:`Kernel`.
+
+    Raises:
+        ValueError: ``variance`` is not > 0.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> kglm.white_noise(2.0)(np.array([[0.0], [1.0]])).tolist()
+        [[2.0, 0.0], [0.0, 2.0]]
+    """
     where = "kernels.white_noise"
     var = checks.positive_number(variance, "variance", where)
 
@@ -205,6 +276,17 @@ def k_true() -> Kernel:
 
     Built as ``squared_exponential(1, 0.1) * periodic(pi, sqrt(2))`` (:data:`K_TRUE`):
     ``-2 sin^2(pi r / pi) / 2 = -sin^2 r``. The task's points are scalars (``d = 1``).
+
+    Returns:
+        A :class:`Kernel`.
+
+    Example:
+        >>> import math
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> value = float(kglm.k_true()(np.array([[0.0]]), np.array([[1.0]]))[0, 0])
+        >>> round(value, 6) == round(0.1 * math.exp(-0.5) * math.exp(-math.sin(1.0) ** 2), 6)
+        True
     """
     se = squared_exponential(K_TRUE["se_length_scale"], K_TRUE["variance"])
     per = periodic(K_TRUE["period"], K_TRUE["periodic_length_scale"])
@@ -246,6 +328,24 @@ def conv2d(kernel_weights: Any, image: Any, padding: str = "zero") -> jax.Array:
     (``padding="zero"``, 004 Def. 9) or taken modulo the image size (``"circular"``).
     ``kernel_weights``: ``(c_out, c_in, kh, kw)``; ``image``: ``(c_in, h, w)``. Traceable
     (``jax.lax.conv_general_dilated``).
+
+    Args:
+        kernel_weights: ``(c_out, c_in, kh, kw)``.
+        image: ``(c_in, h, w)``.
+        padding: ``"zero"`` or ``"circular"``.
+
+    Returns:
+        ``(c_out, h, w)``.
+
+    Raises:
+        ValueError: the shapes do not fit or ``padding`` is unknown.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> out = kglm.conv2d(jnp.ones((1, 1, 3, 3)), jnp.ones((1, 4, 4)))
+        >>> out[0].tolist()[0]  # a corner sees 4 pixels, an edge 6
+        [4.0, 6.0, 6.0, 4.0]
     """
     where = "kernels.conv2d"
     weights = _weights(kernel_weights, where)
@@ -275,7 +375,25 @@ def _conv2d(weights: jax.Array, x: jax.Array, padding: str) -> jax.Array:
 
 
 def conv_matrix(kernel_weights: Any, input_shape: Any, padding: str = "zero") -> jax.Array:
-    """The dense ``(c_out h w, c_in h w)`` matrix of :func:`conv2d` (its action on basis images)."""
+    """The dense ``(c_out h w, c_in h w)`` matrix of :func:`conv2d` (its action on basis images).
+
+    Args:
+        kernel_weights: ``(c_out, c_in, kh, kw)``.
+        input_shape: ``(h, w)`` or ``(c_in, h, w)``.
+        padding: ``"zero"`` or ``"circular"``.
+
+    Returns:
+        The matrix, rows and columns in flattened ``(c, h, w)`` order.
+
+    Raises:
+        ValueError: the shapes do not fit or ``padding`` is unknown.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> kglm.conv_matrix(2.0 * jnp.ones((1, 1, 1, 1)), (2, 2)).diagonal().tolist()
+        [2.0, 2.0, 2.0, 2.0]
+    """
     where = "kernels.conv_matrix"
     weights = _weights(kernel_weights, where)
     c_out, c_in = weights.shape[:2]
@@ -314,6 +432,23 @@ def conv_spectral_norm(kernel_weights: Any, input_shape: Any, return_all: bool =
     mass at the border) and underestimates e.g. the Laplacian ``[-1, 2, -1]`` on 3 pixels
     (``3`` versus the Dirichlet ``2 + sqrt(2)``). An upper bound is
     :func:`zero_padded_conv_norm_bound`.
+
+    Args:
+        kernel_weights: ``(c_out, c_in, kh, kw)``.
+        input_shape: ``(h, w)`` or ``(c_in, h, w)``.
+        return_all: also return every singular value.
+
+    Returns:
+        The norm (a scalar array), or ``(norm, singular_values)`` with ``return_all``.
+
+    Raises:
+        ValueError: the shapes do not fit.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> float(kglm.conv_spectral_norm(jnp.ones((1, 1, 3, 3)), (4, 4)))  # sum of the filter
+        9.0
     """
     where = "kernels.conv_spectral_norm"
     weights = _weights(kernel_weights, where)
@@ -348,6 +483,24 @@ def zero_padded_conv_norm_bound(kernel_weights: Any, input_shape: Any) -> jax.Ar
     the (isometric) embedding and ``C`` the circular convolution on the larger torus:
     ``||P^T C P|| <= ||C||``, computed exactly by :func:`conv_spectral_norm`. The bound tends to
     the exact value as the image grows (both tend to the supremum of the filter's symbol).
+
+    Args:
+        kernel_weights: ``(c_out, c_in, kh, kw)``.
+        input_shape: ``(h, w)`` or ``(c_in, h, w)``.
+
+    Returns:
+        The bound, a scalar array.
+
+    Raises:
+        ValueError: the shapes do not fit.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> w = jnp.ones((1, 1, 3, 3))
+        >>> low = kglm.conv_power_iteration(w, (4, 4), steps=100)
+        >>> bool(low <= kglm.zero_padded_conv_norm_bound(w, (4, 4)))
+        True
     """
     where = "kernels.zero_padded_conv_norm_bound"
     weights = _weights(kernel_weights, where)
@@ -374,6 +527,18 @@ def conv_power_iteration(kernel_weights: Any, input_shape: Any, padding: str = "
         padding: ``"zero"`` or ``"circular"``.
         steps: number of power steps, an integer >= 1.
         key: a ``jax.random`` key for the random start (default ``PRNGKey(0)``).
+
+    Returns:
+        The lower bound, a scalar array.
+
+    Raises:
+        ValueError: the shapes do not fit, ``padding`` is unknown, or ``steps < 1``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> round(float(kglm.conv_power_iteration(jnp.ones((1, 1, 3, 3)), (4, 4), steps=100)), 3)
+        6.854
     """
     where = "kernels.conv_power_iteration"
     weights = _weights(kernel_weights, where)
@@ -405,7 +570,24 @@ def _power_iteration(weights, v0, steps, padding):
 
 
 def image_coordinates(height: int, width: int, channels: int = 1) -> np.ndarray:
-    """Rows ``(i, j, c)`` of 004 Eq. 17 in the order of a flattened ``(channels, height, width)`` image."""
+    """Rows ``(i, j, c)`` of 004 Eq. 17 in the order of a flattened ``(channels, height, width)`` image.
+
+    Args:
+        height: an integer >= 1.
+        width: an integer >= 1.
+        channels: an integer >= 1.
+
+    Returns:
+        A float64 array ``(channels height width, 3)``.
+
+    Raises:
+        ValueError: a size is not an integer >= 1.
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.image_coordinates(2, 2)[:3].tolist()
+        [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    """
     where = "kernels.image_coordinates"
     h = checks.positive_int(height, "height", where)
     w = checks.positive_int(width, "width", where)
@@ -424,6 +606,23 @@ class ImageKernel:
     optional length scale per channel pair (App. F). ``t`` is App. E's box ``1(|d| <= r)``
     (``truncation="indicator"``) or the PSD Bartlett taper ``(1 - |d| / (r + 1))_+``
     (``"triangular"``). Build with :func:`image_kernel`.
+
+    Attributes:
+        radius: ``(r_1, r_2)``.
+        length_scale: ``(c, c)`` length scales.
+        channel_covariance: ``(c, c)`` channel covariance ``B``.
+        variance: the variance.
+        truncation: ``"indicator"`` or ``"triangular"``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> kernel = kglm.image_kernel(1)
+        >>> kernel.filter().shape, kernel.matrix(3, 3).shape
+        ((1, 1, 3, 3), (9, 9))
+        >>> image = jnp.arange(9.0).reshape(1, 3, 3)
+        >>> bool(jnp.allclose(kernel.apply(image).ravel(), kernel.matrix(3, 3) @ image.ravel(), atol=1e-5))
+        True
     """
 
     radius: tuple[int, int]
@@ -434,6 +633,7 @@ class ImageKernel:
 
     @property
     def channels(self) -> int:
+        """The number of channels ``c``."""
         return self.channel_covariance.shape[0]
 
     def _gram(self, A: jax.Array, B: jax.Array, period: tuple[int, int] | None = None) -> jax.Array:
@@ -441,7 +641,15 @@ class ImageKernel:
                            self.variance, radius=self.radius, truncation=self.truncation, period=period)
 
     def __call__(self, A: Any, B: Any = None) -> jax.Array:
-        """Gram matrix ``kappa(A, B)`` of Eq. 18 (rows ``(i, j, c)``, integer-valued)."""
+        """Gram matrix ``kappa(A, B)`` of Eq. 18 (rows ``(i, j, c)``, integer-valued).
+
+        Args:
+            A: coordinates ``(n_A, 3)``.
+            B: coordinates ``(n_B, 3)``; None: ``A``.
+
+        Returns:
+            ``(n_A, n_B)``.
+        """
         where = "kernels.ImageKernel"
         A = _points(A, "A", where)
         B = A if B is None else _points(B, "B", where)
@@ -465,7 +673,15 @@ class ImageKernel:
         return gram.reshape(c, c, 2 * r1 + 1, 2 * r2 + 1)
 
     def apply(self, image: Any, padding: str = "zero") -> jax.Array:
-        """``K y`` as a convolution (004 Eq. 19 with ``K = kappa(X, X)``): ``conv2d(filter(), y)``."""
+        """``K y`` as a convolution (004 Eq. 19 with ``K = kappa(X, X)``): ``conv2d(filter(), y)``.
+
+        Args:
+            image: ``(c, h, w)``.
+            padding: ``"zero"`` or ``"circular"``.
+
+        Returns:
+            ``K y``, ``(c, h, w)``.
+        """
         return conv2d(self.filter(), image, padding)
 
     def matrix(self, height: int, width: int, padding: str = "zero") -> jax.Array:
@@ -474,6 +690,14 @@ class ImageKernel:
         ``padding="zero"`` is Eq. 18 as written (the image has borders, 004 Def. 9);
         ``"circular"`` measures pixel offsets on the torus (minimum image), the kernel whose ``K``
         is the circular convolution; it needs ``2 r + 1`` at most the image size (no offset twice).
+
+        Args:
+            height: an integer >= 1.
+            width: an integer >= 1.
+            padding: ``"zero"`` or ``"circular"``.
+
+        Returns:
+            ``K``, ``(c height width, c height width)``.
         """
         where = "kernels.ImageKernel.matrix"
         padding = checks.choice(padding, "padding", PADDINGS, where)
@@ -536,6 +760,25 @@ def image_kernel(radius: Any, length_scale: Any = 1.0, variance: float = 1.0, ch
     default all ones (App. E). ``truncation``: ``"indicator"`` (004 Eq. 18, not PSD in general,
     see the module's notes) or ``"triangular"`` (PSD when ``channel_covariance`` is PSD and the
     length scale is a single number).
+
+    Args:
+        radius: ``r`` or ``(r_1, r_2)``.
+        length_scale: a number > 0 or a symmetric ``(c, c)`` array.
+        variance: > 0.
+        channels: an integer >= 1.
+        channel_covariance: a symmetric ``(c, c)`` array; None: ones.
+        truncation: ``"indicator"`` or ``"triangular"``.
+
+    Returns:
+        An :class:`ImageKernel`.
+
+    Raises:
+        ValueError: an argument is out of range or of the wrong shape.
+
+    Example:
+        >>> from deqlab.theory import kglm
+        >>> kglm.image_kernel((1, 2), channels=2).filter().shape
+        (2, 2, 3, 5)
     """
     where = "kernels.image_kernel"
     radii = radius if isinstance(radius, (tuple, list)) else (radius, radius)

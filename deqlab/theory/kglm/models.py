@@ -75,8 +75,24 @@ __all__ = [
 
 
 class KGLMFit(NamedTuple):
-    """Result of :func:`kglm_predict`: predictions ``f*(X~)``, coefficients ``alpha*``, Newton steps
-    taken and the final ``||g(alpha*)||_2`` (see the module docstring)."""
+    """Result of :func:`kglm_predict` (see the module docstring).
+
+    Attributes:
+        prediction: ``f*(X~) = k(X~, X) alpha*``.
+        alpha: the coefficients ``alpha*``.
+        steps: the Newton steps taken.
+        residual: the final ``||g(alpha*)||_2``.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> from deqlab.theory.kglm import models
+        >>> X = np.linspace(-1.0, 1.0, 5)[:, None]
+        >>> fit = models.kglm_predict(X, np.sin(3 * X[:, 0]), None, kglm.squared_exponential(), 1.0,
+        ...                           "gaussian", tol=1e-5)
+        >>> fit.prediction.shape, fit.alpha.shape
+        ((5,), (5,))
+    """
 
     prediction: np.ndarray
     alpha: np.ndarray
@@ -85,7 +101,22 @@ class KGLMFit(NamedTuple):
 
 
 class DEQParameters(NamedTuple):
-    """The DEQ weights of 004 Thm. 3 / Cor. 6 (``V1``, ``V2`` None when no test points are given)."""
+    """The DEQ weights of 004 Thm. 3 / Cor. 6.
+
+    Attributes:
+        W1: ``-K / lam``, acting on the state.
+        W2: ``K / lam``, acting on ``T(Y)``.
+        W3: ``-K / lam``, acting on ``rho(z)``.
+        V1: ``-k(X~, X) / lam``, or None when no test points are given.
+        V2: ``k(X~, X) / lam``, or None.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> params = models.deq_parameters(np.eye(2), None, lam=2.0)
+        >>> float(params.W1[0, 0]), params.V1
+        (-0.5, None)
+    """
 
     W1: jax.Array
     W2: jax.Array
@@ -95,9 +126,25 @@ class DEQParameters(NamedTuple):
 
 
 class DEQFit(NamedTuple):
-    """Result of :func:`deq_predict`: predictions at ``X_test`` (Eq. 8), the fitted values at ``X``
-    (``sigma^{-1}(z*) = K alpha*``, no ``K^{-1}``), the fixed point ``z*`` and the solver's
-    :class:`deqlab.solvers.Solution` (its ``result`` says whether the solve converged)."""
+    """Result of :func:`deq_predict`.
+
+    Attributes:
+        prediction: the predictions at ``X_test`` (Eq. 8).
+        fitted: the fitted values at ``X`` (``sigma^{-1}(z*) = K alpha*``, no ``K^{-1}``).
+        z: the fixed point ``z*``.
+        solution: the solver's :class:`deqlab.solvers.Solution` (its ``result`` says whether the
+            solve converged).
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> from deqlab.theory.kglm import models
+        >>> X = np.linspace(-1.0, 1.0, 5)[:, None]
+        >>> fit = models.deq_predict(X, np.sin(3 * X[:, 0]), None, kglm.squared_exponential(), 1.0,
+        ...                          "gaussian", tol=1e-5)
+        >>> bool(fit.solution.converged), fit.z.shape
+        (True, (5,))
+    """
 
     prediction: jax.Array
     fitted: jax.Array
@@ -106,9 +153,24 @@ class DEQFit(NamedTuple):
 
 
 class Assumption2(NamedTuple):
-    """004 Assumption 2 in the spectral norm: ``quantity = ||K/lam||_2 * curvature_bound *
-    (1 + rho_derivative_bound)``; ``holds`` when it is < 1 (then Prop. 4: the iteration of Eq. 7
-    is a contraction)."""
+    """004 Assumption 2 in the spectral norm (:func:`assumption2`).
+
+    ``quantity = ||K/lam||_2 * curvature_bound * (1 + rho_derivative_bound)``; ``holds`` when it
+    is < 1 (then Prop. 4: the iteration of Eq. 7 is a contraction).
+
+    Attributes:
+        quantity: the left side of Assumption 2.
+        holds: ``quantity < 1``.
+        spectral_norm: ``||K/lam||_2``.
+        curvature_bound: the bound on ``A''`` used.
+        rho_derivative_bound: the bound on ``rho'`` used.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> models.assumption2(np.eye(3), lam=2.0, family="spin").holds
+        True
+    """
 
     quantity: float
     holds: bool
@@ -190,7 +252,25 @@ def _problem(X, Y, X_test, kernel, lam, family, where):
 
 
 def kglm_objective(alpha: Any, K: Any, T: Any, lam: float, family: Family) -> float:
-    """The objective of 004 Eq. 5 (without the constant ``-log h(y)``), for the line search."""
+    """The objective of 004 Eq. 5 (without the constant ``-log h(y)``), for the line search.
+
+    Args:
+        alpha: coefficients ``(n,)``.
+        K: the Gram matrix ``(n, n)``.
+        T: the sufficient statistics ``T(Y)``, ``(n,)``.
+        lam: the regularisation ``lam > 0``.
+        family: the :class:`~deqlab.theory.kglm.families.Family`.
+
+    Returns:
+        The objective, a Python float.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> from deqlab.theory.kglm import models
+        >>> models.kglm_objective(np.zeros(2), np.eye(2), np.ones(2), 1.0, kglm.gaussian())
+        0.0
+    """
     f = K @ alpha
     value = (np.sum(np.asarray(family.log_partition(jnp.asarray(f))))
              + np.sum(np.asarray(family.prior_value(jnp.asarray(f))))
@@ -266,6 +346,16 @@ def kglm_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, fami
     Needs ``jax_enable_x64``: the kernel and the mean map are evaluated with ``jax.numpy``, and in
     float32 Newton's residual stalls near ``1e-7 ||T||``, above the default ``tol`` (a float32 page
     switches to float64 for this call, or passes a ``tol`` float32 can reach).
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> from deqlab.theory.kglm import models
+        >>> X = np.linspace(-1.0, 1.0, 5)[:, None]
+        >>> fit = models.kglm_predict(X, np.sin(3 * X[:, 0]), None, kglm.squared_exponential(), 1.0,
+        ...                           "gaussian", tol=1e-5)  # kernel ridge regression
+        >>> fit.prediction.round(3).tolist()
+        [-0.298, -0.219, 0.0, 0.219, 0.298]
     """
     where = "kglm_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
@@ -298,6 +388,19 @@ def deq_parameters(K: Any, K_test: Any, lam: float) -> DEQParameters:
         K: the Gram matrix ``k(X, X)``, ``(n, n)``.
         K_test: ``k(X~, X)``, ``(m, n)``, or None (then ``V1 = V2 = None``).
         lam: regularisation ``lam > 0``.
+
+    Returns:
+        :class:`DEQParameters`.
+
+    Raises:
+        ValueError: ``lam`` is not > 0, or ``K`` / ``K_test`` have the wrong shapes.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> params = models.deq_parameters(np.eye(2), 2 * np.ones((1, 2)), lam=2.0)
+        >>> params.V2.tolist()
+        [[1.0, 1.0]]
     """
     where = "deq_parameters"
     K = _square_gram(K, "K", where)
@@ -318,7 +421,25 @@ def deq_parameters(K: Any, K_test: Any, lam: float) -> DEQParameters:
 
 
 def deq_map(z: jax.Array, params: DEQParameters, T: jax.Array, family: Family) -> jax.Array:
-    """``H(z) = sigma(W1 z + W2 T(Y) + W3 rho(z))`` with ``sigma = A'`` (004 Eq. 7 and 16)."""
+    """``H(z) = sigma(W1 z + W2 T(Y) + W3 rho(z))`` with ``sigma = A'`` (004 Eq. 7 and 16).
+
+    Args:
+        z: the state ``(n,)``.
+        params: :class:`DEQParameters`.
+        T: the sufficient statistics ``T(Y)``, ``(n,)``.
+        family: the :class:`~deqlab.theory.kglm.families.Family`.
+
+    Returns:
+        ``H(z)``, ``(n,)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.theory import kglm
+        >>> from deqlab.theory.kglm import models
+        >>> params = models.deq_parameters(jnp.eye(2), None, lam=2.0)
+        >>> models.deq_map(jnp.zeros(2), params, jnp.ones(2), kglm.gaussian()).tolist()  # K T / lam
+        [0.5, 0.5]
+    """
     return family.mean(_preactivation(z, params, T, family))
 
 
@@ -407,6 +528,26 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
             ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
         throw: removed in deqlab 0.6 (use ``on_failure``); given, it raises a TypeError that
             says so.
+
+    Returns:
+        :class:`DEQFit`.
+
+    Raises:
+        ValueError: an argument is out of range or of the wrong shape, or ``Y`` is outside the
+            family's support.
+        TypeError: ``throw`` is given.
+        deqlab.failures.SolverError: with ``on_failure="raise"``, the solve did not converge.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory import kglm
+        >>> from deqlab.theory.kglm import models
+        >>> X = np.linspace(-1.0, 1.0, 5)[:, None]
+        >>> Y, kernel = np.sin(3 * X[:, 0]), kglm.squared_exponential()
+        >>> deq = models.deq_predict(X, Y, None, kernel, 1.0, "gaussian", tol=1e-5)
+        >>> direct = models.kglm_predict(X, Y, None, kernel, 1.0, "gaussian", tol=1e-5)
+        >>> bool(np.allclose(deq.prediction, direct.prediction, atol=1e-4))  # 004 Thm. 3
+        True
     """
     where = "deq_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
@@ -473,6 +614,17 @@ def assumption2(K: Any, lam: float, family: Any, *, curvature_bound: float | Non
     Returns:
         :class:`Assumption2`; ``holds`` is True when the quantity is < 1. When it is False nothing
         is guaranteed about plain iteration; the fixed point is still unique (module note 2).
+
+    Raises:
+        ValueError: ``lam`` is not > 0, ``family`` is unknown, a bound is negative, or
+            ``rho_derivative_bound`` is missing for a family with a prior.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> check = models.assumption2(2 * np.eye(3), lam=1.0, family="bernoulli")  # 2 * 1/4
+        >>> check.quantity, check.holds
+        (0.5, True)
     """
     where = "assumption2"
     family = get_family(family, where)
@@ -496,7 +648,24 @@ def assumption2(K: Any, lam: float, family: Any, *, curvature_bound: float | Non
 
 
 def lam_for_spectral_norm(K: Any, C: float) -> float:
-    """``lam = ||K||_2 / C``, so that ``||W1||_2 = ||K / lam||_2 = C`` (004 §4, image denoising)."""
+    """``lam = ||K||_2 / C``, so that ``||W1||_2 = ||K / lam||_2 = C`` (004 §4, image denoising).
+
+    Args:
+        K: the Gram matrix.
+        C: the target spectral norm of ``W1``, > 0.
+
+    Returns:
+        ``lam``, a Python float.
+
+    Raises:
+        ValueError: ``C`` is not > 0 or ``K`` is zero.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> models.lam_for_spectral_norm(2 * np.eye(3), C=0.5)
+        4.0
+    """
     K = _square_gram(K, "K", "lam_for_spectral_norm")
     C = checks.positive_number(C, "C", "lam_for_spectral_norm")
     norm = float(np.linalg.norm(K, 2))
@@ -517,9 +686,26 @@ NAIVE_INTERVAL: tuple[float, float] = (-2 * math.pi, 2 * math.pi)
 
 
 def naive_coordinates(n: int, interval: tuple[float, float] = NAIVE_INTERVAL) -> np.ndarray:
-    """The naive scheme's coordinates: ``n`` points on a uniform grid over ``interval``, shape ``(n, 1)``
-    (004 §4: "choose X to be a uniform grid over [-2 pi, 2 pi]", used with the squared exponential
-    kernel ``exp(-|x - x'|^2 / 2)``)."""
+    """The naive scheme's coordinates: ``n`` points on a uniform grid over ``interval``.
+
+    004 §4: "choose X to be a uniform grid over [-2 pi, 2 pi]", used with the squared exponential
+    kernel ``exp(-|x - x'|^2 / 2)``.
+
+    Args:
+        n: the number of points, an integer >= 1.
+        interval: ``(lo, hi)``, finite with ``lo < hi``.
+
+    Returns:
+        A float64 array ``(n, 1)``.
+
+    Raises:
+        ValueError: ``n < 1`` or ``interval`` is not a finite increasing pair.
+
+    Example:
+        >>> from deqlab.theory.kglm import models
+        >>> models.naive_coordinates(3).ravel().round(4).tolist()
+        [-6.2832, 0.0, 6.2832]
+    """
     n = checks.positive_int(n, "n", "naive_coordinates")
     try:
         lo, hi = (float(v) for v in interval)
@@ -551,6 +737,22 @@ def initializer(scheme: str, K: Any, lam: float, K_test: Any = None) -> DEQParam
     Returns:
         :class:`DEQParameters` in the convention ``W z`` (columns act on the state); a Flax
         ``nnx.Linear`` computes ``z @ kernel``, so its kernel is ``W.T`` (:func:`as_linear_kernel`).
+
+    Args:
+        scheme: ``"naive"`` or ``"informed"``.
+        K: the Gram matrix ``k(X, X)``.
+        lam: the regularisation ``lam > 0``.
+        K_test: ``k(X~, X)`` (``"informed"`` only); None: ``V1 = V2 = None``.
+
+    Raises:
+        ValueError: ``scheme`` is unknown, ``lam <= 0``, or ``K_test`` is given to ``"naive"``.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> params = models.initializer("naive", np.eye(3), lam=4.0)
+        >>> float(params.W2[0, 0]), params.V1  # K / lam
+        (0.25, None)
     """
     where = "initializer"
     scheme = checks.choice(scheme, "scheme", SCHEMES, where)
@@ -563,7 +765,24 @@ def initializer(scheme: str, K: Any, lam: float, K_test: Any = None) -> DEQParam
 
 
 def as_linear_kernel(W: Any, dtype: Any = jnp.float32) -> jax.Array:
-    """``W.T`` in ``dtype``: the ``kernel`` of an ``nnx.Linear`` (``z @ kernel``) computing ``W z``."""
+    """``W.T`` in ``dtype``: the ``kernel`` of an ``nnx.Linear`` (``z @ kernel``) computing ``W z``.
+
+    Args:
+        W: a matrix acting on column vectors.
+        dtype: the dtype of the result.
+
+    Returns:
+        ``W.T`` as a JAX array.
+
+    Raises:
+        ValueError: ``W`` is not 2-D or ``dtype`` is not floating.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.theory.kglm import models
+        >>> models.as_linear_kernel(np.array([[1.0, 2.0], [3.0, 4.0]])).tolist()
+        [[1.0, 3.0], [2.0, 4.0]]
+    """
     if W is None:
         raise checks.fail("W", "a 2-D weight matrix", W, "as_linear_kernel")
     dtype = checks.floating_dtype(dtype, "dtype", "as_linear_kernel")
