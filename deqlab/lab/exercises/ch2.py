@@ -23,7 +23,7 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
     ``G_N(z) = (1/N) sum_i (z - lambda_i)^{-1}`` at every point of ``z`` (chapter 2, page 1; 002 Eq. 6-7).
 
     Cases, against ``freeprob.samples(eigenvalues).stieltjes(z)`` (relative 1e-10 of the largest
-    |G|): the eigenvalues of a GOE matrix (N = 200, variance 1/2) at five points above the real
+    ``abs(G)``): the eigenvalues of a GOE matrix (N = 200, variance 1/2) at five points above the real
     axis, at points below it (``G(conj z) = conj G(z)``), on the real axis outside the spectrum (G
     real, returned complex), far away (``G ~ 1/z``), a scalar ``z`` (a scalar back) and a 2-D grid
     of ``z`` (the same shape back); and the semicircle of 002 Eq. 13: at N = 2000 the empirical G
