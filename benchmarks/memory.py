@@ -27,7 +27,7 @@ import jax.numpy as jnp
 if not __package__:  # run as `python benchmarks/memory.py`: the repository root is not on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import jax_session, largest_array, load_peers, parse_args, table, temp_bytes
-from deqlab.implicit import Implicit, fixed_point
+from deqlab.backward import Implicit, fixed_point
 from deqlab.lab.experiments import practice
 
 

@@ -1,4 +1,4 @@
-"""The gradient-method menu of deqlab.implicit: Jacobian-free (Fung et al. 2022) and SHINE (Ramzi
+"""The gradient-method menu of deqlab.backward: Jacobian-free (Fung et al. 2022) and SHINE (Ramzi
 et al. 2022) beside the implicit, unrolled and phantom backward passes.
 
 On a linear map f(z, b) = A z + b the gradient of L = <c, z*> with respect to b is the adjoint
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqlab.implicit import (
+from deqlab.backward import (
     BACKWARDS,
     SHINE,
     Implicit,

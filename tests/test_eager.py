@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import deqlab
-from deqlab.implicit import SHINE, BackwardWarning, Implicit, JacobianFree, Phantom, Unrolled
+from deqlab.backward import SHINE, BackwardWarning, Implicit, JacobianFree, Phantom, Unrolled
 from deqlab.solvers import SolverError
 
 F32 = jnp.float32

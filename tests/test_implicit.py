@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 jax.config.update("jax_enable_x64", True)
 
 from deqlab import ensembles  # noqa: E402
-from deqlab.implicit import (  # noqa: E402
+from deqlab.backward import (  # noqa: E402
     BackwardWarning,
     Implicit,
     Phantom,

@@ -9,7 +9,7 @@ Each row of :data:`PROBES` is one bad call and the outcome it must have:
   Any other exception, or a message that does not name the argument, is UNCLEAR; no exception
   at all is SILENT.
 - ``reported``: the call does not raise an argument error but reports the failure: a warning of
-  a named category (``warns``: :class:`deqlab.implicit.BackwardWarning`,
+  a named category (``warns``: :class:`deqlab.backward.BackwardWarning`,
   :class:`deqlab.precision.PrecisionWarning`), a failure exception (``raises``:
   :class:`deqlab.solvers.SolverError`, :class:`~deqlab.theory.freeprob.ConvergenceError`), or a
   returned object that carries it (``check``: a per-sample ``Solution.result`` that is not
@@ -39,7 +39,7 @@ from flax import nnx  # noqa: E402
 
 import deqlab  # noqa: E402
 from deqlab import checks, ensembles, nonlinearities, precision, solvers  # noqa: E402
-from deqlab.implicit import (  # noqa: E402
+from deqlab.backward import (  # noqa: E402
     BackwardWarning,
     Implicit,
     Phantom,

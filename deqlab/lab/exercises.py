@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab.implicit import fixed_point
+from deqlab.backward import fixed_point
 from deqlab.solvers import get_solver, relative_residual, solve
 
 __all__ = [

@@ -11,8 +11,8 @@ from flax import nnx
 
 from deqlab import checks
 from deqlab import precision as precision_module
+from deqlab.backward import fixed_point, get_backward
 from deqlab.failures import check_policy
-from deqlab.implicit import fixed_point, get_backward
 from deqlab.solvers import Solution, get_solver, solve
 
 __all__ = ["DEQ", "SOLVER_STATS", "capture_solver_stats"]
@@ -30,7 +30,7 @@ class DEQ(nnx.Module):
     """Deep equilibrium layer ``z* = cell(z*, x)``, differentiated implicitly (003 §3.1).
 
     The cell's parameters are split from its graph (``nnx.split``) and passed to
-    :func:`deqlab.implicit.fixed_point` explicitly, so the custom VJP never closes over traced
+    :func:`deqlab.backward.fixed_point` explicitly, so the custom VJP never closes over traced
     parameters.
 
     Args:
@@ -44,11 +44,11 @@ class DEQ(nnx.Module):
             default of the solve's dtype (float32 1e-5, float64 1e-10).
         backward: how the gradient is computed: ``"implicit"`` (default), ``"unrolled"``,
             ``"phantom"``, ``"jacobian_free"``, ``"shine"`` (Broyden only), or an object:
-            :class:`deqlab.implicit.Implicit`, ``Unrolled``, ``Phantom``, ``JacobianFree``,
-            ``SHINE``, or an instance of your own :class:`deqlab.implicit.Backward` subclass.
+            :class:`deqlab.backward.Implicit`, ``Unrolled``, ``Phantom``, ``JacobianFree``,
+            ``SHINE``, or an instance of your own :class:`deqlab.backward.Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
             (default), ``"raise"``, ``"nan"`` (no host callback: the choice for TPUs) or
-            ``"ignore"``, as for :func:`deqlab.implicit.fixed_point` (:mod:`deqlab.failures`).
+            ``"ignore"``, as for :func:`deqlab.backward.fixed_point` (:mod:`deqlab.failures`).
         batch_axis: axis of x and z indexing independent samples (None for a single sample).
         precision: matmul precision of the solve (``"default"``, ``"high"``, ``"highest"``); None:
             what the tolerance needs (see :mod:`deqlab.precision`; it matters on TPUs).

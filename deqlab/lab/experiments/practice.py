@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 from deqlab import ensembles
-from deqlab.implicit import Implicit, Phantom, Unrolled, fixed_point
+from deqlab.backward import Implicit, Phantom, Unrolled, fixed_point
 from deqlab.lab import data
 from deqlab.nn import DEQ, TanhCell, capture_solver_stats
 from deqlab.precision import PrecisionWarning
@@ -208,12 +208,12 @@ def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float
         ``(model, history)``; ``history`` holds per-epoch lists ``loss``, ``train_accuracy``,
         ``test_accuracy``, ``solver_steps`` (mean forward iterations), ``converged`` (fraction
         of training samples whose forward solve converged) and ``backward_warnings`` (how many
-        :class:`~deqlab.implicit.BackwardWarning` the epoch's training steps emitted: failed
+        :class:`~deqlab.backward.BackwardWarning` the epoch's training steps emitted: failed
         forward or adjoint solves).
     """
     from tqdm import tqdm
 
-    from deqlab.implicit import BackwardWarning
+    from deqlab.backward import BackwardWarning
 
     x_train, y_train, x_test, y_test = _digits()
     model = DigitsClassifier(rngs=nnx.Rngs(seed), **model_options)

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqlab import checks, ensembles, solvers
-from deqlab.implicit import adjoint_solve, fixed_point
+from deqlab.backward import adjoint_solve, fixed_point
 from deqlab.theory import meanfield
 
 __all__ = [
@@ -328,7 +328,7 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
     parametrisation; 001 Eq. 94 for fixed ``v``), ``V = scale^2``.
 
     ``method="formula"``: from :func:`readout_gradient`, ``(V/N) (A A^T) * (Z Z^T)``.
-    ``method="autodiff"``: ``jax.jacrev`` of ``f`` through :func:`deqlab.implicit.fixed_point`'s implicit
+    ``method="autodiff"``: ``jax.jacrev`` of ``f`` through :func:`deqlab.backward.fixed_point`'s implicit
     gradient (GMRES adjoint), the Gram matrix of the flattened gradients (``O(P N^2)`` memory).
     """
     where = "experiments.nonlinear.dynamics.empirical_ntk"
@@ -357,7 +357,7 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
 
 
 def _implicit_gmres(tol):
-    from deqlab.implicit import Implicit
+    from deqlab.backward import Implicit
     return Implicit(solver="gmres", tol=tol, max_steps=1000)
 
 
