@@ -85,7 +85,7 @@ def deqlab_configs(max_steps: int) -> list[Config]:
 
     def make_for(solver):
         def make(case, tol, f, counter=None, backward=None):
-            options = dict(solver=solver, tol=tol, max_steps=max_steps, batch_axis=0)
+            options = dict(solver=deqlab.solvers.get_solver(solver, tol=tol, max_steps=max_steps), batch_axis=0)
             if backward is not None:
                 # Implicit backward (deqlab's default path); "same": the adjoint is solved by the
                 # forward solver, with the forward tolerance and iteration limit. Failures are

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.base import report
-from deqlab.backward.linear import get_adjoint_solver
-from deqlab.failures import Result, check_policy, nan_where_failed
-from deqlab.solvers import Flattener, Solution, Solver, SolveStats, relative_residual, solve
+from deqlab.backward.linear import LINEAR_SOLVERS, get_adjoint_solver
+from deqlab.failures import NOT_GIVEN, Result, check_policy, nan_where_failed
+from deqlab.solvers import SOLVERS, Flattener, Solution, Solver, SolveStats, relative_residual, solve
+from deqlab.solvers.registry import removed_settings
 
 __all__ = ["adjoint_solve"]
 
@@ -36,11 +37,11 @@ def adjoint_solve(
     cotangent: Any,
     *,
     solver: Any = "anderson",
-    tol: float | None = None,
-    max_steps: int | None = None,
     batch_axis: int | None = None,
     precision: Any = None,
     on_failure: str = "warn",
+    tol: Any = NOT_GIVEN,
+    max_steps: Any = NOT_GIVEN,
 ) -> Solution:
     """Solve the adjoint fixed point u = g + J_f(z*)^T u matrix-free (003 Eq. 11).
 
@@ -49,33 +50,38 @@ def adjoint_solve(
         cotangent: g = dL/dz*, shaped like ``z_star``.
         solver: a forward solver name or object (the adjoint map is affine, so Anderson and
             Broyden are Krylov-like here), a :class:`LinearSolver` such as :class:`GMRES`, or
-            ``"gmres"`` for ``GMRES()`` (:func:`get_adjoint_solver`).
-        tol, max_steps, batch_axis: as in :func:`deqlab.solvers.solve` (``tol`` None: the
-            solver's, else the dtype's default); for a linear solver ``tol`` is the relative
-            residual of the linear system per sample, checked after the solve, and ``max_steps``
-            bounds the operator applications (GMRES: restart cycles of ``restart`` products).
-        precision: matmul precision of the vector-Jacobian products; None: what ``tol`` needs
-            (:func:`deqlab.precision.required_precision`).
+            ``"gmres"`` for ``GMRES()`` (:func:`get_adjoint_solver`). The object holds ``tol``
+            (None: the dtype's default) and ``max_steps``; for a linear solver ``tol`` is the
+            relative residual of the linear system per sample, checked after the solve, and
+            ``max_steps`` bounds the operator applications (GMRES: restart cycles of
+            ``restart`` products).
+        batch_axis: as in :func:`deqlab.solvers.solve`.
+        precision: matmul precision of the vector-Jacobian products; None: what the solver's
+            tolerance needs (:func:`deqlab.precision.required_precision`).
         on_failure: ``"warn"`` (default), ``"raise"``, ``"nan"`` or ``"ignore"``, as for
             :func:`fixed_point` (:mod:`deqlab.failures`).
+        tol, max_steps: removed in deqlab 0.7 (they live on the solver object:
+            ``solver=GMRES(tol=1e-8)`` or ``solver.replace(tol=1e-8)``); given, they raise a
+            TypeError that says so.
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
     """
+    removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
     check_policy(on_failure, "adjoint_solve")
-    sol = _adjoint_solve(f, z_star, args, cotangent, solver, tol, max_steps, batch_axis, precision)
+    sol = _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
     report("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)
     if on_failure == "nan":
         sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
     return sol
 
 
-def _adjoint_solve(f, z_star, args, cotangent, solver, tol, max_steps, batch_axis, precision):
+def _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision):
     if not isinstance(args, tuple):
         raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
     _check_cotangent(cotangent, z_star)
     flattener = Flattener(z_star, batch_axis, "z_star")
-    config = get_adjoint_solver(solver, tol=tol, max_steps=max_steps)
+    config = get_adjoint_solver(solver)
     resolved_tol = config.resolved_tol(flattener.dtype)
     level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
     with precision_module.matmul_precision(level):
@@ -90,7 +96,7 @@ def _adjoint_solve(f, z_star, args, cotangent, solver, tol, max_steps, batch_axi
         g_flat = flattener.flatten(cotangent)
         finite_rows = jnp.all(jnp.isfinite(g_flat), axis=1)
         clean = flattener.unflatten(jnp.where(finite_rows[:, None], g_flat, 0.0))
-        sol = solve(adjoint_map, clean, solver=config, tol=resolved_tol, batch_axis=batch_axis,
+        sol = solve(adjoint_map, clean, solver=config.replace(tol=resolved_tol), batch_axis=batch_axis,
                     on_failure="ignore")
         u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
         result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)

@@ -16,6 +16,7 @@ from deqlab.backward.shine import SHINE
 from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw
 from deqlab.solvers import Flattener, Solution, check_problem, get_solver
 from deqlab.solvers.api import check_init_state
+from deqlab.solvers.registry import removed_settings
 
 __all__ = ["fixed_point"]
 
@@ -46,14 +47,14 @@ def fixed_point(
     z0: Any,
     *args: Any,
     solver: Any = "anderson",
-    tol: float | None = None,
-    max_steps: int | None = None,
     batch_axis: int | None = None,
     backward: Any = "implicit",
     on_failure: str = "warn",
     has_aux: bool = False,
     precision: Any = None,
     init_state: Any = None,
+    tol: Any = NOT_GIVEN,
+    max_steps: Any = NOT_GIVEN,
     throw: Any = NOT_GIVEN,
 ) -> Solution:
     """Differentiable fixed point ``z* = f(z*, *args)`` (003 Theorem 1, Eq. 8 and 11).
@@ -66,9 +67,10 @@ def fixed_point(
         f: the map ``f(z, *args)`` (or ``(z_next, aux)`` with ``has_aux=True``).
         z0: initial guess (pytree).
         *args: parameters and inputs (pytrees), differentiated.
-        solver, tol, max_steps, batch_axis, precision, init_state: forward solve, as in
-            :func:`deqlab.solvers.solve` (``tol`` None: the dtype's default; ``precision`` None:
-            what ``tol`` needs, for the forward solve and the adjoint products alike).
+        solver, batch_axis, precision, init_state: forward solve, as in
+            :func:`deqlab.solvers.solve` (the solver object holds ``tol`` and ``max_steps``;
+            ``precision`` None: what the solver's tolerance needs, for the forward solve and the
+            adjoint products alike).
         backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`,
             :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), one of their
             names for the defaults, or an instance of your own :class:`Backward` subclass.
@@ -78,6 +80,9 @@ def fixed_point(
             :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
+        tol, max_steps: removed in deqlab 0.7 (they live on the solver object:
+            ``solver=Anderson(tol=1e-6)`` or ``solver.replace(tol=1e-6)``); given, they raise a
+            TypeError that says so.
         throw: removed in deqlab 0.6 (use ``on_failure``); given, it raises a TypeError that
             says so.
 
@@ -116,8 +121,9 @@ def fixed_point(
         >>> g = jax.grad(loss)(0.5)  # a second call reuses the compiled computation
     """
     mode = get_backward(backward)
-    config = get_solver(solver, tol=tol, max_steps=max_steps)
     removed_throw(throw, "fixed_point")
+    removed_settings("fixed_point", solver, tol=tol, max_steps=max_steps)
+    config = get_solver(solver)
     check_policy(on_failure, "fixed_point")
     if not isinstance(has_aux, bool):
         raise checks.fail("has_aux", "True or False", has_aux, "fixed_point")

@@ -13,9 +13,10 @@ from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import adjoint_solve
 from deqlab.backward.api import fixed_point
+from deqlab.backward.linear import get_adjoint_solver
 from deqlab.backward.registry import get_backward
 from deqlab.backward.unrolled import Unrolled
-from deqlab.solvers import Flattener, solve
+from deqlab.solvers import Flattener, get_solver, solve
 
 __all__ = ["check_gradients"]
 
@@ -74,7 +75,10 @@ def check_gradients(
     dtype = Flattener(z0, batch_axis).dtype
     if tol is None:
         tol = 1e-12 if jnp.dtype(dtype) == jnp.float64 else precision_module.default_tol(dtype)
-    options = dict(solver=solver, tol=tol, max_steps=max_steps, batch_axis=batch_axis)
+    # The solver objects are built here, once: check_gradients' own tol and max_steps are its
+    # defaults for a diagnostic (tighter and longer than a solve's).
+    config = get_solver(solver, tol=tol, max_steps=max_steps)
+    options = dict(solver=config, batch_axis=batch_axis)
 
     def objective(args, backward):
         # failures are reported in the result (the residuals below)
@@ -109,9 +113,10 @@ def check_gradients(
         sol = solve(f, z0, *args, on_failure="ignore", **options)
         cotangent = jax.grad(loss)(sol.value)
         mode_solver = getattr(mode, "solver", None)  # Implicit's adjoint solver, if any
-        adjoint_solver = solver if mode_solver is None else mode_solver
-        adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, tol=tol,
-                                max_steps=max_steps, batch_axis=batch_axis, on_failure="ignore")
+        adjoint_solver = get_adjoint_solver(config if mode_solver is None else mode_solver, tol=tol,
+                                            max_steps=max_steps)
+        adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, batch_axis=batch_axis,
+                                on_failure="ignore")
         return sol, adjoint
 
     sol, adjoint = residuals(args)

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import adjoint_solve
-from deqlab.backward.base import Backward, matmul_level, report, zero_cotangent
-from deqlab.backward.linear import get_adjoint_solver
+from deqlab.backward.base import Backward, Problem, matmul_level, report, zero_cotangent
+from deqlab.backward.linear import LinearSolver, get_adjoint_solver
 from deqlab.failures import nan_where_failed
+from deqlab.solvers import Solver
 
 __all__ = ["Implicit"]
 
@@ -42,6 +43,28 @@ class Implicit(Backward):
         if self.max_steps is not None:
             checks.positive_int(self.max_steps, "max_steps", where)
 
+    def adjoint_solver(self, problem: Problem) -> Solver | LinearSolver:
+        """The adjoint solver object of ``problem``, its settings resolved in this one place.
+
+        ``tol`` and ``max_steps`` are, in order of precedence: this mode's own (when given), an
+        adjoint solver object's own (``solver=GMRES(max_steps=300)``; ``tol`` only where it
+        is not None), then the forward solve's.
+
+        Args:
+            problem: the :class:`Problem` being differentiated.
+
+        Returns:
+            A :class:`deqlab.solvers.Solver` or :class:`LinearSolver` with ``tol`` and
+            ``max_steps`` set.
+        """
+        solver = problem.solver if self.solver is None else get_adjoint_solver(self.solver, name="solver")
+        own = self.solver is not None and not isinstance(self.solver, str)  # an object keeps its settings
+        tol = self.tol if self.tol is not None else (
+            solver.tol if own and solver.tol is not None else problem.tol)
+        max_steps = self.max_steps if self.max_steps is not None else (
+            solver.max_steps if own else problem.solver.max_steps)
+        return solver.replace(tol=tol, max_steps=max_steps)
+
     def solve(self, problem):
         return _implicit(problem, self)
 
@@ -49,13 +72,8 @@ class Implicit(Backward):
 
 def _implicit(problem, mode):
     """The forward solve under ``jax.custom_vjp``, with the adjoint solve as its backward pass."""
-    backward_options = dict(
-        solver=problem.solver if mode.solver is None else mode.solver,
-        tol=problem.tol if mode.tol is None else mode.tol,
-        max_steps=problem.solver.max_steps if mode.max_steps is None else mode.max_steps,
-        batch_axis=problem.batch_axis,
-        precision=problem.precision,
-    )
+    adjoint_solver = mode.adjoint_solver(problem)
+    backward_options = dict(solver=adjoint_solver, batch_axis=problem.batch_axis, precision=problem.precision)
     f = problem.f
 
     @jax.custom_vjp
@@ -73,7 +91,8 @@ def _implicit(problem, mode):
         u = adjoint.value
         if problem.on_failure == "nan":
             u = nan_where_failed(u, adjoint.result, problem.batch_axis)
-        with precision_module.matmul_precision(matmul_level(problem.precision, backward_options["tol"], problem.dtype)):
+        level = matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
+        with precision_module.matmul_precision(level):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
         return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state)

@@ -10,7 +10,7 @@ import jax
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.solvers import SOLVERS, Solver, get_solver
-from deqlab.solvers.base import configuration_class
+from deqlab.solvers.base import configuration_class, replace_settings
 
 __all__ = ["LinearSolver", "GMRES", "LINEAR_SOLVERS", "get_adjoint_solver"]
 
@@ -58,6 +58,26 @@ class LinearSolver:
         if self.tol is not None:
             checks.positive_number(self.tol, "tol", where)
         checks.positive_int(self.max_steps, "max_steps", where)
+
+    def replace(self, **changes: Any) -> LinearSolver:
+        """A copy with some settings changed, validated like the constructor (as
+        :meth:`deqlab.solvers.Solver.replace`).
+
+        Args:
+            **changes: new values of this solver's settings.
+
+        Returns:
+            A new solver of the same class.
+
+        Raises:
+            TypeError: a name that is not a setting (the message lists them).
+            ValueError: a value outside its range.
+
+        Example:
+            >>> GMRES(restart=10).replace(max_steps=300)
+            GMRES(tol=None, max_steps=300, restart=10)
+        """
+        return replace_settings(self, changes)
 
     def resolved_tol(self, dtype) -> float:
         """``tol``, or the default of ``dtype``."""
@@ -120,30 +140,37 @@ class GMRES(LinearSolver):
 LINEAR_SOLVERS = {cls.name: cls for cls in (GMRES,)}
 
 
-def get_adjoint_solver(solver: Any = "anderson", *, name: str = "solver", **overrides) -> Solver | LinearSolver:
-    """An adjoint solver object from a name or an object.
+def get_adjoint_solver(solver: Any = "anderson", *, name: str = "solver",
+                       **settings: Any) -> Solver | LinearSolver:
+    """The adjoint solver object for a name or an object (as :func:`deqlab.solvers.get_solver`).
 
     Args:
         solver: a forward solver name (:data:`deqlab.solvers.SOLVERS`), a linear solver name
             (:data:`LINEAR_SOLVERS`: ``"gmres"``), or a :class:`deqlab.solvers.Solver` or
             :class:`LinearSolver` object.
         name: the argument the user wrote, for error messages.
-        **overrides: settings (``tol``, ``max_steps``) replacing the object's; None is ignored.
+        **settings: settings (``tol``, ``max_steps``, ...): with a name, arguments of its
+            constructor; with an object, its ``replace`` applies them. None values are left out.
 
     Returns:
         A :class:`deqlab.solvers.Solver` or :class:`LinearSolver`.
 
     Raises:
-        ValueError: an unknown name or object (the message lists the valid ones), or an invalid
-            override.
+        ValueError: an unknown name or object (the message lists the valid ones), or a setting
+            outside its range.
+        TypeError: a setting the solver does not have.
+
+    Example:
+        >>> get_adjoint_solver("gmres", max_steps=300) == GMRES(max_steps=300)
+        True
     """
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    settings = {k: v for k, v in settings.items() if v is not None}
     if isinstance(solver, LinearSolver):
-        return dataclasses.replace(solver, **overrides) if overrides else solver
+        return solver.replace(**settings)
     if isinstance(solver, str) and solver in LINEAR_SOLVERS:
-        return LINEAR_SOLVERS[solver](**overrides)
+        return LINEAR_SOLVERS[solver](**settings)
     if isinstance(solver, Solver) or (isinstance(solver, str) and solver in SOLVERS):
-        return get_solver(solver, name=name, **overrides)
+        return get_solver(solver, name=name, **settings)
     raise ValueError(
         f"`{name}` must be one of {sorted(SOLVERS) + sorted(LINEAR_SOLVERS)}, a deqlab.Solver "
         f"or a deqlab.backward.LinearSolver object such as GMRES(restart=20), got {solver!r}."

@@ -38,10 +38,13 @@ class DEQ(nnx.Module):
             ``width`` attribute (the size of z's last axis) and, to have x's width checked, an
             ``in_features`` attribute.
         solver: forward solver, a name or a configured object (``Anderson(m=6, tol=1e-6)``, or an
-            instance of your own :class:`deqlab.solvers.Solver` subclass); its settings are kept unless
-            ``tol`` / ``max_steps`` are given here.
-        tol, max_steps: override the solver's; ``tol`` None (and a solver without one): the
-            default of the solve's dtype (float32 1e-5, float64 1e-10).
+            instance of your own :class:`deqlab.solvers.Solver` subclass).
+        tol, max_steps: a convenience for the solver's settings: the layer builds its solver
+            object once, here, with :func:`deqlab.solvers.get_solver` (with a name, the named
+            solver with these settings; with an object, ``solver.replace(...)``); None leaves
+            the setting as the solver has it. ``layer.solver`` is the object used by every
+            call. A tolerance that is None in the end follows the solve's dtype (float32 1e-5,
+            float64 1e-10).
         backward: how the gradient is computed: ``"implicit"`` (default), ``"unrolled"``,
             ``"phantom"``, ``"jacobian_free"``, ``"shine"`` (Broyden only), or an object:
             :class:`deqlab.backward.Implicit`, ``Unrolled``, ``Phantom``, ``JacobianFree``,
@@ -175,8 +178,9 @@ class DEQ(nnx.Module):
         path = None
         iterates = []
         for _ in range(self.correction):
-            partial = solve(cell_map, jax.lax.stop_gradient(z0), *frozen, solver=self.solver,
-                            max_steps=self.correction_stride, batch_axis=self.batch_axis,
+            partial = solve(cell_map, jax.lax.stop_gradient(z0), *frozen,
+                            solver=self.solver.replace(max_steps=self.correction_stride),
+                            batch_axis=self.batch_axis,
                             precision=self.precision, init_state=path, on_failure="ignore")
             path = partial.state
             iterates.append(cell_map(jax.lax.stop_gradient(partial.value), state, x))

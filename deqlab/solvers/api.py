@@ -13,7 +13,7 @@ from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_t
 from deqlab.solvers.base import Solver
 from deqlab.solvers.flatten import Flattener
 from deqlab.solvers.loop import run
-from deqlab.solvers.registry import get_solver
+from deqlab.solvers.registry import get_solver, removed_settings
 from deqlab.solvers.solution import Solution, SolverState, SolveStats
 
 __all__ = ["solve", "check_problem", "check_init_state"]
@@ -24,15 +24,15 @@ def solve(
     z0: Any,
     *args: Any,
     solver: str | Solver = "anderson",
-    tol: float | None = None,
-    max_steps: int | None = None,
     batch_axis: int | None = None,
     on_failure: str = "warn",
     unrolled: bool = False,
     has_aux: bool = False,
     precision: Any = None,
     init_state: SolverState | None = None,
-    stop: str | None = None,
+    tol: Any = NOT_GIVEN,
+    max_steps: Any = NOT_GIVEN,
+    stop: Any = NOT_GIVEN,
     throw: Any = NOT_GIVEN,
 ) -> Solution:
     """Find ``z* = f(z*, *args)`` starting from ``z0`` (003 Eq. 4-6).
@@ -42,14 +42,14 @@ def solve(
             ``(z_next, aux)`` with ``has_aux=True``).
         z0: initial guess (an array or a pytree of real floating arrays).
         *args: further arguments of ``f`` (parameters, inputs), passed explicitly.
-        solver: ``"picard"``, ``"anderson"``, ``"broyden"`` or a configured object such as
-            ``Anderson(m=5, tol=1e-6)``, or an instance of your own :class:`Solver` subclass; its
-            settings are kept unless ``tol`` / ``max_steps`` are given here.
-        tol: relative-residual tolerance (overrides the solver's). None (and a solver object
-            without one): the default of z0's dtype, :func:`deqlab.precision.default_tol`
-            (float64 1e-10, float32 1e-5, 16-bit 1e-2 / 5e-2). A tolerance the dtype cannot
-            reach warns once (:class:`deqlab.precision.PrecisionWarning`).
-        max_steps: iteration limit (overrides the solver's).
+        solver: ``"picard"``, ``"anderson"``, ``"broyden"`` (the solver with its defaults) or a
+            configured object such as ``Anderson(m=5, tol=1e-6, max_steps=200)``, or an instance
+            of your own :class:`Solver` subclass. The object holds every setting of the solve:
+            ``tol`` (None: the default of z0's dtype, :func:`deqlab.precision.default_tol`,
+            float64 1e-10, float32 1e-5, 16-bit 1e-2 / 5e-2; a tolerance the dtype cannot reach
+            warns once, :class:`deqlab.precision.PrecisionWarning`), ``max_steps`` and ``stop``
+            (the stopping rule, see :mod:`deqlab.solvers`); change them with
+            :meth:`Solver.replace`.
         batch_axis: axis of every leaf of ``z0`` that indexes independent samples, or None.
         on_failure: what a sample that did not converge does: ``"warn"`` (default; a
             :class:`~deqlab.failures.SolverWarning` attributed to your line), ``"raise"``
@@ -66,8 +66,9 @@ def solve(
             it matters on TPUs and TF32 GPUs only, see :mod:`deqlab.precision`).
         init_state: ``Solution.state`` of an earlier solve of the same problem, to continue it
             (its iterate replaces ``z0``'s values; ``z0`` still gives the structure).
-        stop: the stopping rule, ``"residual"`` or ``"error"`` (overrides the solver's; see the
-            module docstring for what ``tol`` means under each).
+        tol, max_steps, stop: removed in deqlab 0.7 (they live on the solver object:
+            ``solver=Anderson(tol=1e-6)`` or ``solver.replace(tol=1e-6)``); given, they raise a
+            TypeError that says so.
         throw: removed in deqlab 0.6 (``on_failure="raise"`` / ``"ignore"``); given, it raises a
             TypeError that says so.
 
@@ -80,6 +81,8 @@ def solve(
         SolverError: with ``on_failure="raise"``, when some sample failed (eagerly, raised
             after the computation returns; inside your ``jit``, from a host callback, wrapped in
             JAX's runtime error).
+        TypeError: ``tol``, ``max_steps``, ``stop`` or ``throw`` given (removed arguments; the
+            message says what replaces them).
 
     Caching:
         The computation runs under an internal ``jax.jit`` whose cache key is the function
@@ -105,13 +108,14 @@ def solve(
         True
     """
     removed_throw(throw, "solve")
+    removed_settings("solve", solver, tol=tol, max_steps=max_steps, stop=stop)
     check_policy(on_failure, "solve")
     if not isinstance(has_aux, bool):
         raise checks.fail("has_aux", "True or False", has_aux, "solve")
     if not isinstance(unrolled, bool):
         raise checks.fail("unrolled", "True or False", unrolled, "solve")
     check_init_state(init_state, "solve")
-    config = get_solver(solver, tol=tol, max_steps=max_steps, stop=stop)
+    config = get_solver(solver)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
     if not callable(f):

@@ -11,7 +11,8 @@ import jax
 from deqlab import checks
 from deqlab import precision as precision_module
 
-__all__ = ["Solver", "STOPPING_RULES", "RATE_LIMIT", "RATE_WINDOW", "RATE_ESTIMATES", "configuration_class"]
+__all__ = ["Solver", "STOPPING_RULES", "RATE_LIMIT", "RATE_WINDOW", "RATE_ESTIMATES", "configuration_class",
+           "replace_settings"]
 
 
 
@@ -180,6 +181,30 @@ class Solver:
         checks.number(self.safety, "safety", where, lower=1.0)
         checks.positive_int(self.check_every, "check_every", where)
 
+    def replace(self, **changes: Any) -> Solver:
+        """A copy of this solver with some settings changed, validated like the constructor.
+
+        The solver object is the one place where a solve's settings live (``tol``,
+        ``max_steps``, ``stop``, ...): to solve with other settings, pass
+        ``solver.replace(tol=...)`` rather than overriding them in the call.
+
+        Args:
+            **changes: new values of this solver's settings (its dataclass fields).
+
+        Returns:
+            A new solver of the same class; ``self`` is unchanged (solvers are frozen).
+
+        Raises:
+            TypeError: a name that is not a setting of this solver (the message lists them).
+            ValueError: a value outside its range, as the constructor raises it.
+
+        Example:
+            >>> strict = deqlab.Anderson(m=5).replace(tol=1e-8, max_steps=500)
+            >>> strict.m, strict.tol, strict.max_steps
+            (5, 1e-08, 500)
+        """
+        return replace_settings(self, changes)
+
     def resolved_tol(self, dtype) -> float:
         """The tolerance of a solve in ``dtype``: ``tol``, or the dtype's default."""
         return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
@@ -246,6 +271,18 @@ class Solver:
 
 
 dataclasses.dataclass(frozen=True, kw_only=True)(Solver)
+
+
+def replace_settings(config: Any, changes: dict) -> Any:
+    """``dataclasses.replace(config, **changes)`` with a TypeError naming an unknown setting and the
+    valid ones (the constructor's validation runs on the copy)."""
+    fields = [field.name for field in dataclasses.fields(config)]
+    unknown = sorted(set(changes) - set(fields))
+    if unknown:
+        raise TypeError(f"{type(config).__name__}.replace: {', '.join(f'`{name}`' for name in unknown)} "
+                        f"{'is not a setting' if len(unknown) == 1 else 'are not settings'} of "
+                        f"{type(config).__name__}; its settings are {', '.join(fields)}.")
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def configuration_class(cls):

@@ -305,8 +305,8 @@ def denoise(weights: dict[str, jax.Array], noisy: jax.Array, *, tol: float = 1e-
     def cell(z, t1, b):
         return jax.nn.relu(_apply_transfer(t1, z) + b)
 
-    sol = fixed_point(cell, jnp.zeros_like(noisy), t["W1"], injection, solver=Anderson(m=anderson_m),
-                      tol=tol, max_steps=max_steps, batch_axis=0, on_failure="ignore")
+    sol = fixed_point(cell, jnp.zeros_like(noisy), t["W1"], injection, solver=Anderson(m=anderson_m, tol=tol, max_steps=max_steps),
+                      batch_axis=0, on_failure="ignore")
     return _apply_transfer(t["V1"], sol.value) + _apply_transfer(t["V2"], noisy), sol
 
 

@@ -45,7 +45,7 @@ from deqlab.lab import data
 from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.nn.normalization import SpectralNorm, update_estimates
-from deqlab.solvers import get_solver
+from deqlab.solvers import Anderson, get_solver
 
 __all__ = ["REMEDIES", "x64", "StabilityWarning", "StabilisedClassifier", "train_remedy", "run_stabilisation_sweep",
            "summarize", "gradient_errors", "predicted_radius"]
@@ -509,8 +509,8 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
                 return optax.softmax_cross_entropy_with_integer_labels(m.readout(z), y).mean()
 
             g = jax.grad(cotangent)(sol.value)
-            adjoint = adjoint_solve(f, sol.value, (args, x_flat), g, solver="anderson", tol=1e-4,
-                                    max_steps=max_steps, batch_axis=0)
+            adjoint = adjoint_solve(f, sol.value, (args, x_flat), g, solver=Anderson(tol=1e-4, max_steps=max_steps),
+                                    batch_axis=0)
             return adjoint.stats.nfe
 
         # the adjoint solve's VJPs, plus the one that gives the parameter gradient
