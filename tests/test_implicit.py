@@ -337,3 +337,13 @@ def test_backward_names_are_shortcuts_for_the_objects():
         assert float(by_name) == float(by_object)
     with pytest.raises(ValueError, match="`cotangent` must have the structure and shapes"):
         adjoint_solve(f, jnp.ones(4), (0.5,), jnp.ones(3))
+
+
+def test_former_module_reexports_the_backward_package():
+    # deqlab.implicit was the home of the backward modes until 0.7: old imports keep working.
+    import deqlab.backward
+    import deqlab.implicit
+
+    assert deqlab.implicit.__all__ == deqlab.backward.__all__
+    for name in deqlab.backward.__all__:
+        assert getattr(deqlab.implicit, name) is getattr(deqlab.backward, name), name

@@ -17,7 +17,7 @@ subclass of :class:`Backward` that defines ``solve(problem)``, and so can be a m
 the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolver`; the string
 ``"gmres"`` is its alias). All are hashable pytrees with static fields:
 
-- :class:`Implicit` ``(solver, tol, max_steps)``: the above, through
+- :class:`Implicit` ``(solver, tol, max_steps)``: the above (003 Theorem 1), through
   ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
 - :class:`Unrolled` ``()``: reverse-mode differentiation through ``max_steps`` forward
   iterations (``lax.scan``; memory grows linearly with ``max_steps``). The reference the others
@@ -43,26 +43,35 @@ not the equilibrium's) and a sample whose adjoint solve failed (its gradient is 
 ``"warn"`` (default) issues a :class:`BackwardWarning`; ``"nan"`` makes the failing samples'
 values and gradients NaN, so a loss that uses them is NaN (no host callback: the choice for
 TPUs); ``"raise"`` raises :class:`~deqlab.failures.SolverError`; ``"ignore"`` leaves the
-per-sample ``Solution.result`` as the only record. Compare a backward linear solve that returns
-zeros when it fails (google/jaxopt issue 466).
+per-sample ``Solution.result`` as the only record (never an adjoint that is silently zero).
 """
 
+# Failures are reported rather than returned as a zero adjoint, which jaxopt's backward linear
+# solve does when it fails (google/jaxopt issue 466).
+#
 # The package is one module per idea: base.py (Problem, Backward, failure reports), linear.py
 # (adjoint linear solvers), adjoint.py (adjoint_solve), one module per backward mode (implicit.py,
 # unrolled.py, phantom.py, shine.py), registry.py (modes by name), api.py (fixed_point) and
 # check.py (check_gradients).
 
+from deqlab.backward import linear as _linear
+from deqlab.backward import registry as _registry
 from deqlab.backward.adjoint import adjoint_solve
 from deqlab.backward.api import fixed_point
 from deqlab.backward.base import Backward, BackwardWarning, Problem
 from deqlab.backward.check import check_gradients
 from deqlab.backward.implicit import Implicit
-from deqlab.backward.linear import GMRES, LINEAR_SOLVERS, LinearSolver, get_adjoint_solver
+from deqlab.backward.linear import GMRES, LinearSolver, get_adjoint_solver
 from deqlab.backward.phantom import JacobianFree, Phantom
-from deqlab.backward.registry import BACKWARDS, get_backward
+from deqlab.backward.registry import get_backward
 from deqlab.backward.shine import SHINE
 from deqlab.backward.unrolled import Unrolled
 from deqlab.failures import FAILURE_POLICIES
+
+#: The backward modes by name (each name is a shortcut for the mode with its defaults).
+BACKWARDS = _registry.BACKWARDS
+#: Adjoint linear solvers by name: ``"gmres"`` (a shortcut for ``GMRES()``).
+LINEAR_SOLVERS = _linear.LINEAR_SOLVERS
 
 __all__ = [
     "fixed_point",

@@ -66,6 +66,16 @@ def adjoint_solve(
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
+
+    Raises:
+        ValueError: ``args`` not a tuple, a ``cotangent`` of another structure or shape than
+            ``z_star``, an unknown solver or ``on_failure``.
+        TypeError: ``tol`` or ``max_steps`` given (removed; the message says what replaces them).
+        SolverError: with ``on_failure="raise"``, when some sample's adjoint solve failed.
+
+    Example:
+        >>> u = adjoint_solve(f, z_star, (w, x), g, solver=GMRES(tol=1e-8, max_steps=200)).value
+        >>> grad_w = jax.vjp(lambda w: f(z_star, w, x), w)[1](u)[0]   # dL/dw (003 Eq. 8)
     """
     removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
     check_policy(on_failure, "adjoint_solve")

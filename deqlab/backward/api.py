@@ -76,7 +76,7 @@ def fixed_point(
             names for the defaults, or an instance of your own :class:`Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
             (default, :class:`BackwardWarning` attributed to your line), ``"raise"``, ``"nan"``
-            (its value and gradient NaN; no host callback) or ``"ignore"`` (module docstring,
+            (its value and gradient NaN; no host callback) or ``"ignore"`` (:mod:`deqlab.backward`,
             :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
@@ -96,6 +96,8 @@ def fixed_point(
             after the computation returns; under ``jit`` / ``grad`` / ``vmap``, from a host
             callback (wrapped in JAX's runtime error). ``on_failure="warn"`` issues
             :class:`BackwardWarning` the same way.
+        TypeError: ``tol``, ``max_steps`` or ``throw`` given (removed arguments; the message
+            says what replaces them).
 
     Caching and warm starts:
         The computation runs under an internal ``jax.jit`` keyed on the function object ``f``

@@ -19,7 +19,14 @@ __all__ = ["BackwardWarning", "Problem", "Backward", "report", "matmul_level", "
 
 
 class BackwardWarning(SolverWarning):
-    """A solve behind a gradient (forward or adjoint) did not converge for some samples."""
+    """A solve behind a gradient (forward or adjoint) did not converge for some samples.
+
+    Issued by :func:`fixed_point` and :func:`adjoint_solve` with ``on_failure="warn"``; a
+    subclass of :class:`~deqlab.failures.SolverWarning`, so a filter on that catches both.
+
+    Example:
+        >>> warnings.simplefilter("error", deqlab.backward.BackwardWarning)   # make it an error
+    """
 
 
 
@@ -41,6 +48,13 @@ class Problem:
         tol: the forward tolerance; dtype: the dtype of the solve.
         on_failure: the caller's policy (:mod:`deqlab.failures`); :func:`fixed_point` applies it
             to the forward result, a mode applies it to solves of its own (an adjoint solve).
+
+    Example:
+        A mode's ``solve`` reads it::
+
+            def solve(self, problem):
+                sol = problem.forward(unrolled=True)   # the forward solve, differentiable
+                return sol
     """
 
     f: Callable[..., Any]
@@ -61,10 +75,21 @@ class Problem:
 
     def forward(self, z0: Any = None, args: tuple | None = None, *, init_state: Any = _SAME,
                 **options) -> Solution:
-        """:func:`deqlab.solvers.solve` of this problem (``z0`` / ``args`` / ``init_state``
-        replaced where given; ``options`` such as ``unrolled=True`` passed on). A mode that wraps
-        the solve in ``jax.custom_vjp`` passes ``init_state`` in as a primal input (never through
-        a closure: it may be traced)."""
+        """:func:`deqlab.solvers.solve` of this problem, with the problem's solver and options.
+
+        A mode that wraps the solve in ``jax.custom_vjp`` passes ``init_state`` in as a primal
+        input (never through a closure: it may be traced).
+
+        Args:
+            z0, args: replace the problem's where given.
+            init_state: replaces the problem's where given (None: a cold start).
+            **options: further arguments of :func:`deqlab.solvers.solve`, e.g. ``unrolled=True``
+                (``on_failure`` defaults to ``"ignore"``: :func:`fixed_point` reports the
+                forward solve).
+
+        Returns:
+            The forward :class:`~deqlab.solvers.Solution`.
+        """
         z0 = self.z0 if z0 is None else z0
         args = self.args if args is None else args
         init_state = self.init_state if init_state is _SAME else init_state

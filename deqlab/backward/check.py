@@ -57,14 +57,36 @@ def check_gradients(
     finite differences alone have errors around 1e-3.
 
     Args:
-        tol: forward (and adjoint) tolerance; None: 1e-12 in float64, the dtype's default otherwise.
+        f, z0: the map and the initial guess, as for :func:`fixed_point`.
+        args: the further arguments of ``f``; the gradient is taken with respect to every
+            array in them.
+        loss: a scalar function of z*; None: the sum of squares of every leaf.
+        solver: the forward solver (and the adjoint one, unless the mode names its own), a name
+            or an object.
+        tol, max_steps: the settings the check runs the solver with, applied to it once with
+            :func:`deqlab.solvers.get_solver` (tighter and longer than a solve's defaults, as a
+            check needs); ``tol`` None: 1e-12 in float64, the dtype's default otherwise.
+        batch_axis: as for :func:`fixed_point`.
         backward: the backward mode checked (name or object, as in :func:`fixed_point`).
+        eps: the finite-difference step (> 0).
+        directions: number of random directions (>= 1).
+        key: PRNG key of the directions; None: ``jax.random.key(0)``.
 
     Returns:
         ``{"implicit_vs_unrolled", "implicit_vs_fd", "unrolled_vs_fd"}`` relative errors (the
         largest over directions for the finite-difference ones; "implicit" is the mode checked)
         and the forward and adjoint solves' worst residuals, ``"forward_residual"`` and
         ``"adjoint_residual"``. A gradient with a NaN gives a NaN error, never a small one.
+
+    Raises:
+        ValueError: a bad ``eps``, ``directions``, ``key``, ``backward`` or ``solver``, or a
+            malformed problem (as :func:`fixed_point`).
+
+    Example:
+        >>> jax.config.update("jax_enable_x64", True)
+        >>> errors = check_gradients(lambda z, w, x: jnp.tanh(w @ z + x), jnp.zeros(4), 0.3 * w, x)
+        >>> errors["implicit_vs_fd"] < 1e-6
+        True
     """
     if loss is None:
         loss = lambda z: sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(z))  # noqa: E731

@@ -26,7 +26,14 @@ class Implicit(Backward):
         solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, a
             :class:`LinearSolver` object such as :class:`GMRES`, or ``"gmres"`` (its defaults);
             None: the forward solver.
-        tol, max_steps: of the adjoint solve; None: the forward ones.
+        tol, max_steps: of the adjoint solve; None: an adjoint solver object's own, else the
+            forward solve's (:meth:`adjoint_solver` resolves them, in this one place).
+
+    Raises:
+        ValueError: an unknown adjoint solver, or a setting outside its range.
+
+    Example:
+        >>> deqlab.fixed_point(f, z0, w, x, backward=Implicit(solver=GMRES(restart=10), max_steps=300))
     """
 
     solver: Any = None

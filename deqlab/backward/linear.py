@@ -25,9 +25,9 @@ class LinearSolver:
 
     Args:
         tol: relative residual of the linear system to reach per sample (> 0); None: the
-            dtype's default (:func:`deqlab.precision.default_tol`). A ``tol`` given to
-            :func:`adjoint_solve` or :class:`Implicit` overrides it.
-        max_steps: bound on the operator applications (>= 1); overridden likewise.
+            dtype's default (:func:`deqlab.precision.default_tol`). :class:`Implicit`'s own
+            ``tol``, where given, takes its place (:meth:`Implicit.adjoint_solver`).
+        max_steps: bound on the operator applications (>= 1); likewise.
 
     Raises:
         ValueError: a setting outside its range, naming it and the valid range.
@@ -112,6 +112,9 @@ class GMRES(LinearSolver):
     Args:
         restart: Krylov subspace size between restarts (>= 1).
         tol, max_steps: as for :class:`LinearSolver`.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
 
     Example:
         >>> fixed_point(f, z0, x, backward=Implicit(solver=GMRES(restart=30), max_steps=300))

@@ -18,6 +18,12 @@ class Phantom(Backward):
     Args:
         steps: number of steps k (>= 1).
         damping: step fraction in (0, 1].
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
+
+    Example:
+        >>> deqlab.fixed_point(f, z0, w, x, backward=Phantom(steps=5, damping=0.5))
     """
 
     steps: int = 5
@@ -47,7 +53,13 @@ class JacobianFree(Phantom):
     error against the implicit gradient is of the order of ``||J_f||`` (the first Neumann term
     dropped); Fung et al. show it is still a descent direction when f is a contraction.
 
-    Args:
+    No settings (``steps`` and ``damping`` are fixed at 1).
+
+    Raises:
+        ValueError: ``steps`` or ``damping`` given another value (use :class:`Phantom`).
+
+    Example:
+        >>> deqlab.fixed_point(f, z0, w, x, backward=JacobianFree())
     """
 
     steps: int = 1

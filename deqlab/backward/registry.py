@@ -18,7 +18,23 @@ BACKWARDS = {cls.name: cls for cls in (Implicit, Unrolled, Phantom, JacobianFree
 
 
 def get_backward(backward: Any) -> Backward:
-    """A backward object from a name (its defaults) or an object (unchanged)."""
+    """A backward object from a name (its defaults) or an object (unchanged).
+
+    Args:
+        backward: a name of :data:`BACKWARDS` (``"implicit"``, ``"unrolled"``, ``"phantom"``,
+            ``"jacobian_free"``, ``"shine"``) or an instance of a :class:`Backward` subclass.
+
+    Returns:
+        A :class:`Backward`.
+
+    Raises:
+        ValueError: an unknown name or a value that is not a backward mode (the message lists
+            the names).
+
+    Example:
+        >>> get_backward("phantom") == Phantom()
+        True
+    """
     if isinstance(backward, Backward):
         return backward
     if isinstance(backward, str) and backward in BACKWARDS:

@@ -28,6 +28,13 @@ class SHINE(Backward):
 
     Args:
         refine: adjoint fixed-point steps after the estimate (>= 0).
+
+    Raises:
+        ValueError: ``refine`` negative or not an integer; at the solve, a forward solver without
+            ``inverse_jacobian_transpose``.
+
+    Example:
+        >>> deqlab.fixed_point(f, z0, w, x, solver=deqlab.Broyden(m=8), backward=SHINE(refine=2))
     """
 
     refine: int = 0

@@ -1,9 +1,15 @@
 """Forward fixed-point solvers for equilibrium models: damped Picard, Anderson, Broyden.
 
-A deep equilibrium model (003 §3.1, Eq. 4) outputs the fixed point z* = f(z*, x). This module
+A deep equilibrium model (003 §3.1, Eq. 4) outputs the fixed point z* = f(z*, x). This package
 finds it. Every solver here works on a pytree ``z`` and returns a :class:`Solution` carrying the
 value, a per-sample :class:`~deqlab.failures.Result`, and statistics (steps, function evaluations, the residual
 trace and the best residual).
+
+Settings live on the solver object
+    ``Anderson(m=5, tol=1e-6, max_steps=200, stop="error")`` holds every setting of a solve;
+    :func:`solve` and :func:`deqlab.backward.fixed_point` take the object (or a name, for the
+    defaults) and nothing that overrides it. ``solver.replace(tol=1e-8)`` is a copy with some
+    settings changed, validated like the constructor.
 
 Writing a solver
     The built-in solvers (:class:`Picard`, :class:`Anderson`, :class:`Broyden`) are subclasses of
@@ -50,16 +56,16 @@ Error-controlled stopping (``stop="error"``)
     (:attr:`Solver.rate_estimate`): for Picard the largest of the last three residual ratios
     ``||g_k|| / ||g_{k-1}||`` (g = f(z) - z); for Anderson and Broyden, whose residual ratios
     measure the acceleration rather than f, the largest secant quotient
-    ``||f(z') - f(z)|| / ||z' - z||`` over all steps so far. Where the estimate is unreliable (a rate at or above 0.999, which a residual that
-    grew gives Picard; a non-finite ratio; Picard's first three steps) the residual rule above
-    decides, with the same ``tol``; ``SolveStats.error_estimate`` is then inf. The bound assumes the rate seen so far is
-    f's; measured on linear maps of known spectral norm (rates 0.5 ... 0.995, rotating and symmetric
-    spectra) the delivered error was at most 1.25 times the unscaled estimate, hence ``safety`` 1.5;
-    on rotating spectra it is conservative by up to 30x (the bound sums step lengths that cancel).
+    ``||f(z') - f(z)|| / ||z' - z||`` over all steps so far. Where the estimate is unreliable (a
+    rate at or above 0.999, which a residual that grew gives Picard; a non-finite ratio; Picard's
+    first three steps) the residual rule above decides, with the same ``tol``;
+    ``SolveStats.error_estimate`` is then inf. The bound assumes the rate seen so far is f's; the
+    factor ``safety`` covers an estimate of the rate that is somewhat low, and on rotating spectra
+    the bound is conservative (it sums step lengths that cancel).
 
 Checks every k steps (``check_every``)
-    Judging a step (norms, selections, statistics) costs about a fifth of a 256-wide tanh layer on
-    the batch. With ``check_every=k`` the loop takes k - 1 bare steps and judges the k-th: a sample
+    Judging a step (norms, selections, statistics) costs a fraction of an evaluation of a
+    typical f on the batch. With ``check_every=k`` the loop takes k - 1 bare steps and judges the k-th: a sample
     stops at most k - 1 steps after it could have, and steps, trace rows and failures are counted
     at judged steps (a non-finite iterate inside a chunk is rejected at its end). ``unrolled``
     solves judge every step.
@@ -86,6 +92,11 @@ Failure is reported, never hidden
     (``"warn"``, ``"raise"``, ``"nan"`` or ``"ignore"``; :mod:`deqlab.failures`).
 """
 
+# Measured on linear maps of known spectral norm (rates 0.5 ... 0.995, rotating and symmetric
+# spectra), the error delivered by stop="error" was at most 1.25 times the unscaled estimate, hence
+# the default safety 1.5; on rotating spectra the estimate is conservative by up to 30x. Judging a
+# step costs about a fifth of a 256-wide tanh layer on the batch (the reason for check_every).
+#
 # The package is one module per idea: solution.py (what a solve returns), base.py (the Solver
 # class and its hooks), picard.py, anderson.py, broyden.py, history.py (their shared buffers),
 # flatten.py (pytrees to (B, D) rows and the per-sample norms), loop.py (the shared iteration),
@@ -94,17 +105,25 @@ Failure is reported, never hidden
 from deqlab.failures import Result as Result  # noqa: F401  (importable from here too)
 from deqlab.failures import SolverError as SolverError  # noqa: F401
 from deqlab.failures import SolverWarning as SolverWarning  # noqa: F401
+from deqlab.solvers import base as _base
+from deqlab.solvers import registry as _registry
 from deqlab.solvers.anderson import Anderson
 from deqlab.solvers.api import check_problem, solve
-from deqlab.solvers.base import RATE_ESTIMATES, Solver
 from deqlab.solvers.base import RATE_LIMIT as RATE_LIMIT  # noqa: F401
 from deqlab.solvers.base import RATE_WINDOW as RATE_WINDOW  # noqa: F401
 from deqlab.solvers.base import STOPPING_RULES as STOPPING_RULES  # noqa: F401
+from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden, BroydenState
 from deqlab.solvers.flatten import Flattener, relative_residual
 from deqlab.solvers.picard import Picard
-from deqlab.solvers.registry import SOLVERS, get_solver
+from deqlab.solvers.registry import get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats, raise_if_failed
+
+#: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"`` (each name is a
+#: shortcut for the solver with its defaults).
+SOLVERS = _registry.SOLVERS
+#: How ``stop="error"`` estimates the contraction rate q (see :attr:`Solver.rate_estimate`).
+RATE_ESTIMATES = _base.RATE_ESTIMATES
 
 # Result, SolverError and SolverWarning live in deqlab.failures (documented there) and are
 # importable from here too; STOPPING_RULES, RATE_LIMIT and RATE_WINDOW are module constants

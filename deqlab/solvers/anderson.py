@@ -32,6 +32,12 @@ class Anderson(Solver):
         ridge: Tikhonov regularisation of the scaled mixing problem (>= 0).
         damping: mixing parameter beta in (0, 1].
         tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
+
+    Example:
+        >>> sol = deqlab.solve(f, z0, x, solver=Anderson(m=6, tol=1e-6, max_steps=300), batch_axis=0)
     """
 
     m: int = 5

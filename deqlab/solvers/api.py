@@ -196,8 +196,25 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
 
 
 
-def check_problem(f, z0, args, has_aux=False):
-    """Evaluate f's output structure once (abstractly) and name what is wrong, if anything."""
+def check_problem(f: Callable[..., Any], z0: Any, args: tuple, has_aux: bool = False) -> None:
+    """Check that ``f(z0, *args)`` returns what a solve needs, and name what is wrong if not.
+
+    f is evaluated abstractly (``jax.eval_shape``, no computation); concrete inputs are also
+    checked for NaN and inf.
+
+    Args:
+        f: the map of :func:`solve`.
+        z0: the initial guess.
+        args: the further arguments of ``f``, a tuple.
+        has_aux: ``f`` returns ``(z_next, aux)``.
+
+    Raises:
+        ValueError: ``f`` is not callable or cannot be evaluated, returns another structure,
+            shape or a non-floating dtype than ``z0``, or a concrete input holds NaN or inf.
+
+    Example:
+        >>> check_problem(lambda z, x: jnp.tanh(z + x), jnp.zeros(3), (jnp.ones(3),))   # passes
+    """
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
     try:

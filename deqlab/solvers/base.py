@@ -17,7 +17,7 @@ __all__ = ["Solver", "STOPPING_RULES", "RATE_LIMIT", "RATE_WINDOW", "RATE_ESTIMA
 
 
 #: Stopping rules: ``"residual"`` (relative residual <= tol) and ``"error"`` (estimated error of
-#: the returned value <= tol, see the module docstring).
+#: the returned value <= tol, see :mod:`deqlab.solvers`).
 STOPPING_RULES = ("residual", "error")
 #: Contraction-rate estimates at or above this are unreliable (a rate this close to 1 multiplies
 #: the error bound by 1 / (1 - q) >= 1000, and rounding noise makes ratios near 1 meaningless): the
@@ -44,8 +44,8 @@ class Solver:
       ``z`` and ``fz = f(z)``.
 
     and nothing else: the shared loop of :func:`solve` evaluates f, judges every sample on its own
-    (the tolerance rule, ``stop="residual"`` or ``"error"``, divergence and non-finite checks, the
-    module docstring), freezes samples that stopped, keeps the statistics and returns a
+    (the tolerance rule, ``stop="residual"`` or ``"error"``, divergence and non-finite checks,
+    :mod:`deqlab.solvers`), freezes samples that stopped, keeps the statistics and returns a
     :class:`SolverState` for warm starts (``init_state``). Subclasses are made frozen, keyword-only
     dataclasses and pytrees automatically (do not decorate them with ``@dataclasses.dataclass``):
     their annotated class attributes are configuration fields, static in the pytree (hashable,
@@ -70,9 +70,9 @@ class Solver:
         divergence_factor: a sample whose absolute residual grows by more than this (> 1) over
             the best one seen is reported ``Result.DIVERGED``.
         stop: ``"residual"`` (relative residual <= tol) or ``"error"`` (estimated error of the
-            returned value <= tol), see the module docstring.
+            returned value <= tol), see :mod:`deqlab.solvers`.
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
-        check_every: judge convergence every this many steps (>= 1; module docstring).
+        check_every: judge convergence every this many steps (>= 1; :mod:`deqlab.solvers`).
 
     Raises:
         ValueError: a setting outside its range (the message names it and the valid range), or a

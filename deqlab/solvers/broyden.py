@@ -17,10 +17,20 @@ __all__ = ["Broyden", "BroydenState"]
 
 
 class BroydenState(NamedTuple):
-    """The state of :class:`Broyden`: ``m`` rank-one pairs ``us``, ``vs`` (shape ``(B, m, D)``)
-    of ``B = -I + sum_i u_i v_i^T``, the number ``count`` of pairs in the current cycle (a scalar
-    shared by the batch), the last iterate ``z``, its residual ``g = f(z) - z`` and the next
-    direction ``B g``."""
+    """The state of :class:`Broyden` (``SolverState.history`` of a Broyden solve).
+
+    Attributes:
+        us, vs: the ``m`` rank-one pairs of ``B = -I + sum_i u_i v_i^T`` (003 Eq. 10), shape
+            ``(B, m, D)``; unused slots hold zeros.
+        count: the number of pairs in the current cycle (a scalar shared by the batch).
+        z: the last iterate, shape ``(B, D)``.
+        g: its residual ``f(z) - z``.
+        direction: the next direction ``B g``.
+
+    Example:
+        >>> sol = deqlab.solve(f, z0, x, solver=Broyden(m=4))
+        >>> sol.state.history.us.shape   # (1, 4, D) without a batch axis
+    """
 
     us: jax.Array
     vs: jax.Array
@@ -36,7 +46,7 @@ class Broyden(Solver):
     The inverse-Jacobian estimate starts at B_0 = -I and receives the rank-one update of 003
     Eq. 10, B <- B + (dz - B dg) dz^T B / (dz^T B dg), stored as B = -I + sum_i u_i v_i^T with at
     most ``m`` pairs; when the history is full it restarts from -I, so memory does not grow with
-    ``max_steps`` (the complaint of locuslab/deq issue 28). Steps are z <- z - step * B g.
+    ``max_steps``. Steps are z <- z - step * B g.
     The first step is a Picard step. Updates whose denominator is tiny are skipped (their slot
     holds a zero pair). Inner products are accumulated in at least float32, so half-precision
     iterates work.
@@ -48,6 +58,9 @@ class Broyden(Solver):
         m: history size (number of rank-one pairs kept, >= 1).
         step: step length alpha of 003 Eq. 6, in (0, 1].
         tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
 
     The state (``SolverState.history``) is a :class:`BroydenState`; :meth:`inverse_jacobian`
     and :meth:`inverse_jacobian_transpose` apply its estimate B (what

@@ -15,9 +15,31 @@ __all__ = ["Flattener", "row_norm", "relative_residual"]
 
 
 class Flattener:
-    """Maps a pytree whose leaves share a batch axis to a (B, D) array and back.
+    """Maps a pytree whose leaves share a batch axis to a ``(B, D)`` array and back.
 
-    ``name`` is the argument the pytree came from (for error messages).
+    The solvers work on such rows: sample b is row b, its D numbers the entries of all its
+    leaves in order. Leaves are cast to their common dtype on the way in and back to their own
+    dtypes on the way out.
+
+    Args:
+        tree: the pytree whose structure, shapes and dtypes are recorded (real floating arrays).
+        batch_axis: the axis of every leaf that indexes samples, or None (one sample, B = 1).
+        name: the argument the pytree came from, for error messages.
+
+    Attributes:
+        batch: B, the number of samples.
+        dim: D, the numbers per sample.
+        dtype: the common dtype of the leaves.
+
+    Raises:
+        ValueError: an empty tree, a leaf that is not a real floating array, a ``batch_axis``
+            that is not an axis of every leaf, leaves that disagree on the batch size, or no
+            number per sample.
+
+    Example:
+        >>> flat = Flattener({"a": jnp.zeros((4, 2)), "b": jnp.zeros((4, 3))}, batch_axis=0)
+        >>> flat.batch, flat.dim
+        (4, 5)
     """
 
     def __init__(self, tree, batch_axis, name="z0"):
@@ -101,8 +123,21 @@ class Flattener:
 
 
 def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
-    """Relative residual of each row of (B, D) arrays (the tolerance rule of this module),
-    accumulated in at least float32 and never differentiated (it only decides)."""
+    """Relative residual of each row of ``(B, D)`` arrays, the tolerance rule of every solver.
+
+    ``||f(z) - z|| / (||f(z)|| + eps sqrt(D))`` per row (:mod:`deqlab.solvers`), accumulated in at
+    least float32 and never differentiated (it only decides).
+
+    Args:
+        fz: ``f(z)``, shape ``(B, D)``.
+        z: the iterates, shape ``(B, D)``.
+
+    Returns:
+        Shape ``(B,)``, in at least float32.
+
+    Example:
+        >>> relative_residual(jnp.ones((1, 4)), jnp.zeros((1, 4)))   # about 1: z is far from f(z)
+    """
     fz, z = jax.lax.stop_gradient((fz, z))
     eps = jnp.finfo(z.dtype).eps
     scale = row_norm(fz) + eps * math.sqrt(z.shape[-1])
@@ -110,8 +145,9 @@ def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
 
 
 
-def row_norm(x):
-    """2-norm of each row of a (B, D) array, accumulated in at least float32."""
+def row_norm(x: jax.Array) -> jax.Array:
+    """2-norm of each row of a ``(B, D)`` array, accumulated in at least float32: the per-sample
+    norm of every solver and of the loop."""
     work = precision_module.working_dtype(x.dtype)
     return jnp.sqrt(jnp.sum(jnp.square(x.astype(work)), axis=-1))
 

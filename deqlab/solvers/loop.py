@@ -36,7 +36,7 @@ def run(config, tol, func, z0_flat, unrolled, init_history=None):
     reverse-mode differentiation through the iterations works; otherwise ``lax.while_loop``.
     ``init_history`` continues a solver history from an earlier solve (``SolverState.history``).
     With ``config.check_every = k > 1`` (and not unrolled) the loop takes k steps per check: the
-    first k - 1 are bare solver steps, the k-th is judged (see the module docstring).
+    first k - 1 are bare solver steps, the k-th is judged (see :mod:`deqlab.solvers`).
     """
     dtype = z0_flat.dtype
     work = precision_module.working_dtype(dtype)

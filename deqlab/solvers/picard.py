@@ -13,15 +13,18 @@ class Picard(Solver):
 
     Args:
         damping: step fraction in (0, 1]; 1 is plain fixed-point iteration.
-        tol, max_steps, divergence_factor: see the module docstring.
-        stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (module docstring).
+        tol, max_steps, divergence_factor: see :mod:`deqlab.solvers`.
+        stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (:mod:`deqlab.solvers`).
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
-        check_every: judge convergence every this many steps (module docstring).
+        check_every: judge convergence every this many steps (:mod:`deqlab.solvers`).
 
     Hooks (see :class:`Solver`): ``rate_estimate = "residual_ratio"`` (a stationary iteration:
     its residual ratios tend to the damped map's rate), ``steps_past_convergence = True`` (a
     converged sample returns ``z + damping (f(z) - z)`` from the iterate that met ``tol``) and
     :meth:`error_bound_factor` ``damping q / (1 - q)`` for that stepped value.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
 
     Example:
         >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3),
