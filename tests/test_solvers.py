@@ -302,17 +302,22 @@ def _bad(**kwargs):
     n = 4
     base = dict(f=linear_map, z0=jnp.zeros(n), args=(jnp.eye(n) * 0.5, jnp.ones(n)))
     base.update(kwargs)
-    return lambda: solve(base["f"], base["z0"], *base["args"], **base.get("options", {}))
+    options = dict(base.get("options", {}))
+    settings = base.get("settings")
+    if settings is None:
+        return lambda: solve(base["f"], base["z0"], *base["args"], **options)
+    # a solver setting is checked where the solver object is built (the one place it lives)
+    return lambda: solve(base["f"], base["z0"], *base["args"], solver=get_solver("anderson", **settings), **options)
 
 
 BAD_SOLVE_CALLS = [
     ("solver", dict(options=dict(solver="newton"))),
     ("solver", dict(options=dict(solver=3))),
-    ("tol", dict(options=dict(tol=-1e-3))),
-    ("tol", dict(options=dict(tol=0.0))),
-    ("tol", dict(options=dict(tol=float("nan")))),
-    ("max_steps", dict(options=dict(max_steps=0))),
-    ("max_steps", dict(options=dict(max_steps=2.5))),
+    ("tol", dict(settings=dict(tol=-1e-3))),
+    ("tol", dict(settings=dict(tol=0.0))),
+    ("tol", dict(settings=dict(tol=float("nan")))),
+    ("max_steps", dict(settings=dict(max_steps=0))),
+    ("max_steps", dict(settings=dict(max_steps=2.5))),
     ("batch_axis", dict(options=dict(batch_axis=3))),
     ("batch_axis", dict(options=dict(batch_axis="0"))),
     ("f", dict(f=lambda z, w, x: jnp.concatenate([z, z]))),
