@@ -85,12 +85,12 @@ def deqlab_configs(max_steps: int) -> list[Config]:
 
     def make_for(solver):
         def make(case, tol, f, counter=None, backward=None):
-            options = dict(solver=solver, tol=tol, max_steps=max_steps, batch_axis=0)
+            options = dict(solver=deqlab.solvers.get_solver(solver, tol=tol, max_steps=max_steps), batch_axis=0)
             if backward is not None:
                 # Implicit backward (deqlab's default path); "same": the adjoint is solved by the
                 # forward solver, with the forward tolerance and iteration limit. Failures are
                 # measured by the harness (gradient error), not warned about.
-                options["backward"] = deqlab.implicit.Implicit(solver=None if backward == "same" else backward)
+                options["backward"] = deqlab.backward.Implicit(solver=None if backward == "same" else backward)
             options["on_failure"] = "ignore"
 
             def run(args):
@@ -129,7 +129,7 @@ def jaxopt_backward(jaxopt, backward: str | None, tol: float, max_steps: int) ->
         raise ValueError(f"jaxopt backward must be one of {sorted(solvers)}, got {backward!r}")
     # jax.scipy's GMRES counts maxiter in restart cycles (of 20 products), CG in products: divide
     # for GMRES so that every library's backward gets the same budget of products, max_steps (as
-    # deqlab.implicit.adjoint_solve does; max_steps cycles let jaxopt spend 20x the budget).
+    # deqlab.backward.adjoint_solve does; max_steps cycles let jaxopt spend 20x the budget).
     maxiter = -(-max_steps // 20) if backward == "gmres" else max_steps
     return dict(implicit_diff_solve=functools.partial(solvers[backward], tol=tol, maxiter=maxiter))
 

@@ -27,8 +27,9 @@ import jax.numpy as jnp
 if not __package__:  # run as `python benchmarks/memory.py`: the repository root is not on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import jax_session, largest_array, load_peers, parse_args, table, temp_bytes
-from deqlab.implicit import Implicit, fixed_point
+from deqlab.backward import Implicit, fixed_point
 from deqlab.lab.experiments import practice
+from deqlab.solvers import get_solver
 
 
 def main(argv=None) -> dict:
@@ -81,7 +82,7 @@ def measure(args) -> dict:
         forward_solver = "anderson" if solver == "gmres" else solver
 
         def loss(p, forward_solver=forward_solver, solver=solver):
-            z = fixed_point(f, z0, *p, solver=forward_solver, batch_axis=0, max_steps=50,
+            z = fixed_point(f, z0, *p, solver=get_solver(forward_solver, max_steps=50), batch_axis=0,
                             backward=Implicit(solver=solver), on_failure="ignore").value
             return jnp.sum(z**2)
 

@@ -68,7 +68,8 @@ def measure(points: list[tuple[int, int]], solver: str, tol: float, repeats: int
                                 reference=width <= REFERENCE_MAX_WIDTH)
 
         def run(args, case=case):
-            sol = deqlab.solve(case.f, case.z0, *args, solver=solver, tol=tol, max_steps=MAX_STEPS, batch_axis=0)
+            sol = deqlab.solve(case.f, case.z0, *args, solver=deqlab.solvers.get_solver(solver, tol=tol, max_steps=MAX_STEPS),
+                               batch_axis=0)
             return sol.value, sol.stats.nfe, sol.stats.steps, sol.converged
 
         compiled, seconds = common.compile_fn(run, case.args)

@@ -18,9 +18,17 @@ The core in five lines::
     class Mine(deqlab.Solver): init(z, fz) -> state; propose(z, fz, state) -> (z_next, state)
 """
 
-from deqlab import checks, ensembles, failures, precision, solvers, stability
-from deqlab.failures import SolverWarning
-from deqlab.implicit import (
+from deqlab import (
+    backward,
+    checks,
+    ensembles,
+    failures,
+    implicit,  # noqa: F401  (the former home of deqlab.backward, for old code)
+    precision,
+    solvers,
+    stability,
+)
+from deqlab.backward import (
     GMRES,
     SHINE,
     Backward,
@@ -31,6 +39,7 @@ from deqlab.implicit import (
     check_gradients,
     fixed_point,
 )
+from deqlab.failures import SolverWarning
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
 
 __version__ = "0.6.0"
@@ -47,6 +56,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'deqlab' has no attribute {name!r}")
 
 __all__ = [
+    "backward",
     "checks",
     "ensembles",
     "failures",

@@ -1,4 +1,4 @@
-"""Fast eager calls: the computation of :func:`deqlab.solvers.solve` and :func:`deqlab.implicit.fixed_point` under
+"""Fast eager calls: the computation of :func:`deqlab.solvers.solve` and :func:`deqlab.backward.fixed_point` under
 one internal ``jax.jit``, cached on the function and the static configuration.
 
 Called outside ``jit``, a solve used to trace and compile its loop (``lax.while_loop``) on every

@@ -2,11 +2,11 @@
 
 Every solve reports each sample's outcome as a :class:`Result` code (``Solution.result``). What
 happens beyond that is the caller's ``on_failure`` policy, the same argument with the same meaning
-for :func:`deqlab.solvers.solve`, :func:`deqlab.implicit.fixed_point` (its forward and its adjoint solve alike) and
+for :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` (its forward and its adjoint solve alike) and
 :class:`deqlab.nn.DEQ`:
 
 ``"warn"`` (the default everywhere)
-    a :class:`SolverWarning` (:class:`deqlab.implicit.BackwardWarning` for the solves behind a
+    a :class:`SolverWarning` (:class:`deqlab.backward.BackwardWarning` for the solves behind a
     gradient) naming the number of failing samples and the worst residual, attributed to the
     caller's line;
 ``"raise"``

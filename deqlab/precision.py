@@ -15,7 +15,7 @@ of 1e-4 to 3e-4: a solve to ``tol = 1e-5`` never converges. ``"high"`` (three bf
 bits; stalls near 4e-7) and ``"highest"`` (full float32, six passes on TPU) fix this at a cost.
 :func:`required_precision` gives the cheapest precision that reaches a tolerance; the solvers
 evaluate f, and the implicit backward its vector-Jacobian products, under it unless told
-otherwise (``precision=`` of :func:`deqlab.solvers.solve`, :func:`deqlab.implicit.fixed_point` and
+otherwise (``precision=`` of :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` and
 :class:`deqlab.nn.DEQ`). Explicit ``precision=`` on a user's own ``jnp.dot`` always wins over
 this context.
 

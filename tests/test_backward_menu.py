@@ -1,4 +1,4 @@
-"""The gradient-method menu of deqlab.implicit: Jacobian-free (Fung et al. 2022) and SHINE (Ramzi
+"""The gradient-method menu of deqlab.backward: Jacobian-free (Fung et al. 2022) and SHINE (Ramzi
 et al. 2022) beside the implicit, unrolled and phantom backward passes.
 
 On a linear map f(z, b) = A z + b the gradient of L = <c, z*> with respect to b is the adjoint
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqlab.implicit import (
+from deqlab.backward import (
     BACKWARDS,
     SHINE,
     Implicit,
@@ -21,7 +21,7 @@ from deqlab.implicit import (
     fixed_point,
     get_backward,
 )
-from deqlab.solvers import Broyden
+from deqlab.solvers import Broyden, get_solver
 
 jax.config.update("jax_enable_x64", True)
 
@@ -40,8 +40,7 @@ def linear():
 
 def _grad_b(a, b, c, backward, solver="anderson"):
     f = lambda z, b: a @ z + b  # noqa: E731
-    return jax.grad(lambda b: jnp.vdot(c, fixed_point(f, jnp.zeros(N), b, solver=solver, tol=1e-13,
-                                                      max_steps=300, backward=backward).value))(b)
+    return jax.grad(lambda b: jnp.vdot(c, fixed_point(f, jnp.zeros(N), b, solver=get_solver(solver, tol=1e-13, max_steps=300), backward=backward).value))(b)
 
 
 def test_implicit_is_the_exact_adjoint(linear):
@@ -75,7 +74,7 @@ def test_shine_applies_the_forward_broyden_estimate(linear):
     a, b, c, exact = linear
     f = lambda z, b: a @ z + b  # noqa: E731
     solver = Broyden(m=40)
-    sol = fixed_point(f, jnp.zeros(N), b, solver=solver, tol=1e-13, max_steps=300, backward="implicit")
+    sol = fixed_point(f, jnp.zeros(N), b, solver=get_solver(solver, tol=1e-13, max_steps=300), backward="implicit")
     us, vs, count = sol.state.history[:3]
     used = (np.arange(solver.m) < int(count)).astype(float)
     b_matrix = -np.eye(N) + np.einsum("id,i,ie->de", np.asarray(us[0]), used, np.asarray(vs[0]))
@@ -100,7 +99,7 @@ def test_shine_is_exact_in_one_dimension():
     def loss(a, backward):
         f = lambda z, a: jnp.tanh(a * z + 0.3)  # noqa: E731
         # m >= max_steps: no restart of the history (whose pair counter the batch shares)
-        return jnp.sum(fixed_point(f, jnp.zeros((5, 1)), a, solver=Broyden(m=100), tol=1e-12, max_steps=100,
+        return jnp.sum(fixed_point(f, jnp.zeros((5, 1)), a, solver=Broyden(m=100, tol=1e-12, max_steps=100),
                                    batch_axis=0, backward=backward).value ** 2)
 
     exact = jax.grad(loss)(a, Implicit())
@@ -120,7 +119,7 @@ def test_batched_and_jitted_methods_agree_with_per_sample(linear):
         def loss(bs, backward=backward, solver=solver):
             # tol 1e-6, not 1e-13: near machine precision the last secants amplify rounding, which
             # differs between batch sizes (XLA's kernels); a sample mixing with another would show at O(1)
-            return jnp.sum(fixed_point(f, jnp.zeros(bs.shape), bs, solver=solver, tol=1e-6, max_steps=300,
+            return jnp.sum(fixed_point(f, jnp.zeros(bs.shape), bs, solver=get_solver(solver, tol=1e-6, max_steps=300),
                                        batch_axis=0, backward=backward).value @ c)
 
         batched = jax.jit(jax.grad(loss))(bs)

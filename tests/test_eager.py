@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import deqlab
-from deqlab.implicit import SHINE, BackwardWarning, Implicit, JacobianFree, Phantom, Unrolled
-from deqlab.solvers import SolverError
+from deqlab.backward import SHINE, BackwardWarning, Implicit, JacobianFree, Phantom, Unrolled
+from deqlab.solvers import SolverError, get_solver
 
 F32 = jnp.float32
 
@@ -121,11 +121,11 @@ def test_eager_failures_warn_and_raise_from_concrete_values():
     f = Counted()
     for _ in range(2):  # the second call hits the cache and still reports
         with pytest.warns(BackwardWarning, match="forward solve did not converge"):
-            deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2)
+            deqlab.fixed_point(f, z0, w, x, batch_axis=0, solver=deqlab.Anderson(max_steps=2))
         with pytest.raises(SolverError, match="forward solve failed for 4/4"):
-            deqlab.fixed_point(f, z0, w, x, batch_axis=0, max_steps=2, on_failure="raise")
+            deqlab.fixed_point(f, z0, w, x, batch_axis=0, solver=deqlab.Anderson(max_steps=2), on_failure="raise")
         with pytest.raises(SolverError):
-            deqlab.solve(f, z0, w, x, batch_axis=0, max_steps=2, on_failure="raise")
+            deqlab.solve(f, z0, w, x, batch_axis=0, solver=deqlab.Anderson(max_steps=2), on_failure="raise")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         deqlab.fixed_point(f, z0, w, x, batch_axis=0)  # converged: silent
@@ -155,7 +155,7 @@ PARTIAL = 4  # steps of the solve whose state starts the warm one
 def test_warm_start_gradient_matches_cold_start(solver, backward):
     z0, w, x = _problem(batch=3, width=6, seed=1)
     mode = BACKWARDS[backward]
-    options = dict(solver=solver, tol=TOL, max_steps=200, batch_axis=0, backward=mode)
+    options = dict(solver=get_solver(solver, tol=TOL, max_steps=200), batch_axis=0, backward=mode)
 
     def f(z, w, x):
         return jnp.tanh(z @ w.T + x)
@@ -164,9 +164,9 @@ def test_warm_start_gradient_matches_cold_start(solver, backward):
         # Unrolled differentiates through the iterations: the start must carry their gradient
         # (an unrolled partial solve); the others' gradients do not depend on the start.
         if backward != "unrolled":  # a differentiable solve's state: traced under grad
-            return deqlab.fixed_point(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
+            return deqlab.fixed_point(f, z0, w, x, solver=get_solver(solver, tol=TOL, max_steps=PARTIAL), batch_axis=0,
                                       on_failure="ignore").state
-        partial = deqlab.solve(f, z0, w, x, solver=solver, tol=TOL, max_steps=PARTIAL, batch_axis=0,
+        partial = deqlab.solve(f, z0, w, x, solver=get_solver(solver, tol=TOL, max_steps=PARTIAL), batch_axis=0,
                                unrolled=backward == "unrolled", on_failure="ignore")
         return partial.state
 

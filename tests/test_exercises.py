@@ -258,8 +258,7 @@ class _Classifier(nnx.Module):
     def __call__(self, x):
         graphdef, params = nnx.split(self.cell)
         z0 = jnp.zeros((x.shape[0], self.cell.recurrent.in_features), x.dtype)
-        z = deqlab.fixed_point(lambda z, p, x: nnx.merge(graphdef, p)(z, x), z0, params, x, tol=1e-3,
-                               max_steps=40, batch_axis=0).value
+        z = deqlab.fixed_point(lambda z, p, x: nnx.merge(graphdef, p)(z, x), z0, params, x, solver=deqlab.Anderson(tol=1e-3, max_steps=40), batch_axis=0).value
         return self.readout(jax.lax.stop_gradient(z) if self.stop_gradient else z)
 
 

@@ -1,4 +1,4 @@
-"""The extension points: a user-written deqlab.Solver and deqlab.implicit.Backward, accepted by
+"""The extension points: a user-written deqlab.Solver and deqlab.backward.Backward, accepted by
 solve, fixed_point and nn.DEQ, and solver objects as jit arguments (issue 15, item 3)."""
 
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import deqlab
-from deqlab.implicit import GMRES, Backward, Implicit, JacobianFree, Phantom, Unrolled, adjoint_solve
+from deqlab.backward import GMRES, Backward, Implicit, JacobianFree, Phantom, Unrolled, adjoint_solve
 from deqlab.nn import DEQ, TanhCell
 from deqlab.solvers import Result, SolverState
 

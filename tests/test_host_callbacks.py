@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 import deqlab
-from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled
+from deqlab.backward import SHINE, Implicit, JacobianFree, Phantom, Unrolled
 from deqlab.nn import DEQ
 from deqlab.nn.cells import TanhCell
 

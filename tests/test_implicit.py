@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 jax.config.update("jax_enable_x64", True)
 
 from deqlab import ensembles  # noqa: E402
-from deqlab.implicit import (  # noqa: E402
+from deqlab.backward import (  # noqa: E402
+    GMRES,
     BackwardWarning,
     Implicit,
     Phantom,
@@ -21,7 +22,7 @@ from deqlab.implicit import (  # noqa: E402
     check_gradients,
     fixed_point,
 )
-from deqlab.solvers import Result, SolverError  # noqa: E402
+from deqlab.solvers import Anderson, Picard, Result, SolverError  # noqa: E402
 
 # Tolerance of the gradient checks (the requirement). With solves to 1e-12 relative
 # residual and central differences at eps = 1e-6 in float64, the finite-difference error is
@@ -91,7 +92,7 @@ def test_linear_deq_gradient_matches_closed_form():
     x = jax.random.normal(jax.random.PRNGKey(4), (n,))
 
     def loss(w, x):
-        z = fixed_point(lambda z, w, x: w @ z + x, jnp.zeros(n), w, x, tol=1e-13, max_steps=500).value
+        z = fixed_point(lambda z, w, x: w @ z + x, jnp.zeros(n), w, x, solver=Anderson(tol=1e-13, max_steps=500)).value
         return jnp.sum(z**2)
 
     gw, gx = jax.grad(loss, argnums=(0, 1))(w, x)
@@ -111,7 +112,7 @@ def test_phantom_gradient_approaches_implicit_with_more_steps():
     f = lambda z, w, x: jnp.tanh(w @ z + x)  # noqa: E731
 
     def grad(backward):
-        return jax.grad(lambda w: jnp.sum(fixed_point(f, jnp.zeros(n), w, x, tol=1e-12, backward=backward).value ** 2))(w)
+        return jax.grad(lambda w: jnp.sum(fixed_point(f, jnp.zeros(n), w, x, solver=Anderson(tol=1e-12), backward=backward).value ** 2))(w)
 
     exact = grad("implicit")
     errors = [float(jnp.linalg.norm(grad(Phantom(steps=k, damping=1.0)) - exact) / jnp.linalg.norm(exact))
@@ -130,11 +131,11 @@ def _near_critical_linear_deq(n=16):
 def test_adjoint_solve_reports_failure_and_backward_warns():
     # Near-critical linear map with a starved backward solve: the adjoint cannot converge in 3 steps.
     n, w, x, f, z_star = _near_critical_linear_deq()
-    adjoint = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="picard", max_steps=3)
+    adjoint = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver=Picard(max_steps=3))
     assert int(adjoint.result) == Result.MAX_STEPS_REACHED and not bool(adjoint.converged)
 
     def loss(w, failure):
-        sol = fixed_point(f, jnp.zeros(n), w, x, tol=1e-10, max_steps=3000,
+        sol = fixed_point(f, jnp.zeros(n), w, x, solver=Anderson(tol=1e-10, max_steps=3000),
                           backward=Implicit(solver="picard", max_steps=3), on_failure=failure)
         return jnp.sum(sol.value)
 
@@ -150,9 +151,9 @@ def test_gmres_adjoint_max_steps_bounds_operator_applications():
     # 16 Krylov vectors. With max_steps = 3 it may apply the operator at most 3 times (one restart
     # cycle of 3, not 3 cycles of 20 = 60 products, which would solve the system exactly).
     n, w, x, f, z_star = _near_critical_linear_deq()
-    starved = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="gmres", tol=1e-10, max_steps=3)
+    starved = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver=GMRES(tol=1e-10, max_steps=3))
     assert int(starved.result) == Result.MAX_STEPS_REACHED
-    enough = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver="gmres", tol=1e-10, max_steps=40)
+    enough = adjoint_solve(f, z_star, (w, x), jnp.ones(n), solver=GMRES(tol=1e-10, max_steps=40))
     assert int(enough.result) == Result.SUCCESS
     np.testing.assert_allclose(enough.value, jnp.linalg.solve((jnp.eye(n) - w).T, jnp.ones(n)), rtol=1e-8)
 
@@ -165,7 +166,7 @@ def test_fixed_point_under_vmap_and_jit():
     x = jnp.ones(n)
 
     def loss(w):
-        return jnp.sum(fixed_point(lambda z, w, x: jnp.tanh(w @ z + x), jnp.zeros(n), w, x, tol=1e-12).value ** 2)
+        return jnp.sum(fixed_point(lambda z, w, x: jnp.tanh(w @ z + x), jnp.zeros(n), w, x, solver=Anderson(tol=1e-12)).value ** 2)
 
     batched = jax.jit(jax.vmap(jax.grad(loss)))(ws)
     for i in range(4):
@@ -181,8 +182,7 @@ def test_implicit_memory_is_flat_in_iterations_and_unrolled_grows():
     f = lambda z, w, x: jnp.tanh(z @ w.T + x)  # noqa: E731
 
     def temp_bytes(backward, steps):
-        grad = jax.grad(lambda w: jnp.sum(fixed_point(f, jnp.zeros((batch, n)), w, x, solver="picard",
-                                                      max_steps=steps, backward=backward, batch_axis=0).value ** 2))
+        grad = jax.grad(lambda w: jnp.sum(fixed_point(f, jnp.zeros((batch, n)), w, x, solver=Picard(max_steps=steps), backward=backward, batch_axis=0).value ** 2))
         return jax.jit(grad).lower(w).compile().memory_analysis().temp_size_in_bytes
 
     implicit_10, implicit_100 = temp_bytes("implicit", 10), temp_bytes("implicit", 100)
@@ -237,7 +237,7 @@ def test_gradient_at_default_settings_in_each_dtype(dtype, bound):
     f, z0, args = _contractive_tanh(dtype)
     grad = jax.grad(lambda w: jnp.sum(fixed_point(f, z0, w, *args[1:], batch_axis=0).value ** 2))(args[0])
     f64, z64, a64 = _contractive_tanh(jnp.float64)
-    z_star = fixed_point(f64, z64, *a64, tol=1e-14, batch_axis=0, max_steps=1000).value
+    z_star = fixed_point(f64, z64, *a64, solver=Anderson(tol=1e-14, max_steps=1000), batch_axis=0).value
     w, u, x = a64
     pre = z_star @ w.T + x @ u.T
     slope = 1 - jnp.tanh(pre) ** 2
@@ -257,9 +257,8 @@ def test_unrolled_anderson_in_float32_has_finite_gradients_and_nan_is_never_smal
     f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
     x = jnp.float32(0.3)
     for backward in ("unrolled", "implicit"):
-        g = jax.grad(lambda x: fixed_point(f, jnp.zeros((), jnp.float32), x, backward=backward, tol=1e-6,
-                                           max_steps=200).value)(x)
-        z = fixed_point(f, jnp.zeros(()), jnp.float64(0.3), tol=1e-14).value
+        g = jax.grad(lambda x: fixed_point(f, jnp.zeros((), jnp.float32), x, backward=backward, solver=Anderson(tol=1e-6, max_steps=200)).value)(x)
+        z = fixed_point(f, jnp.zeros(()), jnp.float64(0.3), solver=Anderson(tol=1e-14)).value
         exact = 1 / (1 - 0.5 * (1 - jnp.tanh(z) ** 2))  # dz*/dx = (1 - f_z)^-1
         assert bool(jnp.isfinite(g)) and abs(float(g) - float(exact)) <= 1e-5
     errors = check_gradients(f, jnp.zeros((), jnp.float32), x)
@@ -277,7 +276,7 @@ def test_forward_failure_is_signalled_by_every_backward(mode):
     n, w, x, f, _ = _near_critical_linear_deq()
 
     def loss(w, policy):
-        return jnp.sum(fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3,
+        return jnp.sum(fixed_point(f, jnp.zeros(n), w, x, solver=Picard(tol=1e-10, max_steps=3),
                                    backward=mode(), on_failure=policy).value)
 
     for run in (jax.grad, lambda g: jax.jit(jax.grad(g))):
@@ -288,7 +287,7 @@ def test_forward_failure_is_signalled_by_every_backward(mode):
             warnings.simplefilter("error")
             assert bool(jnp.all(jnp.isfinite(run(lambda w: loss(w, "ignore"))(w))))
     with pytest.raises(SolverError, match="forward solve failed for 1/1 samples"):
-        fixed_point(f, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=3, backward=mode(), on_failure="raise")
+        fixed_point(f, jnp.zeros(n), w, x, solver=Picard(tol=1e-10, max_steps=3), backward=mode(), on_failure="raise")
     # Inside jit the error comes back from the host callback, wrapped by JAX, with the same text
     # (the implicit mode's adjoint, starved by the same 3 steps, may be the one that reports).
     with pytest.raises(Exception, match=r"(forward|adjoint) solve failed for 1/1 samples"):
@@ -312,10 +311,10 @@ def test_closed_over_parameters_get_implicit_gradients():
     w = 0.5 * w
 
     def closed(w):
-        return jnp.sum(fixed_point(lambda z, x: w @ z + x, jnp.zeros(n), x, tol=1e-13).value ** 2)
+        return jnp.sum(fixed_point(lambda z, x: w @ z + x, jnp.zeros(n), x, solver=Anderson(tol=1e-13)).value ** 2)
 
     def explicit(w):
-        return jnp.sum(fixed_point(lambda z, w, x: w @ z + x, jnp.zeros(n), w, x, tol=1e-13).value ** 2)
+        return jnp.sum(fixed_point(lambda z, w, x: w @ z + x, jnp.zeros(n), w, x, solver=Anderson(tol=1e-13)).value ** 2)
 
     np.testing.assert_allclose(jax.grad(closed)(w), jax.grad(explicit)(w), rtol=1e-10)
     np.testing.assert_allclose(jax.jit(jax.grad(closed))(w), jax.grad(explicit)(w), rtol=1e-10)
@@ -324,8 +323,8 @@ def test_closed_over_parameters_get_implicit_gradients():
 def test_aux_output_is_differentiable():
     # aux = sum(z_next) at z*: its gradient equals that of sum(z*), through z* implicitly.
     f = lambda z, a: (jnp.tanh(a * z) + 1.0, jnp.sum(jnp.tanh(a * z) + 1.0))  # noqa: E731
-    g_aux = jax.grad(lambda a: fixed_point(f, jnp.zeros(4), a, has_aux=True, tol=1e-13).aux)(0.5)
-    g_val = jax.grad(lambda a: jnp.sum(fixed_point(lambda z, a: f(z, a)[0], jnp.zeros(4), a, tol=1e-13).value))(0.5)
+    g_aux = jax.grad(lambda a: fixed_point(f, jnp.zeros(4), a, has_aux=True, solver=Anderson(tol=1e-13)).aux)(0.5)
+    g_val = jax.grad(lambda a: jnp.sum(fixed_point(lambda z, a: f(z, a)[0], jnp.zeros(4), a, solver=Anderson(tol=1e-13)).value))(0.5)
     np.testing.assert_allclose(g_aux, g_val, rtol=1e-9)
 
 
@@ -338,3 +337,13 @@ def test_backward_names_are_shortcuts_for_the_objects():
         assert float(by_name) == float(by_object)
     with pytest.raises(ValueError, match="`cotangent` must have the structure and shapes"):
         adjoint_solve(f, jnp.ones(4), (0.5,), jnp.ones(3))
+
+
+def test_former_module_reexports_the_backward_package():
+    # deqlab.implicit was the home of the backward modes until 0.7: old imports keep working.
+    import deqlab.backward
+    import deqlab.implicit
+
+    assert deqlab.implicit.__all__ == deqlab.backward.__all__
+    for name in deqlab.backward.__all__:
+        assert getattr(deqlab.implicit, name) is getattr(deqlab.backward, name), name

@@ -49,8 +49,7 @@ N_SIM = 500
 @functools.partial(jax.jit, static_argnames=("phi", "tol", "max_steps"))
 def _picard(phi, W, x, tol, max_steps):
     nl = mf.nonlinearity(phi)
-    sol = deqlab.solve(lambda z, x, W: nl.jax(z @ W.T) + x, jnp.zeros_like(x), x, W, solver="picard",
-                       tol=tol, max_steps=max_steps, batch_axis=0)
+    sol = deqlab.solve(lambda z, x, W: nl.jax(z @ W.T) + x, jnp.zeros_like(x), x, W, solver=deqlab.Picard(tol=tol, max_steps=max_steps), batch_axis=0)
     return sol.value, sol.result, sol.stats.steps, sol.stats.residual, sol.stats.residual_trace
 
 
@@ -448,7 +447,7 @@ def test_picard_nfe_forward_and_backward(phi, ensemble):
     d = jnp.asarray(mf.nonlinearity(phi).derivative_numpy(h))
     g = jax.random.normal(jax.random.PRNGKey(99), h.shape, jnp.float64)
     back = deqlab.solve(lambda u, g, d, W: (u * d) @ W + g, jnp.zeros_like(g), g, d, jnp.asarray(W),
-                        solver="picard", tol=tol, max_steps=1000, batch_axis=0)
+                        solver=deqlab.Picard(tol=tol, max_steps=1000), batch_axis=0)
     assert np.all(np.asarray(back.converged))
     assert abs(np.asarray(back.stats.steps).mean() - predicted) <= allowed, (back.stats.steps, predicted)
 

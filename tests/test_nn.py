@@ -14,7 +14,7 @@ from flax import nnx
 
 jax.config.update("jax_enable_x64", True)
 
-from deqlab.implicit import BackwardWarning  # noqa: E402
+from deqlab.backward import BackwardWarning  # noqa: E402
 from deqlab.nn import DEQ, ResNetCell, TanhCell, capture_solver_stats  # noqa: E402
 from deqlab.solvers import Anderson, Broyden  # noqa: E402
 

@@ -9,7 +9,7 @@ Each row of :data:`PROBES` is one bad call and the outcome it must have:
   Any other exception, or a message that does not name the argument, is UNCLEAR; no exception
   at all is SILENT.
 - ``reported``: the call does not raise an argument error but reports the failure: a warning of
-  a named category (``warns``: :class:`deqlab.implicit.BackwardWarning`,
+  a named category (``warns``: :class:`deqlab.backward.BackwardWarning`,
   :class:`deqlab.precision.PrecisionWarning`), a failure exception (``raises``:
   :class:`deqlab.solvers.SolverError`, :class:`~deqlab.theory.freeprob.ConvergenceError`), or a
   returned object that carries it (``check``: a per-sample ``Solution.result`` that is not
@@ -39,7 +39,7 @@ from flax import nnx  # noqa: E402
 
 import deqlab  # noqa: E402
 from deqlab import checks, ensembles, nonlinearities, precision, solvers  # noqa: E402
-from deqlab.implicit import (  # noqa: E402
+from deqlab.backward import (  # noqa: E402
     BackwardWarning,
     Implicit,
     Phantom,
@@ -129,7 +129,7 @@ def _forward_failure(mode, policy):
     f, w, x = _near_critical()
 
     def loss(w):
-        sol = fixed_point(f, jnp.zeros(4), w, x, solver="picard", tol=1e-10, max_steps=3,
+        sol = fixed_point(f, jnp.zeros(4), w, x, solver=deqlab.Picard(tol=1e-10, max_steps=3),
                           backward=mode(), on_failure=policy)
         return jnp.sum(sol.value)
 
@@ -139,7 +139,7 @@ def _forward_failure(mode, policy):
 def _forward_failure_solution(mode, policy="ignore"):
     """The forward solve of :func:`_forward_failure` on concrete values (no gradient)."""
     f, w, x = _near_critical()
-    return lambda: fixed_point(f, jnp.zeros(4), w, x, solver="picard", tol=1e-10, max_steps=3,
+    return lambda: fixed_point(f, jnp.zeros(4), w, x, solver=deqlab.Picard(tol=1e-10, max_steps=3),
                                backward=mode(), on_failure=policy)
 
 
@@ -153,7 +153,7 @@ _BACKWARDS = {"implicit": Implicit, "unrolled": Unrolled, "phantom": _phantom}
 def _singular_adjoint_grad(backward, on_failure="warn"):
     """f(z) = z (J = I): the forward solve succeeds at z0, the adjoint (I - J^T) u = g is singular."""
     f = lambda z, x: z * 1.0 + 0.0 * jnp.tanh(x)  # noqa: E731
-    loss = lambda x: jnp.sum(fixed_point(f, jnp.ones(3), x, max_steps=10, backward=backward,  # noqa: E731
+    loss = lambda x: jnp.sum(fixed_point(f, jnp.ones(3), x, solver=deqlab.Anderson(max_steps=10), backward=backward,  # noqa: E731
                                          on_failure=on_failure).value ** 2)
     return lambda: jax.block_until_ready(jax.grad(loss)(jnp.ones(3)))
 
@@ -253,8 +253,8 @@ PROBES: list[Probe] = [
       valid=r">= 1"),
     # ----------------------------------------------------------------------------- solvers: solve arguments
     E("solve-solver-class-not-instance", "solvers", lambda: solve(_half, jnp.ones(3), solver=Anderson), "solver"),
-    E("solve-tol-string", "solvers", lambda: solve(_half, jnp.ones(3), tol="1e-3"), "tol"),
-    E("solve-max-steps-bool", "solvers", lambda: solve(_half, jnp.ones(3), max_steps=True), "max_steps"),
+    E("solve-tol-string", "solvers", lambda: solve(_half, jnp.ones(3), solver=deqlab.Anderson(tol="1e-3")), "tol"),
+    E("solve-max-steps-bool", "solvers", lambda: solve(_half, jnp.ones(3), solver=deqlab.Anderson(max_steps=True)), "max_steps"),
     E("solve-batch-axis-bool", "solvers", lambda: solve(_half, jnp.ones((2, 3)), batch_axis=True), "batch_axis",
       valid=r"int or None"),
     E("solve-batch-axis-scalar-z0", "solvers", lambda: solve(_half, jnp.zeros(()), batch_axis=0), "batch_axis",
@@ -297,34 +297,32 @@ PROBES: list[Probe] = [
       valid=r"one of 'warn', 'raise', 'nan', 'ignore'"),
     # ----------------------------------------------------------------------------- solvers: reported failures
     R("solve-max-steps-per-sample", "solvers",
-      lambda: solve(lambda z, a: a * z + 1, jnp.zeros(2), jnp.array([0.5, 0.9999]), batch_axis=0, solver="picard",
-                    max_steps=50).result,
+      lambda: solve(lambda z, a: a * z + 1, jnp.zeros(2), jnp.array([0.5, 0.9999]), batch_axis=0, solver=deqlab.Picard(max_steps=50)).result,
       check=lambda r: r.tolist() == [Result.SUCCESS, Result.MAX_STEPS_REACHED]),
-    R("solve-divergence", "solvers", lambda: solve(lambda z: 2 * z + 1, jnp.zeros(3), solver="picard",
-                                                   max_steps=40).result,
+    R("solve-divergence", "solvers", lambda: solve(lambda z: 2 * z + 1, jnp.zeros(3), solver=deqlab.Picard(max_steps=40)).result,
       check=lambda r: int(r) == Result.DIVERGED),
     R("solve-nan-mid-solve", "solvers",
-      lambda: solve(lambda z: jnp.where(z > 2.0, NAN, z + 0.5), jnp.zeros(2), solver="picard", max_steps=20),
+      lambda: solve(lambda z: jnp.where(z > 2.0, NAN, z + 0.5), jnp.zeros(2), solver=deqlab.Picard(max_steps=20)),
       check=lambda s: int(s.result) == Result.NONFINITE and bool(jnp.all(jnp.isfinite(s.value)))),
-    R("solve-inf-at-z0", "solvers", lambda: solve(lambda z: z / 0.0, jnp.ones(2), solver="picard", max_steps=10).result,
+    R("solve-inf-at-z0", "solvers", lambda: solve(lambda z: z / 0.0, jnp.ones(2), solver=deqlab.Picard(max_steps=10)).result,
       check=lambda r: int(r) == Result.NONFINITE),
     R("solve-raise-lists-samples", "solvers",
-      lambda: solve(lambda z: 2 * z + 1, jnp.zeros(3), solver="picard", max_steps=40, on_failure="raise"),
+      lambda: solve(lambda z: 2 * z + 1, jnp.zeros(3), solver=deqlab.Picard(max_steps=40), on_failure="raise"),
       raises=SolverError, match=r"failed for 1/1 samples: sample 0: diverged"),
     R("solve-unreachable-tol-float64", "solvers",
-      lambda: solve(lambda z: 0.5 * z + 1, jnp.zeros(2), tol=1.7e-300, solver="picard", max_steps=10).result,
+      lambda: solve(lambda z: 0.5 * z + 1, jnp.zeros(2), solver=deqlab.Picard(tol=1.7e-300, max_steps=10)).result,
       warns=PrecisionWarning, match=r"below what float64 can reach",
       check=lambda r: int(r) == Result.MAX_STEPS_REACHED),
     R("solve-unreachable-tol-bfloat16", "solvers",
-      lambda: solve(lambda z: 0.5 * z + 1, jnp.ones(4, jnp.bfloat16), tol=1.3e-6, solver="picard", max_steps=5),
+      lambda: solve(lambda z: 0.5 * z + 1, jnp.ones(4, jnp.bfloat16), solver=deqlab.Picard(tol=1.3e-6, max_steps=5)),
       warns=PrecisionWarning, match=r"below what bfloat16 can reach"),
     R("solve-unreachable-tol-float16", "solvers",
-      lambda: solve(lambda z: 0.5 * z + 1, jnp.ones(2, jnp.float16), tol=1.9e-5, solver="picard", max_steps=5),
+      lambda: solve(lambda z: 0.5 * z + 1, jnp.ones(2, jnp.float16), solver=deqlab.Picard(tol=1.9e-5, max_steps=5)),
       warns=PrecisionWarning, match=r"below what float16 can reach"),
     # f(z) = z + 1 has no fixed point. The tolerance is relative (module docstring of solvers): at
     # tol = 1e-2 an unbounded iterate meets it once |z| > 99, documented; at the default it fails.
     R("solve-fixed-point-free-map", "solvers",
-      lambda: solve(lambda z: z + 1.0, jnp.zeros(1), solver="picard", max_steps=200).result,
+      lambda: solve(lambda z: z + 1.0, jnp.zeros(1), solver=deqlab.Picard(max_steps=200)).result,
       check=lambda r: int(r) != Result.SUCCESS),
     # ----------------------------------------------------------------------------- implicit: arguments
     E("fixed-point-backward-class", "implicit", lambda: fixed_point(_half, jnp.ones(3), backward=Implicit),
@@ -355,8 +353,7 @@ PROBES: list[Probe] = [
       lambda: adjoint_solve(lambda z, a: 0.5 * z + a, jnp.ones(3), (jnp.ones(3),), jnp.ones(3), solver="bicgstab"),
       "solver"),
     E("adjoint-gmres-max-steps-zero", "implicit",
-      lambda: adjoint_solve(lambda z, a: 0.5 * z + a, jnp.ones(3), (jnp.ones(3),), jnp.ones(3), solver="gmres",
-                            max_steps=0), "max_steps"),
+      lambda: adjoint_solve(lambda z, a: 0.5 * z + a, jnp.ones(3), (jnp.ones(3),), jnp.ones(3), solver=deqlab.GMRES(max_steps=0)), "max_steps"),
     E("check-gradients-int-seed", "implicit",
       lambda: check_gradients(lambda z, a: 0.5 * z + a, jnp.zeros(3), jnp.ones(3), key=0, solver="picard",
                               max_steps=5), "key",
@@ -392,7 +389,7 @@ PROBES: list[Probe] = [
       raises=SolverError, match=r"forward solve failed for 1/1 samples: sample 0: max_steps_reached"),
     R("nan-mid-solve-only-failing-sample-nan", "implicit",
       lambda: fixed_point(_nan_for_first_sample, jnp.zeros((2, 3)), jnp.array([1.0, -1.0]), batch_axis=0,
-                          solver="picard", max_steps=60, on_failure="nan").value,
+                          solver=deqlab.Picard(max_steps=60), on_failure="nan").value,
       check=lambda v: bool(jnp.all(jnp.isnan(v[0]))) and bool(jnp.allclose(v[1], 0.2))),
     R("adjoint-starved-warns", "implicit", _starved_adjoint, warns=BackwardWarning,
       match=r"adjoint solve did not converge"),

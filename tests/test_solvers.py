@@ -12,7 +12,16 @@ import warnings  # noqa: E402
 
 import deqlab  # noqa: E402
 from deqlab import ensembles, precision, solvers  # noqa: E402
-from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, SolverState, solve  # noqa: E402
+from deqlab.solvers import (  # noqa: E402
+    Anderson,
+    Broyden,
+    Picard,
+    Result,
+    SolverError,
+    SolverState,
+    get_solver,
+    solve,
+)
 
 SOLVER_NAMES = ["picard", "anderson", "broyden"]
 
@@ -47,7 +56,7 @@ def test_linear_deq_reaches_exact_fixed_point(name, ensemble):
     w = ensembles.sample(ensemble, jax.random.PRNGKey(1), n, 0.8 * ensembles.critical_scale(ensemble), jnp.float64)
     x = jax.random.normal(jax.random.PRNGKey(2), (n,))
     exact = jnp.linalg.solve(jnp.eye(n) - w, x)
-    sol = solve(linear_map, jnp.zeros(n), w, x, solver=name, tol=1e-12, max_steps=2000)
+    sol = solve(linear_map, jnp.zeros(n), w, x, solver=get_solver(name, tol=1e-12, max_steps=2000))
     assert sol.result == Result.SUCCESS and bool(sol.converged)
     inverse_norm = jnp.linalg.norm(jnp.linalg.inv(jnp.eye(n) - w), 2)
     bound = inverse_norm * 1e-12 * jnp.linalg.norm(linear_map(sol.value, w, x)) * 1.01
@@ -62,7 +71,7 @@ def test_anderson_beats_picard_on_goe_near_criticality():
     n = 200
     w = ensembles.sample("goe", jax.random.PRNGKey(3), n, 0.49, jnp.float64)
     x = jax.random.normal(jax.random.PRNGKey(4), (n,))
-    picard = solve(linear_map, jnp.zeros(n), w, x, solver="picard", tol=1e-10, max_steps=5000)
+    picard = solve(linear_map, jnp.zeros(n), w, x, solver=deqlab.Picard(tol=1e-10, max_steps=5000))
     anderson = solve(linear_map, jnp.zeros(n), w, x, solver=Anderson(m=10, tol=1e-10, max_steps=5000))
     assert picard.converged and anderson.converged
     assert int(anderson.stats.steps) * 4 < int(picard.stats.steps)
@@ -76,11 +85,9 @@ def test_batched_tanh_deq_and_jit(name, dtype):
     # of the map (tanh' <= 1, ||W|| = 0.9); per entry that is tol * 10 times an O(1) factor.
     n, batch = 32, 8
     w, u, x = tanh_case(0, n, batch, 0.9)
-    reference = solve(tanh_map, jnp.zeros((batch, n)), w, u, x, solver=name, tol=1e-13, batch_axis=0,
-                      max_steps=500).value
+    reference = solve(tanh_map, jnp.zeros((batch, n)), w, u, x, solver=get_solver(name, tol=1e-13, max_steps=500), batch_axis=0).value
     args = [a.astype(dtype) for a in (w, u, x)]
-    run = jax.jit(lambda w, u, x: solve(tanh_map, jnp.zeros((batch, n), dtype), w, u, x, solver=name, batch_axis=0,
-                                        max_steps=500))
+    run = jax.jit(lambda w, u, x: solve(tanh_map, jnp.zeros((batch, n), dtype), w, u, x, solver=get_solver(name, max_steps=500), batch_axis=0))
     sol = run(*args)
     tol = precision.default_tol(dtype)
     assert sol.value.dtype == dtype and float(sol.stats.tol) == pytest.approx(tol)
@@ -89,7 +96,7 @@ def test_batched_tanh_deq_and_jit(name, dtype):
     error = jnp.linalg.norm(sol.value - reference, axis=1) / jnp.linalg.norm(reference, axis=1)
     assert float(jnp.max(error)) <= 10 * tol / (1 - 0.9)
     # Each sample alone gives the same fixed point: the batch solve treats samples independently.
-    alone = solve(tanh_map, jnp.zeros(n, dtype), *args[:2], args[2][3], solver=name, max_steps=500)
+    alone = solve(tanh_map, jnp.zeros(n, dtype), *args[:2], args[2][3], solver=get_solver(name, max_steps=500))
     np.testing.assert_allclose(alone.value, sol.value[3], atol=20 * tol)
 
 
@@ -104,7 +111,7 @@ def test_per_sample_convergence_mask_and_frozen_samples():
     def per_sample_map(z, a, x):
         return a[:, None] * (z @ o.T) + x
 
-    sol = solve(per_sample_map, jnp.zeros((4, n)), scales, x, solver="picard", tol=1e-10, max_steps=1000, batch_axis=0)
+    sol = solve(per_sample_map, jnp.zeros((4, n)), scales, x, solver=deqlab.Picard(tol=1e-10, max_steps=1000), batch_axis=0)
     assert list(np.asarray(sol.converged)) == [True, True, True, False]
     assert int(sol.result[3]) in (Result.DIVERGED, Result.MAX_STEPS_REACHED)
     steps = np.asarray(sol.stats.steps)
@@ -128,7 +135,7 @@ def test_batch_axis_other_than_zero_and_pytree_state():
         return {"a": jnp.tanh(w @ a + x), "b": 0.5 * b + jnp.sum(a, axis=0)}
 
     z0 = {"a": jnp.zeros((n, 3)), "b": jnp.zeros((2, 3))}
-    sol = solve(two_part_map, z0, w, x, tol=1e-11, batch_axis=1)
+    sol = solve(two_part_map, z0, w, x, solver=deqlab.Anderson(tol=1e-11), batch_axis=1)
     assert sol.result.shape == (3,) and bool(jnp.all(sol.converged))
     out = two_part_map(sol.value, w, x)
     np.testing.assert_allclose(out["a"], sol.value["a"], atol=1e-9)
@@ -141,7 +148,7 @@ def test_divergent_problem_is_flagged_inside_jit(name):
     n = 32
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(9), n, 1.5, jnp.float64)
     x = jax.random.normal(jax.random.PRNGKey(10), (n,))
-    sol = jax.jit(lambda w, x: solve(linear_map, jnp.zeros(n), w, x, solver=name, max_steps=300))(w, x)
+    sol = jax.jit(lambda w, x: solve(linear_map, jnp.zeros(n), w, x, solver=get_solver(name, max_steps=300)))(w, x)
     assert int(sol.result) in (Result.DIVERGED, Result.MAX_STEPS_REACHED)
     assert not bool(sol.converged)
     for leaf in jax.tree_util.tree_leaves(sol):
@@ -182,7 +189,7 @@ def test_on_failure_warn_names_the_callers_line_and_nan_poisons_only_failing_sam
 def test_nonfinite_samples_are_reported_not_accepted():
     # z = sqrt(c - z): c = 2 has the fixed point 1; c = -1 gives NaN at once.
     c = jnp.array([2.0, -1.0, 2.0])
-    sol = solve(lambda z, c: jnp.sqrt(c - z), jnp.zeros(3), c, solver="anderson", tol=1e-12, batch_axis=0)
+    sol = solve(lambda z, c: jnp.sqrt(c - z), jnp.zeros(3), c, solver=deqlab.Anderson(tol=1e-12), batch_axis=0)
     assert list(np.asarray(sol.result)) == [Result.SUCCESS, Result.NONFINITE, Result.SUCCESS]
     np.testing.assert_allclose(sol.value[jnp.array([0, 2])], 1.0, atol=1e-10)
     assert bool(jnp.all(jnp.isfinite(sol.value)))
@@ -218,7 +225,7 @@ def test_configured_object_and_name_agree():
     n = 12
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(11), n, 0.8, jnp.float64)
     x = jnp.ones(n)
-    by_name = solve(linear_map, jnp.zeros(n), w, x, solver="anderson", tol=1e-9)
+    by_name = solve(linear_map, jnp.zeros(n), w, x, solver=get_solver("anderson", tol=1e-9))
     by_object = solve(linear_map, jnp.zeros(n), w, x, solver=Anderson(tol=1e-9))
     np.testing.assert_array_equal(by_name.value, by_object.value)
     assert solvers.get_solver(Picard(tol=1e-3), max_steps=7) == Picard(tol=1e-3, max_steps=7)
@@ -230,15 +237,64 @@ def test_vmap_over_problems():
     keys = jax.random.split(jax.random.PRNGKey(12), 5)
     ws = jax.vmap(lambda k: ensembles.sample("gaussian", k, n, 0.5, jnp.float64))(keys)
     x = jnp.ones(n)
-    sols = jax.vmap(lambda w: solve(linear_map, jnp.zeros(n), w, x, tol=1e-11))(ws)
+    sols = jax.vmap(lambda w: solve(linear_map, jnp.zeros(n), w, x, solver=deqlab.Anderson(tol=1e-11)))(ws)
     exact = jax.vmap(lambda w: jnp.linalg.solve(jnp.eye(n) - w, x))(ws)
     assert bool(jnp.all(sols.converged))
     np.testing.assert_allclose(sols.value, exact, atol=1e-9)
 
 
+# Settings live on the solver object only (deqlab 0.7): a call given one says where it went.
+REMOVED_SETTINGS = [
+    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), tol=1e-6),
+     r"solve\(tol=\.\.\.\) was removed in deqlab 0\.7: tolerances live on the solver: "
+     r"solver=deqlab\.Anderson\(tol=1e-06\) or solver\.replace\(tol=1e-06\)"),
+    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), solver="picard", max_steps=5),
+     r"solve\(max_steps=\.\.\.\).*step limits.*solver=deqlab\.Picard\(max_steps=5\)"),
+    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), solver=Broyden(m=2), stop="error"),
+     r"solve\(stop=\.\.\.\).*stopping rules.*solver=deqlab\.Broyden\(stop='error'\)"),
+    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), tol=None),
+     r"solve\(tol=\.\.\.\).*solver\.replace\(tol=None\)"),
+    (lambda: deqlab.fixed_point(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), tol=1e-6, max_steps=9),
+     r"fixed_point\(tol=\.\.\., max_steps=\.\.\.\).*solver settings.*"
+     r"solver=deqlab\.Anderson\(tol=1e-06, max_steps=9\)"),
+    (lambda: deqlab.backward.adjoint_solve(linear_map, jnp.zeros(2), (jnp.eye(2) * 0.5, jnp.ones(2)), jnp.ones(2),
+                                           solver="gmres", tol=1e-8),
+     r"adjoint_solve\(tol=\.\.\.\).*solver=deqlab\.GMRES\(tol=1e-08\)"),
+    (lambda: deqlab.backward.adjoint_solve(linear_map, jnp.zeros(2), (jnp.eye(2) * 0.5, jnp.ones(2)), jnp.ones(2),
+                                           max_steps=3),
+     r"adjoint_solve\(max_steps=\.\.\.\).*solver=deqlab\.Anderson\(max_steps=3\)"),
+]
+
+
+@pytest.mark.parametrize("call, message", REMOVED_SETTINGS)
+def test_call_level_settings_say_where_they_went(call, message):
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+def test_replace_changes_only_what_it_names_and_validates():
+    solver = Anderson(m=3, tol=1e-6)
+    stricter = solver.replace(tol=1e-9, max_steps=7)
+    assert stricter == Anderson(m=3, tol=1e-9, max_steps=7) and solver == Anderson(m=3, tol=1e-6)
+    assert solver.replace() is solver
+    with pytest.raises(ValueError, match=r"max_steps"):
+        solver.replace(max_steps=0)
+    with pytest.raises(ValueError, match=r"stop"):
+        Picard().replace(stop="never")
+    with pytest.raises(TypeError, match=r"Picard\.replace: `m` is not a setting of Picard; its settings are tol, "):
+        Picard().replace(m=3)
+    gmres = deqlab.GMRES(restart=4)
+    assert gmres.replace(max_steps=9) == deqlab.GMRES(restart=4, max_steps=9)
+    with pytest.raises(ValueError, match=r"restart"):
+        gmres.replace(restart=0)
+    # get_solver applies settings through the same door: a name builds, an object is replaced.
+    assert get_solver("picard", max_steps=7) == Picard(max_steps=7)
+    assert get_solver(Broyden(m=2), tol=1e-4, max_steps=None) == Broyden(m=2, tol=1e-4)
+
+
 def test_fixed_point_at_zero_is_reachable():
     # The relative rule has an epsilon floor, so z* = 0 converges instead of stalling.
-    sol = solve(lambda z: 0.5 * z, jnp.ones(4), solver="picard", tol=1e-6, max_steps=2000)
+    sol = solve(lambda z: 0.5 * z, jnp.ones(4), solver=deqlab.Picard(tol=1e-6, max_steps=2000))
     assert bool(sol.converged)
 
 
@@ -246,17 +302,22 @@ def _bad(**kwargs):
     n = 4
     base = dict(f=linear_map, z0=jnp.zeros(n), args=(jnp.eye(n) * 0.5, jnp.ones(n)))
     base.update(kwargs)
-    return lambda: solve(base["f"], base["z0"], *base["args"], **base.get("options", {}))
+    options = dict(base.get("options", {}))
+    settings = base.get("settings")
+    if settings is None:
+        return lambda: solve(base["f"], base["z0"], *base["args"], **options)
+    # a solver setting is checked where the solver object is built (the one place it lives)
+    return lambda: solve(base["f"], base["z0"], *base["args"], solver=get_solver("anderson", **settings), **options)
 
 
 BAD_SOLVE_CALLS = [
     ("solver", dict(options=dict(solver="newton"))),
     ("solver", dict(options=dict(solver=3))),
-    ("tol", dict(options=dict(tol=-1e-3))),
-    ("tol", dict(options=dict(tol=0.0))),
-    ("tol", dict(options=dict(tol=float("nan")))),
-    ("max_steps", dict(options=dict(max_steps=0))),
-    ("max_steps", dict(options=dict(max_steps=2.5))),
+    ("tol", dict(settings=dict(tol=-1e-3))),
+    ("tol", dict(settings=dict(tol=0.0))),
+    ("tol", dict(settings=dict(tol=float("nan")))),
+    ("max_steps", dict(settings=dict(max_steps=0))),
+    ("max_steps", dict(settings=dict(max_steps=2.5))),
     ("batch_axis", dict(options=dict(batch_axis=3))),
     ("batch_axis", dict(options=dict(batch_axis="0"))),
     ("f", dict(f=lambda z, w, x: jnp.concatenate([z, z]))),
@@ -307,7 +368,7 @@ def test_picard_returns_the_step_past_its_converged_iterate(damping):
     a = jnp.array([0.5, 0.95])
     x = jnp.ones((2, 3))
     f = lambda z, a, x: a[:, None] * z + x  # noqa: E731
-    sol = solve(f, jnp.zeros((2, 3)), a, x, solver=Picard(damping=damping), tol=1e-6, max_steps=40, batch_axis=0)
+    sol = solve(f, jnp.zeros((2, 3)), a, x, solver=Picard(damping=damping, tol=1e-6, max_steps=40), batch_axis=0)
     assert [Result(int(r)) for r in sol.result] == [Result.SUCCESS, Result.MAX_STEPS_REACHED]
     iterates = [np.zeros((2, 3))]
     for _ in range(41):
@@ -328,7 +389,7 @@ def test_diverged_sample_returns_its_least_diverged_finite_iterate():
     # residual |z + 1| / |2 z + 1| falls towards 1/2 as z grows, so "best by relative residual"
     # returned the most diverged iterate (16383); the start, absolute residual 1, is the closest
     # to convergence. (Anderson and Broyden solve this linear map exactly: they are secant methods.)
-    sol = solve(lambda z: 2 * z + 1, jnp.zeros(3), solver="picard", max_steps=40)
+    sol = solve(lambda z: 2 * z + 1, jnp.zeros(3), solver=deqlab.Picard(max_steps=40))
     assert int(sol.result) == Result.DIVERGED
     np.testing.assert_array_equal(sol.value, jnp.zeros(3))
 
@@ -338,7 +399,7 @@ def test_map_without_fixed_point_fails_with_a_finite_value(name):
     # z + 1 + z^2 / 10 > z for every real z: no fixed point, every solver must fail, and return a
     # finite iterate no farther from convergence (in absolute residual) than the start.
     f = lambda z: z + 1 + 0.1 * z**2  # noqa: E731
-    sol = solve(f, jnp.zeros(4), solver=name, max_steps=200)
+    sol = solve(f, jnp.zeros(4), solver=get_solver(name, max_steps=200))
     assert int(sol.result) != Result.SUCCESS
     assert bool(jnp.all(jnp.isfinite(sol.value)))
     assert float(jnp.linalg.norm(f(sol.value) - sol.value)) <= float(jnp.linalg.norm(f(jnp.zeros(4))))
@@ -352,7 +413,7 @@ def test_half_precision_iterates(name, dtype):
     # accuracy of the dtype (a few of its epsilons, relative, times 1 / (1 - 0.5)).
     n, batch = 32, 4
     w, u, x = tanh_case(20, n, batch, 0.5)
-    reference = solve(tanh_map, jnp.zeros((batch, n)), w, u, x, tol=1e-13, batch_axis=0).value
+    reference = solve(tanh_map, jnp.zeros((batch, n)), w, u, x, solver=deqlab.Anderson(tol=1e-13), batch_axis=0).value
     sol = solve(tanh_map, jnp.zeros((batch, n), dtype), w.astype(dtype), u.astype(dtype), x.astype(dtype),
                 solver=name, batch_axis=0)
     assert sol.value.dtype == dtype and bool(jnp.all(sol.converged)), sol.stats.best_residual
@@ -371,14 +432,14 @@ def test_default_tolerance_follows_the_dtype_and_unreachable_ones_warn_once():
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(23), n, 0.5, jnp.float32)
     x = jax.random.normal(jax.random.PRNGKey(24), (n,), jnp.float32)
     with pytest.warns(precision.PrecisionWarning, match=r"tol=1e-09 is below what float32 can reach"):
-        sol = solve(lambda z: jnp.tanh(w @ z + x), jnp.zeros(n, jnp.float32), tol=1e-9, max_steps=200)
+        sol = solve(lambda z: jnp.tanh(w @ z + x), jnp.zeros(n, jnp.float32), solver=deqlab.Anderson(tol=1e-9, max_steps=200))
     assert not bool(sol.converged)  # and indeed it cannot
     assert float(sol.stats.best_residual) < 10 * precision.attainable_tol(jnp.float32)  # it gets near
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        solve(f, jnp.zeros(2, jnp.float32), tol=1e-9, max_steps=30)  # once per (dtype, tol)
-        assert float(solve(f, jnp.zeros(2, jnp.float32), tol=1e-9).stats.best_residual) <= 1e-9  # "in general"
-        solve(f, jnp.zeros(2), tol=1e-9, max_steps=30)  # float64 reaches it
+        solve(f, jnp.zeros(2, jnp.float32), solver=deqlab.Anderson(tol=1e-9, max_steps=30))  # once per (dtype, tol)
+        assert float(solve(f, jnp.zeros(2, jnp.float32), solver=deqlab.Anderson(tol=1e-9)).stats.best_residual) <= 1e-9  # "in general"
+        solve(f, jnp.zeros(2), solver=deqlab.Anderson(tol=1e-9, max_steps=30))  # float64 reaches it
 
 
 @pytest.mark.parametrize("name", SOLVER_NAMES)
@@ -388,10 +449,10 @@ def test_warm_start_continues_the_same_iteration(name):
     n = 24
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(21), n, 0.97, jnp.float64)
     x = jax.random.normal(jax.random.PRNGKey(22), (n,))
-    first = solve(linear_map, jnp.zeros(n), w, x, solver=name, tol=1e-14, max_steps=15)
+    first = solve(linear_map, jnp.zeros(n), w, x, solver=get_solver(name, tol=1e-14, max_steps=15))
     assert isinstance(first.state, SolverState) and not bool(first.converged)
-    resumed = solve(linear_map, jnp.zeros(n), w, x, solver=name, tol=1e-14, max_steps=15, init_state=first.state)
-    whole = solve(linear_map, jnp.zeros(n), w, x, solver=name, tol=1e-14, max_steps=30)
+    resumed = solve(linear_map, jnp.zeros(n), w, x, solver=get_solver(name, tol=1e-14, max_steps=15), init_state=first.state)
+    whole = solve(linear_map, jnp.zeros(n), w, x, solver=get_solver(name, tol=1e-14, max_steps=30))
     np.testing.assert_allclose(resumed.state.z, whole.state.z, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="init_state"):
         solve(linear_map, jnp.zeros(n), w, x, solver=name, init_state=(first.state.z,))
@@ -448,8 +509,7 @@ def test_error_rule_delivers_tol_on_linear_maps_of_known_rate(name, tol):
     scales = np.repeat([0.1, 10.0], len(maps))[:, None]
     b = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (len(a), n))) * scales
     exact = np.stack([np.linalg.solve(np.eye(n) - ai, bi) for ai, bi in zip(a, b)])
-    sol = solve(per_sample_linear_map, jnp.zeros_like(b), a, b, solver=name, tol=tol, stop="error",
-                max_steps=8000, batch_axis=0)
+    sol = solve(per_sample_linear_map, jnp.zeros_like(b), a, b, solver=get_solver(name, tol=tol, stop="error", max_steps=8000), batch_axis=0)
     error = np.max(np.abs(np.asarray(sol.value) - exact), axis=1) / np.maximum(1.0, np.max(np.abs(exact), axis=1))
     assert bool(jnp.all(sol.converged))
     assert np.all(np.isfinite(np.asarray(sol.stats.error_estimate)))
@@ -465,12 +525,12 @@ def test_error_rule_delivers_tol_on_a_tanh_map_where_the_residual_rule_does_not(
     # residual rule stops early: its error exceeds tol (by about 1 / (1 - q) where the spectrum's
     # slow modes lead), which is what the error rule exists to fix.
     w, u, x = tanh_case(seed=2, n=64, batch=8, scale=0.97)
-    ref = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver="anderson", tol=1e-14, max_steps=2000, batch_axis=0)
+    ref = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=deqlab.Anderson(tol=1e-14, max_steps=2000), batch_axis=0)
     assert bool(jnp.all(ref.converged))
     tol = 1e-6
     errors = {}
     for rule in ("error", "residual"):
-        sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=name, tol=tol, stop=rule, max_steps=4000,
+        sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=get_solver(name, tol=tol, stop=rule, max_steps=4000),
                     batch_axis=0)
         assert bool(jnp.all(sol.converged))
         errors[rule] = np.max(np.abs(np.asarray(sol.value - ref.value)), axis=1)
@@ -486,7 +546,7 @@ def test_error_rule_falls_back_to_the_residual_rule_where_the_rate_is_unreliable
     x = jnp.ones((2, 3))
     f = lambda z, a, x: a[:, None] * z + x  # noqa: E731
     tol = 1e-3
-    sol = solve(f, jnp.zeros((2, 3)), a, x, solver=Picard(stop="error"), tol=tol, max_steps=20000, batch_axis=0)
+    sol = solve(f, jnp.zeros((2, 3)), a, x, solver=Picard(stop="error", tol=tol, max_steps=20000), batch_axis=0)
     estimate = np.asarray(sol.stats.error_estimate)
     assert bool(jnp.all(sol.converged))
     assert np.isfinite(estimate[0]) and estimate[0] <= tol and np.isinf(estimate[1])
@@ -495,7 +555,7 @@ def test_error_rule_falls_back_to_the_residual_rule_where_the_rate_is_unreliable
     assert float(jnp.max(jnp.abs(sol.value[1] - 1 / (1 - a[1])))) > tol
     assert solvers.RATE_LIMIT < 0.9995
     # A residual that grows gives a ratio above 1: unreliable, never "converged by estimate".
-    grow = solve(lambda z: 1.5 * z + 1.0, jnp.zeros(3), solver=Picard(stop="error"), tol=1e-6, max_steps=30)
+    grow = solve(lambda z: 1.5 * z + 1.0, jnp.zeros(3), solver=Picard(stop="error", tol=1e-6, max_steps=30))
     assert int(grow.result) == Result.DIVERGED and np.isinf(float(grow.stats.error_estimate))
 
 
@@ -511,8 +571,7 @@ def test_error_rule_still_reports_failures_inside_jit(name):
         out = a * z + x
         return out.at[2].set(jnp.where(jnp.max(jnp.abs(z[2])) > 1.2, jnp.nan, out[2]))
 
-    sol = jax.jit(lambda a, x: solve(f, jnp.zeros((3, 16)), a, x, solver=name, tol=1e-8, stop="error",
-                                     max_steps=3, batch_axis=0))(a, x)
+    sol = jax.jit(lambda a, x: solve(f, jnp.zeros((3, 16)), a, x, solver=get_solver(name, tol=1e-8, stop="error", max_steps=3), batch_axis=0))(a, x)
     result = [Result(int(r)) for r in sol.result]
     assert result[0] == Result.MAX_STEPS_REACHED
     # z -> 3 z + 1: Picard runs away (not converged within 3 steps, never SUCCESS); the root
@@ -531,10 +590,9 @@ def test_error_rule_under_vmap_matches_the_batched_solve():
     a = jnp.array([0.3, 0.8, 0.95])
     x = jnp.ones((3, 5))
     f = lambda z, a, x: a * z + x  # noqa: E731
-    one = lambda a, x: solve(f, jnp.zeros(5), a, x, solver="picard", tol=1e-9, stop="error", max_steps=2000)  # noqa: E731
+    one = lambda a, x: solve(f, jnp.zeros(5), a, x, solver=deqlab.Picard(tol=1e-9, stop="error", max_steps=2000))  # noqa: E731
     mapped = jax.vmap(one)(a, x)
-    batched = solve(lambda z, a, x: a[:, None] * z + x, jnp.zeros((3, 5)), a, x, solver="picard", tol=1e-9,
-                    stop="error", max_steps=2000, batch_axis=0)
+    batched = solve(lambda z, a, x: a[:, None] * z + x, jnp.zeros((3, 5)), a, x, solver=deqlab.Picard(tol=1e-9, stop="error", max_steps=2000), batch_axis=0)
     np.testing.assert_array_equal(np.asarray(mapped.stats.steps), np.asarray(batched.stats.steps))
     np.testing.assert_allclose(np.asarray(mapped.value), np.asarray(batched.value), rtol=1e-14)
     np.testing.assert_allclose(np.asarray(batched.value), np.asarray(x / (1 - a[:, None])), atol=1e-9)
@@ -546,21 +604,21 @@ def test_check_every_judges_every_kth_step_with_the_same_contract(name, every):
     # Steps and the trace advance in chunks of k (then single steps up to max_steps); a
     # sample stops at most k - 1 steps after it would with k = 1; failures are still reported.
     w, u, x = tanh_case(seed=1, n=32, batch=5, scale=0.9)
-    base = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=name, tol=1e-9, max_steps=400, batch_axis=0)
+    base = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=get_solver(name, tol=1e-9, max_steps=400), batch_axis=0)
     config = dataclasses.replace(solvers.get_solver(name), check_every=every)
-    sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=config, tol=1e-9, max_steps=400, batch_axis=0)
+    sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=get_solver(config, tol=1e-9, max_steps=400), batch_axis=0)
     steps, base_steps = np.asarray(sol.stats.steps), np.asarray(base.stats.steps)
     assert bool(jnp.all(sol.converged)) and bool(jnp.all(base.converged))
     assert np.all(steps % every == 0) and np.all(steps >= base_steps) and np.all(steps < base_steps + every)
     assert np.all(np.asarray(sol.stats.best_residual) <= 1e-9)
     assert int(sol.stats.nfe) == int(np.max(steps)) + 1
-    short = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=config, tol=1e-12, max_steps=every + 2, batch_axis=0)
+    short = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=get_solver(config, tol=1e-12, max_steps=every + 2), batch_axis=0)
     assert np.all(np.asarray(short.result) == Result.MAX_STEPS_REACHED)
     assert np.all(np.asarray(short.stats.steps) == every + 2)  # one chunk, then two single steps
     # z -> z + 1 has no fixed point (its relative residual stays above 1/4 while |z| <= 3) and
     # turns NaN past |z| = 3, inside a chunk: reported, never SUCCESS, the value finite.
     nan_map = lambda z: jnp.where(jnp.abs(z) > 3.0, jnp.nan, z + 1.0)  # noqa: E731
-    bad = solve(nan_map, jnp.zeros(2), solver=config, tol=1e-8, max_steps=40)
+    bad = solve(nan_map, jnp.zeros(2), solver=get_solver(config, tol=1e-8, max_steps=40))
     assert int(bad.result) != Result.SUCCESS and bool(jnp.all(jnp.isfinite(bad.value)))
     assert float(jnp.max(jnp.abs(bad.value))) <= 3.0
 
@@ -571,7 +629,7 @@ def test_check_every_judges_every_kth_step_with_the_same_contract(name, every):
         ("stop", lambda: Picard(stop="relative")),
         ("safety", lambda: Anderson(safety=0.5)),
         ("check_every", lambda: Broyden(check_every=0)),
-        ("stop", lambda: solve(lambda z: 0.5 * z, jnp.zeros(2), stop="bogus")),
+        ("stop", lambda: solve(lambda z: 0.5 * z, jnp.zeros(2), solver=deqlab.Anderson(stop="bogus"))),
     ],
 )
 def test_bad_stopping_options_raise_value_error(argument, make):

@@ -11,7 +11,7 @@ from deqlab.lab import data
 from deqlab.lab.experiments.nonlinear import stabilisation as st
 from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
-from deqlab.solvers import solve
+from deqlab.solvers import get_solver, solve
 
 TINY = dict(width=8, epochs=2, batch_size=32, max_steps=20, monitor_size=16, monitor_steps=20)
 
@@ -34,7 +34,7 @@ def test_correction_iterates_are_the_solvers_followed_by_one_step():
         def step(z, state):
             return nnx.merge(graphdef, state)(z, x)
 
-        hats = [solve(step, jnp.zeros((5, 6)), state, solver=deq.solver, max_steps=2 * k, batch_axis=0).value
+        hats = [solve(step, jnp.zeros((5, 6)), state, solver=get_solver(deq.solver, max_steps=2 * k), batch_axis=0).value
                 for k in (1, 2, 3)]
         for k in range(3):
             np.testing.assert_allclose(iterates[k], step(hats[k], state), rtol=1e-10, atol=1e-12)

@@ -11,8 +11,8 @@ from flax import nnx
 
 from deqlab import checks
 from deqlab import precision as precision_module
+from deqlab.backward import fixed_point, get_backward
 from deqlab.failures import check_policy
-from deqlab.implicit import fixed_point, get_backward
 from deqlab.solvers import Solution, get_solver, solve
 
 __all__ = ["DEQ", "SOLVER_STATS", "capture_solver_stats"]
@@ -31,7 +31,7 @@ class DEQ(nnx.Module):
 
     The forward pass solves for the fixed point of the cell (003 §3.1); the backward pass is
     chosen by ``backward``. The cell's parameters are split from its graph (``nnx.split``) and
-    passed to :func:`deqlab.implicit.fixed_point` explicitly, so the custom VJP never closes over
+    passed to :func:`deqlab.backward.fixed_point` explicitly, so the custom VJP never closes over
     traced parameters.
 
     Args:
@@ -41,27 +41,30 @@ class DEQ(nnx.Module):
         solver: forward solver: ``"anderson"`` (the default: Anderson acceleration with ``m=5``,
             ``max_steps=100``), ``"broyden"``, ``"picard"``, or a configured object
             (``Anderson(m=6, tol=1e-6)``, or an instance of your own
-            :class:`deqlab.solvers.Solver` subclass); its settings are kept unless ``tol`` /
-            ``max_steps`` are given here.
-        tol: overrides the solver's tolerance; None (and a solver without one): the default of the
-            solve's dtype (float32 1e-5, float64 1e-10; :func:`deqlab.precision.default_tol`).
-        max_steps: overrides the solver's iteration limit.
+            :class:`deqlab.solvers.Solver` subclass).
+        tol: a convenience for the solver's tolerance: the layer builds its solver object once,
+            here, with :func:`deqlab.solvers.get_solver` (with a name, the named solver with this
+            setting; with an object, ``solver.replace(tol=...)``). None leaves the solver's own;
+            a tolerance that is None in the end follows the solve's dtype (float32 1e-5, float64
+            1e-10; :func:`deqlab.precision.default_tol`). ``layer.solver`` is the object every
+            call uses.
+        max_steps: a convenience for the solver's iteration limit, as ``tol``.
         backward: how the gradient is computed, a name (the mode with its defaults) or an object:
 
-            * ``"implicit"`` (default) / :class:`deqlab.implicit.Implicit`: solve the adjoint
+            * ``"implicit"`` (default) / :class:`deqlab.backward.Implicit`: solve the adjoint
               fixed point of 003 Eq. 11; ``Implicit(solver="gmres")`` (or
-              ``Implicit(solver=GMRES(restart=...))``, :class:`deqlab.implicit.GMRES`) solves the
+              ``Implicit(solver=GMRES(restart=...))``, :class:`deqlab.backward.GMRES`) solves the
               adjoint linear system by GMRES instead of the forward solver;
-            * ``"unrolled"`` / :class:`deqlab.implicit.Unrolled`: backpropagation through the
+            * ``"unrolled"`` / :class:`deqlab.backward.Unrolled`: backpropagation through the
               forward iterations;
-            * ``"phantom"`` / :class:`deqlab.implicit.Phantom`: a few damped steps from ``z*``;
-            * ``"jacobian_free"`` / :class:`deqlab.implicit.JacobianFree`: one undamped step;
-            * ``"shine"`` / :class:`deqlab.implicit.SHINE`: the forward Broyden inverse-Jacobian
+            * ``"phantom"`` / :class:`deqlab.backward.Phantom`: a few damped steps from ``z*``;
+            * ``"jacobian_free"`` / :class:`deqlab.backward.JacobianFree`: one undamped step;
+            * ``"shine"`` / :class:`deqlab.backward.SHINE`: the forward Broyden inverse-Jacobian
               estimate (needs ``solver="broyden"``);
-            * an instance of your own :class:`deqlab.implicit.Backward` subclass.
+            * an instance of your own :class:`deqlab.backward.Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
             (default), ``"raise"``, ``"nan"`` (its value and gradient become NaN; no host callback:
-            the choice for TPUs) or ``"ignore"``, as for :func:`deqlab.implicit.fixed_point`
+            the choice for TPUs) or ``"ignore"``, as for :func:`deqlab.backward.fixed_point`
             (:mod:`deqlab.failures`).
         batch_axis: axis of x and z indexing independent samples (default 0; it must not be the
             feature axis). None: x is a single sample.
@@ -232,8 +235,9 @@ class DEQ(nnx.Module):
         path = None
         iterates = []
         for _ in range(self.correction):
-            partial = solve(cell_map, jax.lax.stop_gradient(z0), *frozen, solver=self.solver,
-                            max_steps=self.correction_stride, batch_axis=self.batch_axis,
+            partial = solve(cell_map, jax.lax.stop_gradient(z0), *frozen,
+                            solver=self.solver.replace(max_steps=self.correction_stride),
+                            batch_axis=self.batch_axis,
                             precision=self.precision, init_state=path, on_failure="ignore")
             path = partial.state
             iterates.append(cell_map(jax.lax.stop_gradient(partial.value), state, x))

@@ -158,6 +158,11 @@ def solver_stats(solution=None, *, trace=None) -> dict[str, jax.Array]:
     }
 
 
+#: The iteration limit of 003 §5 ("iteration limit of 30"): :class:`EquilibriumBlock`'s default for
+#: a solver given by name.
+PAPER_MAX_STEPS = 30
+
+
 class EquilibriumBlock(nnx.Module):
     """A sequence cell as a DEQ (003 §3.1) or as its weight-tied deep network (003 Eq. 3).
 
@@ -170,7 +175,8 @@ class EquilibriumBlock(nnx.Module):
         depth: None: solve for the equilibrium; an int L: unroll L weight-tied layers from z = 0.
         solver: of the :class:`deqlab.nn.DEQ`; default ``"broyden"``, as 003 §5 uses.
         tol: of the :class:`deqlab.nn.DEQ`.
-        max_steps: of the :class:`deqlab.nn.DEQ`; default 30 (003 §5's "iteration limit of 30").
+        max_steps: of the :class:`deqlab.nn.DEQ`; None: 30 for a solver given by name (003 §5's
+            "iteration limit of 30"), the object's own for a solver object.
         backward: of the :class:`deqlab.nn.DEQ` (any of its backward modes).
         on_failure: of the :class:`deqlab.nn.DEQ`.
         batch_axis: the axis of independent sequences (0), or None for one sequence.
@@ -196,13 +202,15 @@ class EquilibriumBlock(nnx.Module):
     """
 
     def __init__(self, cell: nnx.Module, *, depth: int | None = None, solver: Any = "broyden",
-                 tol: float | None = None, max_steps: int | None = 30, backward: Any = "implicit",
+                 tol: float | None = None, max_steps: int | None = None, backward: Any = "implicit",
                  on_failure: str = "warn", batch_axis: int | None = 0, precision: Any = None):
         if depth is not None:
             checks.positive_int(depth, "depth", "nn.EquilibriumBlock")
         if not hasattr(cell, "readout"):
             raise ValueError("nn.EquilibriumBlock: `cell` must have a `readout(z)` method (what the head "
                              "reads from z), as TransformerCell and TrellisCell do.")
+        if max_steps is None and isinstance(solver, str):
+            max_steps = PAPER_MAX_STEPS
         self.deq = DEQ(cell, solver=solver, tol=tol, max_steps=max_steps, backward=backward,
                        on_failure=on_failure, batch_axis=batch_axis, precision=precision)
         self.depth = depth
@@ -274,7 +282,7 @@ class LanguageModel(nnx.Module):
     """
 
     def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
-                 solver: Any = "broyden", tol: float | None = None, max_steps: int | None = 30,
+                 solver: Any = "broyden", tol: float | None = None, max_steps: int | None = None,
                  backward: Any = "implicit", on_failure: str = "warn", precision: Any = None,
                  rngs: nnx.Rngs):
         where = "nn.LanguageModel"

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab.implicit import fixed_point
+from deqlab.backward import fixed_point
 from deqlab.lab.exercises._core import (
     Check,
     Report,
@@ -31,7 +31,7 @@ from deqlab.lab.exercises._core import (
     _require_callable,
     _time_limited,
 )
-from deqlab.solvers import get_solver, relative_residual, solve
+from deqlab.solvers import Anderson, get_solver, relative_residual, solve
 
 __all__ = ["check_layer", "check_weight_tied", "check_residual", "check_solver", "check_implicit_gradient",
            "check_classifier", "check_train_step"]
@@ -222,12 +222,13 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
                             hint="stop only when every row has rho <= tol, and return that iterate "
                                  "(or f of it), not an earlier one"))
         exact = _reference(("solve", seed), lambda p=p: jax.jit(lambda args: solve(
-            p.f, p.z0, *args, solver="anderson", tol=1e-6, max_steps=1000, batch_axis=0).value)(p.args))
+            p.f, p.z0, *args, solver=Anderson(tol=1e-6, max_steps=1000), batch_axis=0).value)(p.args))
         distance = float(jnp.max(jnp.linalg.norm(z - exact, axis=-1) / jnp.linalg.norm(exact, axis=-1)))
         checks.append(Check(f"{label}: relative distance to the fixed point", distance, 20 * tol / (1 - scale),
                             hint="your z is not the equilibrium: check the update and what you return"))
         ref_steps = int(_reference(("steps", seed, config, tol, max_steps), lambda p=p, m=max_steps: jax.jit(
-            lambda args: solve(p.f, p.z0, *args, solver=config, tol=tol, max_steps=m, batch_axis=0).stats.steps.max()
+            lambda args: solve(p.f, p.z0, *args, solver=get_solver(config, tol=tol, max_steps=m),
+                               batch_axis=0).stats.steps.max()
         )(p.args)))
         bound = 1.25 * ref_steps + 2
         checks.append(Check(f"{label}: your steps vs deqlab {name}'s slowest sample ({ref_steps})", steps, bound,
@@ -285,7 +286,7 @@ def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
         c = jnp.asarray(rng.standard_normal(p.z0.shape))
 
         def their_value(params, x, p=p):
-            return fixed_point(p.f, p.z0, *params, x, tol=1e-12, max_steps=1000, batch_axis=0).value
+            return fixed_point(p.f, p.z0, *params, x, solver=Anderson(tol=1e-12, max_steps=1000), batch_axis=0).value
 
         def loss_of(value_fn, c=c):
             return lambda params, x: jnp.sum(c * value_fn(params, x)) + jnp.sum(value_fn(params, x) ** 2)
@@ -389,7 +390,7 @@ def check_classifier(model: Any, *, x: Any = None, y: Any = None) -> Report:
             return nnx.merge(cell_graph, cell_state)(z, x)
 
         z0 = jnp.zeros((x.shape[0], _cell_width(m.cell, x)), x.dtype)
-        z_star = fixed_point(f, z0, cell_state, x, solver="anderson", tol=1e-5, max_steps=300, batch_axis=0).value
+        z_star = fixed_point(f, z0, cell_state, x, solver=Anderson(tol=1e-5, max_steps=300), batch_axis=0).value
         return m.readout(z_star)
 
     def loss(logits):

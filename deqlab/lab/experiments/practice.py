@@ -24,11 +24,11 @@ import optax
 from flax import nnx
 
 from deqlab import ensembles
-from deqlab.implicit import Implicit, Phantom, Unrolled, fixed_point
+from deqlab.backward import Implicit, Phantom, Unrolled, fixed_point
 from deqlab.lab import data
 from deqlab.nn import DEQ, TanhCell, capture_solver_stats
 from deqlab.precision import PrecisionWarning
-from deqlab.solvers import Solution, get_solver, solve
+from deqlab.solvers import Anderson, Solution, get_solver, solve
 
 __all__ = [
     "Problem",
@@ -81,8 +81,8 @@ def weight_tied_depth(problem: Problem, depth: int) -> jax.Array:
     z^[i+1] = f(z^[i]) at every depth i = 0..depth (003 Eq. 3-4), z* from a tight Anderson solve.
     """
     f, z0, args = problem
-    reference = solve(f, z0, *args, solver="anderson", tol=10 * float(jnp.finfo(z0.dtype).eps),
-                      max_steps=10 * depth, batch_axis=0).value
+    reference = solve(f, z0, *args, solver=Anderson(tol=10 * float(jnp.finfo(z0.dtype).eps), max_steps=10 * depth),
+                      batch_axis=0).value
 
     def layer(z, _):
         return f(z, *args), z
@@ -166,7 +166,7 @@ def phantom_gradient_errors(problem: Problem, steps: Sequence[int], *, damping: 
                             tol: float = 1e-10, max_steps: int = 500) -> list[float]:
     """Relative error of the phantom gradient with k damped steps (Geng et al. 2021), for each k in
     ``steps``, against the implicit gradient of 003 Theorem 1."""
-    options = dict(tol=tol, max_steps=max_steps)
+    options = dict(solver=Anderson(tol=tol, max_steps=max_steps))
     exact = parameter_gradient(problem, backward="implicit", **options)
     norm = jnp.sqrt(sum(jnp.sum(g**2) for g in exact))
     errors = []
@@ -208,12 +208,12 @@ def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float
         ``(model, history)``; ``history`` holds per-epoch lists ``loss``, ``train_accuracy``,
         ``test_accuracy``, ``solver_steps`` (mean forward iterations), ``converged`` (fraction
         of training samples whose forward solve converged) and ``backward_warnings`` (how many
-        :class:`~deqlab.implicit.BackwardWarning` the epoch's training steps emitted: failed
+        :class:`~deqlab.backward.BackwardWarning` the epoch's training steps emitted: failed
         forward or adjoint solves).
     """
     from tqdm import tqdm
 
-    from deqlab.implicit import BackwardWarning
+    from deqlab.backward import BackwardWarning
 
     x_train, y_train, x_test, y_test = _digits()
     model = DigitsClassifier(rngs=nnx.Rngs(seed), **model_options)

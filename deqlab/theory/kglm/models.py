@@ -457,8 +457,8 @@ def _compiled_solve(family: Family, solver: Any, tol: float, max_steps: int) -> 
     def H(z, params, T):
         return deq_map(z, params, T, family)
 
-    return jax.jit(lambda z0, params, T: solvers.solve(H, z0, params, T, solver=solver, tol=tol,
-                                                       max_steps=max_steps, on_failure="ignore"))
+    config = solvers.get_solver(solver, tol=tol, max_steps=max_steps)
+    return jax.jit(lambda z0, params, T: solvers.solve(H, z0, params, T, solver=config, on_failure="ignore"))
 
 
 def _builtin_code(family: Family) -> tuple[int, float] | None:
@@ -502,7 +502,7 @@ def _compiled_builtin_solve(solver: Any, tol: float, max_steps: int) -> Callable
         return _builtin_mean(params.W1 @ z + params.W2 @ T, branch, parameter)
 
     return jax.jit(lambda z0, params, T, branch, parameter: solvers.solve(
-        H, z0, params, T, branch, parameter, solver=solver, tol=tol, max_steps=max_steps,
+        H, z0, params, T, branch, parameter, solver=solvers.get_solver(solver, tol=tol, max_steps=max_steps),
         on_failure="ignore"))
 
 

@@ -8,7 +8,7 @@ kGLM initialisation, as a function of the layers' spectral norm.
 
 four convolutional layers ``W1, W2, V1, V2`` of shape ``(3, 3, 7, 7)`` (App. F: radius
 ``r_1 = r_2 = 3``), no biases (the kGLM has none), trained on the mean squared error between
-``y_hat`` and the clean image. The equilibrium is :func:`deqlab.implicit.fixed_point` (Anderson,
+``y_hat`` and the clean image. The equilibrium is :func:`deqlab.backward.fixed_point` (Anderson,
 implicit backward pass).
 
 **Initialisations.** *Random* (004 §4): every filter weight i.i.d. ``N(0, Var)``, ``Var`` on a
@@ -76,7 +76,7 @@ import numpy as np
 import optax
 
 from deqlab import checks
-from deqlab.implicit import fixed_point
+from deqlab.backward import fixed_point
 from deqlab.lab import data
 from deqlab.solvers import Anderson
 from deqlab.theory.kglm import kernels
@@ -305,8 +305,8 @@ def denoise(weights: dict[str, jax.Array], noisy: jax.Array, *, tol: float = 1e-
     def cell(z, t1, b):
         return jax.nn.relu(_apply_transfer(t1, z) + b)
 
-    sol = fixed_point(cell, jnp.zeros_like(noisy), t["W1"], injection, solver=Anderson(m=anderson_m),
-                      tol=tol, max_steps=max_steps, batch_axis=0, on_failure="ignore")
+    sol = fixed_point(cell, jnp.zeros_like(noisy), t["W1"], injection, solver=Anderson(m=anderson_m, tol=tol, max_steps=max_steps),
+                      batch_axis=0, on_failure="ignore")
     return _apply_transfer(t["V1"], sol.value) + _apply_transfer(t["V2"], noisy), sol
 
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqlab import checks, ensembles, solvers
-from deqlab.implicit import adjoint_solve, fixed_point
+from deqlab.backward import adjoint_solve, fixed_point
 from deqlab.theory import meanfield
 
 __all__ = [
@@ -281,8 +281,8 @@ def equilibrium(phi: str, W: Any, X: Any, tol: float = 1e-12, max_steps: int = 1
     where = "experiments.nonlinear.dynamics.equilibrium"
     nl = _phi(phi, where)
     W, X = _matrix_input(W, X, where)
-    sol = solvers.solve(_f_map(nl), jnp.zeros_like(X), W, X, solver="anderson", tol=_tol(tol, where),
-                        max_steps=checks.positive_int(max_steps, "max_steps", where), batch_axis=0,
+    sol = solvers.solve(_f_map(nl), jnp.zeros_like(X), W, X, solver=solvers.Anderson(tol=_tol(tol, where),
+                        max_steps=checks.positive_int(max_steps, "max_steps", where)), batch_axis=0,
                         on_failure="nan")  # NaN rows mark the inputs whose solve failed
     return sol.value
 
@@ -328,7 +328,7 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
     parametrisation; 001 Eq. 94 for fixed ``v``), ``V = scale^2``.
 
     ``method="formula"``: from :func:`readout_gradient`, ``(V/N) (A A^T) * (Z Z^T)``.
-    ``method="autodiff"``: ``jax.jacrev`` of ``f`` through :func:`deqlab.implicit.fixed_point`'s implicit
+    ``method="autodiff"``: ``jax.jacrev`` of ``f`` through :func:`deqlab.backward.fixed_point`'s implicit
     gradient (GMRES adjoint), the Gram matrix of the flattened gradients (``O(P N^2)`` memory).
     """
     where = "experiments.nonlinear.dynamics.empirical_ntk"
@@ -347,7 +347,7 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
     f_map = _f_map(nl)
 
     def readout(Wm, x):
-        z = fixed_point(f_map, jnp.zeros_like(x), Wm, x, solver="anderson", tol=tol, max_steps=1000,
+        z = fixed_point(f_map, jnp.zeros_like(x), Wm, x, solver=solvers.Anderson(tol=tol, max_steps=1000),
                         backward=_implicit_gmres(tol), on_failure="nan").value
         return v @ z / math.sqrt(n)
 
@@ -357,7 +357,7 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
 
 
 def _implicit_gmres(tol):
-    from deqlab.implicit import Implicit
+    from deqlab.backward import Implicit
     return Implicit(solver="gmres", tol=tol, max_steps=1000)
 
 
@@ -371,7 +371,7 @@ def _ntk_draws(phi, ensemble, key, n, scale, X, draws):
         kw, kv = jax.random.split(k)
         W = ensembles.sample(ensemble, kw, n, scale, jnp.float64)
         v = jax.random.normal(kv, (n,), jnp.float64)
-        sol = solvers.solve(f_map, jnp.zeros_like(X), W, X, solver="anderson", tol=1e-12, max_steps=1000,
+        sol = solvers.solve(f_map, jnp.zeros_like(X), W, X, solver=solvers.Anderson(tol=1e-12, max_steps=1000),
                             batch_axis=0)
         Z = sol.value
         D = nl.derivative_jax(Z @ W.T)

@@ -14,7 +14,7 @@ equilibrium to be unstable at initialisation. Each run applies one remedy (:data
   (Miyato et al. 2018; :class:`deqlab.nn.normalization.SpectralNorm`).
 - ``"correction"``: the loss plus the losses of ``K`` intermediate solver iterates
   (Bai et al. 2022; :class:`deqlab.nn.DEQ` ``correction``).
-- ``"jacobian_free"``, ``"phantom"``, ``"shine"``: the gradient methods of :mod:`deqlab.implicit`
+- ``"jacobian_free"``, ``"phantom"``, ``"shine"``: the gradient methods of :mod:`deqlab.backward`
   (Fung et al. 2022; Geng et al. 2021; Ramzi et al. 2022, which needs the Broyden forward solver).
 
 Per seed and epoch the runs record the training loss, test error, the fraction of training
@@ -40,12 +40,12 @@ import optax
 from flax import nnx
 
 from deqlab import checks, ensembles, stability
-from deqlab.implicit import SHINE, Implicit, JacobianFree, Phantom, Unrolled
+from deqlab.backward import SHINE, Implicit, JacobianFree, Phantom, Unrolled
 from deqlab.lab import data
 from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.nn.normalization import SpectralNorm, update_estimates
-from deqlab.solvers import get_solver
+from deqlab.solvers import Anderson, get_solver
 
 __all__ = ["REMEDIES", "x64", "StabilityWarning", "StabilisedClassifier", "train_remedy", "run_stabilisation_sweep",
            "summarize", "gradient_errors", "predicted_radius"]
@@ -438,7 +438,7 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
         (measured) + 1; unrolled, ``max_steps``; phantom, ``phantom_steps``; Jacobian-free, 1;
         SHINE, ``refine`` + 1 (its ``-B^T g`` needs none).
     """
-    from deqlab.implicit import adjoint_solve
+    from deqlab.backward import adjoint_solve
 
     where = "nonlinear.stabilisation.gradient_errors"
     scale = checks.number(scale, "scale", where, lower=0.0)
@@ -509,8 +509,8 @@ def gradient_errors(scale: float, *, family: str = "gaussian", width: int = 32, 
                 return optax.softmax_cross_entropy_with_integer_labels(m.readout(z), y).mean()
 
             g = jax.grad(cotangent)(sol.value)
-            adjoint = adjoint_solve(f, sol.value, (args, x_flat), g, solver="anderson", tol=1e-4,
-                                    max_steps=max_steps, batch_axis=0)
+            adjoint = adjoint_solve(f, sol.value, (args, x_flat), g, solver=Anderson(tol=1e-4, max_steps=max_steps),
+                                    batch_axis=0)
             return adjoint.stats.nfe
 
         # the adjoint solve's VJPs, plus the one that gives the parameter gradient

@@ -1,0 +1,95 @@
+"""Differentiable fixed points: implicit, unrolled and phantom backward passes.
+
+The implicit function theorem gives the gradient of a loss through an equilibrium z* = f(z*, a)
+without storing the forward iterations (003 Theorem 1, Eq. 8): with g = dL/dz*,
+
+.. math:: \\frac{dL}{da} = u^\\top \\frac{\\partial f}{\\partial a}(z^*, a),
+          \\qquad u = g + J_f(z^*)^\\top u ,
+
+the adjoint fixed point u being the solution of the linear system of 003 Eq. 11 written for f
+instead of g_theta = f - z. We solve it matrix-free, with vector-Jacobian products only: either by
+the same fixed-point solvers as the forward pass or by GMRES (Saad & Schultz 1986). No Jacobian is
+ever formed.
+
+Backward modes of :func:`fixed_point` are objects, like the forward solvers (the strings
+``"implicit"``, ``"unrolled"``, ``"phantom"`` are shortcuts for their defaults). Each is a
+subclass of :class:`Backward` that defines ``solve(problem)``, and so can be a mode of your own;
+the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolver`; the string
+``"gmres"`` is its alias). All are hashable pytrees with static fields:
+
+- :class:`Implicit` ``(solver, tol, max_steps)``: the above (003 Theorem 1), through
+  ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
+- :class:`Unrolled` ``()``: reverse-mode differentiation through ``max_steps`` forward
+  iterations (``lax.scan``; memory grows linearly with ``max_steps``). The reference the others
+  are checked against.
+- :class:`Phantom` ``(steps, damping)``: solve without gradient, then take ``steps``
+  damped steps z <- (1 - d) z + d f(z, a) from z* with gradient (Geng et al. 2021), an inexpensive
+  approximation.
+- :class:`JacobianFree` ``()``: one undamped step ``f(z*, a)`` from the detached z*, i.e.
+  the implicit gradient with ``(I - J^T)^{-1}`` replaced by the identity (Fung et al. 2022,
+  "JFB: Jacobian-free backpropagation for implicit networks"); the phantom gradient with no
+  Neumann terms. One vector-Jacobian product; Fung et al. prove it a descent direction when f is
+  a contraction.
+- :class:`SHINE` ``(refine)``: the adjoint solve replaced by the forward Broyden
+  solve's own inverse-Jacobian estimate, ``u = -B^T g`` with ``B ~ (J_f - I)^{-1}`` (Ramzi et al.
+  2022, "SHINE: SHaring the INverse Estimate from the forward pass for bi-level optimization and
+  implicit models"), optionally followed by ``refine`` fixed-point steps of the adjoint
+  iteration from there (their "refine" variant). Needs ``solver="broyden"``.
+
+Failures are never silent. ``fixed_point(..., on_failure=...)`` is one policy for both solves
+behind a gradient, the same argument as :func:`deqlab.solvers.solve`'s and :class:`deqlab.nn.DEQ`'s
+(:mod:`deqlab.failures`): a sample whose forward solve failed (its value, hence its gradient, is
+not the equilibrium's) and a sample whose adjoint solve failed (its gradient is inexact).
+``"warn"`` (default) issues a :class:`BackwardWarning`; ``"nan"`` makes the failing samples'
+values and gradients NaN, so a loss that uses them is NaN (no host callback: the choice for
+TPUs); ``"raise"`` raises :class:`~deqlab.failures.SolverError`; ``"ignore"`` leaves the
+per-sample ``Solution.result`` as the only record (never an adjoint that is silently zero).
+"""
+
+# Failures are reported rather than returned as a zero adjoint, which jaxopt's backward linear
+# solve does when it fails (google/jaxopt issue 466).
+#
+# The package is one module per idea: base.py (Problem, Backward, failure reports), linear.py
+# (adjoint linear solvers), adjoint.py (adjoint_solve), one module per backward mode (implicit.py,
+# unrolled.py, phantom.py, shine.py), registry.py (modes by name), api.py (fixed_point) and
+# check.py (check_gradients).
+
+from deqlab.backward import linear as _linear
+from deqlab.backward import registry as _registry
+from deqlab.backward.adjoint import adjoint_solve
+from deqlab.backward.api import fixed_point
+from deqlab.backward.base import Backward, BackwardWarning, Problem
+from deqlab.backward.check import check_gradients
+from deqlab.backward.implicit import Implicit
+from deqlab.backward.linear import GMRES, LinearSolver, get_adjoint_solver
+from deqlab.backward.phantom import JacobianFree, Phantom
+from deqlab.backward.registry import get_backward
+from deqlab.backward.shine import SHINE
+from deqlab.backward.unrolled import Unrolled
+from deqlab.failures import FAILURE_POLICIES
+
+#: The backward modes by name (each name is a shortcut for the mode with its defaults).
+BACKWARDS = _registry.BACKWARDS
+#: Adjoint linear solvers by name: ``"gmres"`` (a shortcut for ``GMRES()``).
+LINEAR_SOLVERS = _linear.LINEAR_SOLVERS
+
+__all__ = [
+    "fixed_point",
+    "adjoint_solve",
+    "check_gradients",
+    "Backward",
+    "Problem",
+    "LinearSolver",
+    "GMRES",
+    "LINEAR_SOLVERS",
+    "get_adjoint_solver",
+    "Implicit",
+    "Unrolled",
+    "Phantom",
+    "JacobianFree",
+    "SHINE",
+    "get_backward",
+    "BACKWARDS",
+    "FAILURE_POLICIES",
+    "BackwardWarning",
+]

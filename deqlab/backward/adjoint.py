@@ -1,0 +1,139 @@
+""":func:`adjoint_solve`: the adjoint fixed point ``u = g + J_f(z*)^T u`` (003 Eq. 11), matrix-free."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from deqlab import checks
+from deqlab import precision as precision_module
+from deqlab.backward.base import report
+from deqlab.backward.linear import LINEAR_SOLVERS, get_adjoint_solver
+from deqlab.failures import NOT_GIVEN, Result, check_policy, nan_where_failed
+from deqlab.solvers import SOLVERS, Flattener, Solution, Solver, SolveStats, relative_residual, solve
+from deqlab.solvers.registry import removed_settings
+
+__all__ = ["adjoint_solve"]
+
+
+def _check_cotangent(cotangent, z_star):
+    got = jax.tree_util.tree_structure(cotangent)
+    want = jax.tree_util.tree_structure(z_star)
+    shapes = [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(z_star)]
+    if got != want or [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(cotangent)] != shapes:
+        given = [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(cotangent)]
+        raise ValueError(
+            f"`cotangent` must have the structure and shapes of `z_star` ({want}, shapes {shapes}), "
+            f"got {got} with shapes {given}."
+        )
+
+
+def adjoint_solve(
+    f: Callable[..., Any],
+    z_star: Any,
+    args: tuple,
+    cotangent: Any,
+    *,
+    solver: Any = "anderson",
+    batch_axis: int | None = None,
+    precision: Any = None,
+    on_failure: str = "warn",
+    tol: Any = NOT_GIVEN,
+    max_steps: Any = NOT_GIVEN,
+) -> Solution:
+    """Solve the adjoint fixed point u = g + J_f(z*)^T u matrix-free (003 Eq. 11).
+
+    Args:
+        f, z_star, args: the map and its fixed point, ``z_star = f(z_star, *args)``.
+        cotangent: g = dL/dz*, shaped like ``z_star``.
+        solver: a forward solver name or object (the adjoint map is affine, so Anderson and
+            Broyden are Krylov-like here), a :class:`LinearSolver` such as :class:`GMRES`, or
+            ``"gmres"`` for ``GMRES()`` (:func:`get_adjoint_solver`). The object holds ``tol``
+            (None: the dtype's default) and ``max_steps``; for a linear solver ``tol`` is the
+            relative residual of the linear system per sample, checked after the solve, and
+            ``max_steps`` bounds the operator applications (GMRES: restart cycles of
+            ``restart`` products).
+        batch_axis: as in :func:`deqlab.solvers.solve`.
+        precision: matmul precision of the vector-Jacobian products; None: what the solver's
+            tolerance needs (:func:`deqlab.precision.required_precision`).
+        on_failure: ``"warn"`` (default), ``"raise"``, ``"nan"`` or ``"ignore"``, as for
+            :func:`fixed_point` (:mod:`deqlab.failures`).
+        tol, max_steps: removed in deqlab 0.7 (they live on the solver object:
+            ``solver=GMRES(tol=1e-8)`` or ``solver.replace(tol=1e-8)``); given, they raise a
+            TypeError that says so.
+
+    Returns:
+        A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
+
+    Raises:
+        ValueError: ``args`` not a tuple, a ``cotangent`` of another structure or shape than
+            ``z_star``, an unknown solver or ``on_failure``.
+        TypeError: ``tol`` or ``max_steps`` given (removed; the message says what replaces them).
+        SolverError: with ``on_failure="raise"``, when some sample's adjoint solve failed.
+
+    Example:
+        >>> u = adjoint_solve(f, z_star, (w, x), g, solver=GMRES(tol=1e-8, max_steps=200)).value
+        >>> grad_w = jax.vjp(lambda w: f(z_star, w, x), w)[1](u)[0]   # dL/dw (003 Eq. 8)
+    """
+    removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
+    check_policy(on_failure, "adjoint_solve")
+    sol = _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
+    report("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)
+    if on_failure == "nan":
+        sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
+    return sol
+
+
+def _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision):
+    if not isinstance(args, tuple):
+        raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
+    _check_cotangent(cotangent, z_star)
+    flattener = Flattener(z_star, batch_axis, "z_star")
+    config = get_adjoint_solver(solver)
+    resolved_tol = config.resolved_tol(flattener.dtype)
+    level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
+    with precision_module.matmul_precision(level):
+        _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
+
+    def adjoint_map(u):
+        return jax.tree_util.tree_map(jnp.add, cotangent, vjp_z(u)[0])
+
+    if isinstance(config, Solver):
+        # A sample whose cotangent is NaN (a loss that is NaN there, e.g. on_failure="nan") keeps
+        # NaN and is reported NONFINITE; the others are solved as usual.
+        g_flat = flattener.flatten(cotangent)
+        finite_rows = jnp.all(jnp.isfinite(g_flat), axis=1)
+        clean = flattener.unflatten(jnp.where(finite_rows[:, None], g_flat, 0.0))
+        sol = solve(adjoint_map, clean, solver=config.replace(tol=resolved_tol), batch_axis=batch_axis,
+                    on_failure="ignore")
+        u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
+        result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)
+        return sol._replace(value=flattener.unflatten(u_flat), result=result)
+
+    precision_module.check_tol(resolved_tol, flattener.dtype, "adjoint_solve")
+
+    def operator(u):
+        return jax.tree_util.tree_map(jnp.subtract, u, vjp_z(u)[0])
+
+    u = config.solve(operator, cotangent, tol=resolved_tol, max_steps=config.max_steps)
+    u_flat = flattener.flatten(u)
+    residual = relative_residual(flattener.flatten(adjoint_map(u)), u_flat)
+    finite = jnp.all(jnp.isfinite(u_flat), axis=1) & jnp.isfinite(residual)
+    result = jnp.where(
+        ~finite,
+        Result.NONFINITE,
+        jnp.where(residual <= resolved_tol, Result.SUCCESS, Result.MAX_STEPS_REACHED),
+    ).astype(jnp.int32)
+    per_sample = flattener.per_sample
+    stats = SolveStats(
+        steps=per_sample(jnp.full(result.shape, -1, jnp.int32)),  # GMRES does not report them
+        nfe=jnp.asarray(-1, jnp.int32),
+        residual_trace=per_sample(residual[None, :]),
+        best_residual=per_sample(residual),
+        residual=per_sample(residual),
+        tol=jnp.asarray(resolved_tol, residual.dtype),
+    )
+    return Solution(u, per_sample(result), stats)
+

@@ -1,0 +1,295 @@
+"""The :class:`Solver` base class: a frozen configuration plus ``init`` and ``propose``, with the
+hooks through which the shared loop (:mod:`deqlab.solvers.loop`) treats every solver alike."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+
+from deqlab import checks
+from deqlab import precision as precision_module
+
+__all__ = ["Solver", "STOPPING_RULES", "RATE_LIMIT", "RATE_WINDOW", "RATE_ESTIMATES", "configuration_class",
+           "replace_settings"]
+
+
+
+#: Stopping rules: ``"residual"`` (relative residual <= tol) and ``"error"`` (estimated error of
+#: the returned value <= tol, see :mod:`deqlab.solvers`).
+STOPPING_RULES = ("residual", "error")
+#: Contraction-rate estimates at or above this are unreliable (a rate this close to 1 multiplies
+#: the error bound by 1 / (1 - q) >= 1000, and rounding noise makes ratios near 1 meaningless): the
+#: error rule falls back to the residual rule there.
+RATE_LIMIT = 0.999
+#: Number of successive rate estimates whose maximum is the rate used by the error rule.
+RATE_WINDOW = 3
+
+
+#: How the error rule estimates the contraction rate q (see :attr:`Solver.rate_estimate`).
+RATE_ESTIMATES = ("residual_ratio", "secant")
+
+
+class Solver:
+    """Base class of the forward fixed-point solvers: subclass it to write your own.
+
+    A solver is a frozen configuration (tolerances, history sizes, step lengths) plus two methods
+    on flattened ``(B, D)`` arrays (B samples of D numbers each; :func:`solve` flattens any pytree):
+
+    - ``init(z, fz) -> state``: the solver's state (history) at the first iterate ``z`` with
+      ``fz = f(z)``. A pytree of arrays whose leading axis is the batch (scalars are shared by
+      the batch); ``()`` for a solver without memory.
+    - ``propose(z, fz, state) -> (z_next, state)``: the next iterate from the accepted iterate
+      ``z`` and ``fz = f(z)``.
+
+    and nothing else: the shared loop of :func:`solve` evaluates f, judges every sample on its own
+    (the tolerance rule, ``stop="residual"`` or ``"error"``, divergence and non-finite checks,
+    :mod:`deqlab.solvers`), freezes samples that stopped, keeps the statistics and returns a
+    :class:`SolverState` for warm starts (``init_state``). Subclasses are made frozen, keyword-only
+    dataclasses and pytrees automatically (do not decorate them with ``@dataclasses.dataclass``):
+    their annotated class attributes are configuration fields, static in the pytree (hashable,
+    so a solver can be an argument of a ``jax.jit``-ed function and is part of its cache key).
+
+    Optional hooks (class attributes and methods a subclass may override; the defaults suit a
+    solver that returns its last accepted iterate and keeps no per-sample history):
+
+    - ``record(z, fz, state) -> state``: update the state with an evaluated proposal (default:
+      unchanged). Called after every proposal, with ``z`` the proposal and ``fz = f(z)``.
+    - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
+    - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
+    - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
+      more proposal from the iterate that met ``tol``.
+    - :attr:`freeze_state`: whether a sample's state stops changing when the sample stops.
+    - ``__post_init__``: validate the subclass's own fields (call ``super().__post_init__()``).
+
+    Args:
+        tol: tolerance of the stopping rule (> 0); None: the default of the iterate's dtype
+            (:func:`deqlab.precision.default_tol`).
+        max_steps: iteration limit (>= 1).
+        divergence_factor: a sample whose absolute residual grows by more than this (> 1) over
+            the best one seen is reported ``Result.DIVERGED``.
+        stop: ``"residual"`` (relative residual <= tol) or ``"error"`` (estimated error of the
+            returned value <= tol), see :mod:`deqlab.solvers`.
+        safety: factor (>= 1) on the error estimate of ``stop="error"``.
+        check_every: judge convergence every this many steps (>= 1; :mod:`deqlab.solvers`).
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range), or a
+            hook attribute with an invalid value.
+        TypeError: a subclass that does not define ``init`` or ``propose`` is instantiated (the
+            message names the class and the missing methods).
+
+    Example:
+        A damped fixed-point iteration (003 Eq. 5 with a step of one half) in four lines::
+
+            class Damped(deqlab.Solver):
+                def init(self, z, fz):
+                    return ()
+
+                def propose(self, z, fz, state):
+                    return 0.5 * z + 0.5 * fz, state
+
+            sol = deqlab.solve(f, z0, *args, solver=Damped(tol=1e-6, max_steps=500), batch_axis=0)
+            sol.result, sol.stats.steps   # per-sample codes and step counts, as for Picard
+
+        A subclass with settings declares them as annotated class attributes, validated in
+        ``__post_init__``::
+
+            class Relaxed(deqlab.Solver):
+                beta: float = 0.5
+
+                def __post_init__(self):
+                    super().__post_init__()
+                    deqlab.checks.unit_interval(self.beta, "beta", "Relaxed")
+
+                def init(self, z, fz):
+                    return ()
+
+                def propose(self, z, fz, state):
+                    return z + self.beta * (fz - z), state
+    """
+
+    tol: float | None = None
+    max_steps: int = 100
+    divergence_factor: float = 1e4
+    stop: str = "residual"
+    safety: float = 1.5
+    check_every: int = 1
+
+    #: Short name of the solver (the built-ins are in :data:`SOLVERS` under it).
+    name: ClassVar[str] = "solver"
+
+    #: How ``stop="error"`` estimates the contraction rate q of f near z*, per sample:
+    #:
+    #: - ``"secant"`` (default): the largest secant quotient ``||f(z') - f(z)|| / ||z' - z||``
+    #:   over every step so far, a lower estimate of f's Lipschitz constant along the path. Right
+    #:   for any solver, and the only right one for accelerated solvers (Anderson, Broyden), whose
+    #:   residual ratios measure the acceleration rather than f.
+    #: - ``"residual_ratio"``: the largest of the last three residual ratios
+    #:   ``||g_k|| / ||g_{k-1}||`` (g = f(z) - z; over a chunk of k steps, the k-th root). Right
+    #:   for a stationary iteration z <- T(z) (Picard, damped or not), whose ratios converge to
+    #:   T's rate; the first three steps have no estimate (the residual rule decides).
+    rate_estimate: ClassVar[str] = "secant"
+
+    #: True when the value returned for a converged sample is one more proposal,
+    #: ``propose(z, f(z), state)``, from the iterate z that met ``tol``: f(z) was evaluated to
+    #: judge z, so the step costs nothing, and it is closer to z* when the iteration contracts
+    #: (Picard). Keep it False (the default) for solvers whose next step mixes a history that a
+    #: stopped sample no longer updates (Anderson, Broyden). Override :meth:`error_bound_factor`
+    #: with it: the error bound is then about the stepped value.
+    steps_past_convergence: ClassVar[bool] = False
+
+    #: True when a sample's state (every per-sample leaf of it) must stay what it was at the step
+    #: the sample stopped, e.g. because it is used after the solve: Broyden's inverse-Jacobian
+    #: estimate at each sample's own equilibrium, which :class:`deqlab.backward.SHINE` reuses.
+    #: False (default): a stopped sample's state may go on changing (it no longer matters, and the
+    #: loop skips a per-sample select). Unrolled solves always freeze it.
+    freeze_state: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        where = f"solvers.{cls.__name__}"
+        if cls.rate_estimate not in RATE_ESTIMATES:
+            raise checks.fail("rate_estimate", f"one of {list(RATE_ESTIMATES)}", cls.rate_estimate, where)
+        for flag in ("steps_past_convergence", "freeze_state"):
+            if not isinstance(getattr(cls, flag), bool):
+                raise checks.fail(flag, "True or False", getattr(cls, flag), where)
+        configuration_class(cls)
+
+    def __new__(cls, *args, **kwargs):
+        missing = [m for m in ("init", "propose") if getattr(cls, m) is getattr(Solver, m)]
+        if missing:
+            signatures = {"init": "init(self, z, fz) -> state",
+                          "propose": "propose(self, z, fz, state) -> (z_next, state)"}
+            raise TypeError(
+                f"{cls.__name__} cannot be instantiated: a deqlab.Solver subclass must define "
+                + " and ".join(signatures[m] for m in missing) + f"; {cls.__name__} does not define "
+                + " or ".join(f"`{m}`" for m in missing) + "."
+            )
+        return super().__new__(cls)
+
+    def __post_init__(self):
+        """Validate the shared settings; subclasses validate theirs and call this first."""
+        where = f"solvers.{type(self).__name__}"
+        if self.tol is not None:
+            checks.positive_number(self.tol, "tol", where)
+        checks.positive_int(self.max_steps, "max_steps", where)
+        checks.number(self.divergence_factor, "divergence_factor", where, lower=1.0, lower_open=True)
+        if self.stop not in STOPPING_RULES:
+            raise checks.fail("stop", f"one of {list(STOPPING_RULES)}", self.stop, where)
+        checks.number(self.safety, "safety", where, lower=1.0)
+        checks.positive_int(self.check_every, "check_every", where)
+
+    def replace(self, **changes: Any) -> Solver:
+        """A copy of this solver with some settings changed, validated like the constructor.
+
+        The solver object is the one place where a solve's settings live (``tol``,
+        ``max_steps``, ``stop``, ...): to solve with other settings, pass
+        ``solver.replace(tol=...)`` rather than overriding them in the call.
+
+        Args:
+            **changes: new values of this solver's settings (its dataclass fields).
+
+        Returns:
+            A new solver of the same class; ``self`` is unchanged (solvers are frozen).
+
+        Raises:
+            TypeError: a name that is not a setting of this solver (the message lists them).
+            ValueError: a value outside its range, as the constructor raises it.
+
+        Example:
+            >>> strict = deqlab.Anderson(m=5).replace(tol=1e-8, max_steps=500)
+            >>> strict.m, strict.tol, strict.max_steps
+            (5, 1e-08, 500)
+        """
+        return replace_settings(self, changes)
+
+    def resolved_tol(self, dtype) -> float:
+        """The tolerance of a solve in ``dtype``: ``tol``, or the dtype's default."""
+        return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
+
+    def init(self, z: jax.Array, fz: jax.Array) -> Any:
+        """The solver's state at the first iterate (required in a subclass).
+
+        Args:
+            z: the first iterate, shape ``(B, D)`` (``z0`` flattened).
+            fz: ``f(z)``, shape ``(B, D)`` (a sample where it is not finite has ``fz = z``).
+
+        Returns:
+            A pytree of arrays, leading axis B for per-sample leaves (scalars are shared by the
+            batch); ``()`` when the solver keeps nothing. Its structure must not depend on the
+            values (it is a ``lax.while_loop`` carry).
+        """
+        raise NotImplementedError
+
+    def propose(self, z: jax.Array, fz: jax.Array, state: Any) -> tuple[jax.Array, Any]:
+        """The next iterate (required in a subclass).
+
+        Args:
+            z: the current accepted iterate, shape ``(B, D)``.
+            fz: ``f(z)``, shape ``(B, D)``.
+            state: the solver's state (from :meth:`init` or :meth:`record`).
+
+        Returns:
+            ``(z_next, state)``: the proposal, shape and dtype of ``z``, and the state (the loop
+            passes it to :meth:`record` with ``f(z_next)``).
+
+        Example:
+            Picard's proposal (003 Eq. 5) is ``return fz, state``.
+        """
+        raise NotImplementedError
+
+    def record(self, z: jax.Array, fz: jax.Array, state: Any) -> Any:
+        """Update the state with an evaluated proposal (optional hook; default: unchanged).
+
+        Args:
+            z: the proposal :meth:`propose` returned, shape ``(B, D)``.
+            fz: ``f(z)`` (possibly non-finite for samples the loop then rejects).
+            state: the state :meth:`propose` returned.
+
+        Returns:
+            The new state, same structure as ``state``.
+        """
+        return state
+
+    def error_bound_factor(self, q: jax.Array) -> jax.Array:
+        """The factor c(q) of Banach's a-posteriori bound used by ``stop="error"`` (optional hook).
+
+        The returned value of a sample is within ``c(q) ||f(z) - z||`` of z* (max-abs norms, z the
+        last accepted iterate) when f contracts at rate q. The default, ``1 / (1 - q)``, is the
+        bound for returning z itself; a solver with :attr:`steps_past_convergence` bounds its
+        stepped value instead (Picard: ``damping q / (1 - q)``).
+
+        Args:
+            q: per-sample rate estimates in [0, 0.999), shape ``(B,)``.
+
+        Returns:
+            c(q), shape ``(B,)``.
+        """
+        return 1.0 / (1.0 - q)
+
+
+dataclasses.dataclass(frozen=True, kw_only=True)(Solver)
+
+
+def replace_settings(config: Any, changes: dict) -> Any:
+    """``dataclasses.replace(config, **changes)`` with a TypeError naming an unknown setting and the
+    valid ones (the constructor's validation runs on the copy)."""
+    fields = [field.name for field in dataclasses.fields(config)]
+    unknown = sorted(set(changes) - set(fields))
+    if unknown:
+        raise TypeError(f"{type(config).__name__}.replace: {', '.join(f'`{name}`' for name in unknown)} "
+                        f"{'is not a setting' if len(unknown) == 1 else 'are not settings'} of "
+                        f"{type(config).__name__}; its settings are {', '.join(fields)}.")
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def configuration_class(cls):
+    """Make ``cls`` a frozen keyword-only dataclass and a pytree whose fields are all static
+    (metadata): it has no leaves, is hashable, and can be passed to ``jax.jit``-ed functions."""
+    dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    fields = [field.name for field in dataclasses.fields(cls)]
+    jax.tree_util.register_dataclass(cls, data_fields=[], meta_fields=fields)
+    return cls
+

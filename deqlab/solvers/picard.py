@@ -1,0 +1,55 @@
+"""Damped Picard iteration (003 Eq. 5)."""
+
+from __future__ import annotations
+
+from deqlab import checks
+from deqlab.solvers.base import Solver
+
+__all__ = ["Picard"]
+
+
+class Picard(Solver):
+    """Damped Picard iteration z <- (1 - damping) z + damping f(z) (003 Eq. 5 for damping=1).
+
+    Args:
+        damping: step fraction in (0, 1]; 1 is plain fixed-point iteration.
+        tol, max_steps, divergence_factor: see :mod:`deqlab.solvers`.
+        stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (:mod:`deqlab.solvers`).
+        safety: factor (>= 1) on the error estimate of ``stop="error"``.
+        check_every: judge convergence every this many steps (:mod:`deqlab.solvers`).
+
+    Hooks (see :class:`Solver`): ``rate_estimate = "residual_ratio"`` (a stationary iteration:
+    its residual ratios tend to the damped map's rate), ``steps_past_convergence = True`` (a
+    converged sample returns ``z + damping (f(z) - z)`` from the iterate that met ``tol``) and
+    :meth:`error_bound_factor` ``damping q / (1 - q)`` for that stepped value.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
+
+    Example:
+        >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3),
+        ...                    solver=Picard(damping=0.8, tol=1e-6))
+    """
+
+    damping: float = 1.0
+    name = "picard"
+    rate_estimate = "residual_ratio"
+    steps_past_convergence = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        checks.unit_interval(self.damping, "damping", "solvers.Picard")
+
+    def init(self, z, fz):
+        return ()
+
+    def propose(self, z, fz, state):
+        if self.damping == 1.0:
+            return fz, state
+        return z + self.damping * (fz - z), state
+
+    def error_bound_factor(self, q):
+        """Banach's bound for the stepped value: within ``q / (1 - q)`` of its step
+        ``damping ||f(z) - z||`` from z (the damped map contracting at rate q)."""
+        return q * float(self.damping) / (1.0 - q)
+

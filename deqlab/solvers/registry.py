@@ -1,0 +1,85 @@
+"""The built-in solvers by name, and :func:`get_solver`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deqlab.failures import NOT_GIVEN
+from deqlab.solvers.anderson import Anderson
+from deqlab.solvers.base import Solver
+from deqlab.solvers.broyden import Broyden
+from deqlab.solvers.picard import Picard
+
+__all__ = ["SOLVERS", "get_solver", "removed_settings"]
+
+#: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"``.
+SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
+
+
+def get_solver(solver: str | Solver = "anderson", *, name: str = "solver", **settings: Any) -> Solver:
+    """The solver object for a name or an object: the one place where solver settings are applied.
+
+    Args:
+        solver: a name of :data:`SOLVERS` (``"picard"``, ``"anderson"``, ``"broyden"``) or a
+            solver object (an instance of a :class:`Solver` subclass).
+        name: the argument the user wrote, for error messages.
+        **settings: settings of the solver (``tol``, ``max_steps``, ``m``, ...): with a name,
+            arguments of its constructor; with an object, :meth:`Solver.replace` applies them.
+            A setting given as None is left out, so that optional settings can be passed on
+            (``get_solver(Anderson(tol=1e-8), tol=None)`` keeps 1e-8).
+
+    Returns:
+        A :class:`Solver`; the object itself when it is one and no setting is given.
+
+    Raises:
+        ValueError: an unknown name or a value that is not a solver (the message lists the
+            names), or a setting outside its range.
+        TypeError: a setting the solver does not have.
+
+    Example:
+        >>> get_solver("broyden", tol=1e-6) == deqlab.Broyden(tol=1e-6)
+        True
+        >>> get_solver(deqlab.Broyden(m=4), max_steps=50) == deqlab.Broyden(m=4, max_steps=50)
+        True
+    """
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if isinstance(solver, Solver):
+        return solver.replace(**settings)
+    if isinstance(solver, str) and solver in SOLVERS:
+        return SOLVERS[solver](**settings)
+    raise ValueError(
+        f"`{name}` must be one of {sorted(SOLVERS)} or a solver object such as "
+        f"deqlab.solvers.Anderson(m=5) (an instance of a deqlab.Solver subclass), got {solver!r}."
+    )
+
+
+_SETTING_NOUNS = {"tol": "tolerances", "max_steps": "step limits", "stop": "stopping rules"}
+
+
+def removed_settings(where: str, solver: Any, classes: dict | None = None, **given: Any) -> None:
+    """A TypeError for solver settings passed to a call (``solve(tol=...)``): since deqlab 0.7
+    they live on the solver object only.
+
+    Args:
+        where: the call, e.g. ``"solve"``.
+        solver: the call's ``solver`` argument (a name or an object), used in the suggestion.
+        classes: names the call accepts, mapped to their classes (default :data:`SOLVERS`).
+        **given: the call's removed arguments; those equal to ``NOT_GIVEN`` were not given.
+
+    Raises:
+        TypeError: some setting was given; the message names the solver call that replaces it.
+    """
+    given = {k: v for k, v in given.items() if v is not NOT_GIVEN}
+    if not given:
+        return
+    classes = SOLVERS if classes is None else classes
+    if isinstance(solver, str) and solver in classes:
+        cls = classes[solver]
+    else:
+        cls = type(solver) if not isinstance(solver, str) else Anderson
+    module = cls.__module__.split(".")[0]
+    constructor = ("deqlab." if module == "deqlab" else "") + cls.__name__
+    arguments = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    nouns = _SETTING_NOUNS[next(iter(given))] if len(given) == 1 else "solver settings"
+    raise TypeError(f"{where}({', '.join(f'{k}=...' for k in given)}) was removed in deqlab 0.7: {nouns} "
+                    f"live on the solver: solver={constructor}({arguments}) or solver.replace({arguments}).")
