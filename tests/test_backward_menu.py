@@ -23,7 +23,6 @@ from deqlab.implicit import (
 )
 from deqlab.solvers import Broyden
 
-jax.config.update("jax_enable_x64", True)
 
 N = 12
 

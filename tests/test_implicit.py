@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-jax.config.update("jax_enable_x64", True)
 
 from deqlab import ensembles  # noqa: E402
 from deqlab.implicit import (  # noqa: E402

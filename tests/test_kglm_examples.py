@@ -8,7 +8,6 @@ import pytest
 
 from deqlab.theory.kglm import examples as ex
 
-jax.config.update("jax_enable_x64", True)
 
 STARTS = np.linspace(-1.0, 1.0, 9)
 

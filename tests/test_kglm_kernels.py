@@ -24,7 +24,6 @@ import pytest
 
 from deqlab.theory.kglm import kernels
 
-jax.config.update("jax_enable_x64", True)
 
 PSD_TOL = 1e-10
 

@@ -12,7 +12,6 @@ import optax
 import pytest
 from flax import nnx
 
-jax.config.update("jax_enable_x64", True)
 
 from deqlab.implicit import BackwardWarning  # noqa: E402
 from deqlab.nn import DEQ, ResNetCell, TanhCell, capture_solver_stats  # noqa: E402

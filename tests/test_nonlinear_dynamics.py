@@ -11,7 +11,6 @@ from deqlab import ensembles
 from deqlab.lab.experiments.nonlinear import dynamics as nld
 from deqlab.theory import meanfield as mf
 
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from deqlab.lab.experiments.nonlinear.training import ResidualTanhCell
 from deqlab.nn import DEQ
 from deqlab.nn.normalization import PowerIterate, SpectralNorm, WeightNorm, update_estimates
 
-jax.config.update("jax_enable_x64", True)
 
 
 def _dense(n_in=20, n_out=14, seed=0, scale=3.0):

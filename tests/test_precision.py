@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-jax.config.update("jax_enable_x64", True)
 
 from deqlab import precision  # noqa: E402
 from deqlab.nn import DEQ, TanhCell  # noqa: E402

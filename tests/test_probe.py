@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

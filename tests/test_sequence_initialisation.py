@@ -10,7 +10,6 @@ import pytest
 
 from deqlab.lab.experiments.sequence import initialisation as ffi
 
-jax.config.update("jax_enable_x64", True)
 
 ENSEMBLES = ffi.STUDY_ENSEMBLES
 

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-jax.config.update("jax_enable_x64", True)
 
 import dataclasses  # noqa: E402
 import warnings  # noqa: E402

@@ -8,7 +8,6 @@ import pytest
 
 from deqlab import stability
 
-jax.config.update("jax_enable_x64", True)
 
 
 def tanh_layer(z, W, x):
