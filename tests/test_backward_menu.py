@@ -23,7 +23,6 @@ from deqlab.implicit import (
 )
 from deqlab.solvers import Broyden
 
-
 N = 12
 
 

@@ -20,15 +20,13 @@ moments, (50, 40) for orthogonality/Haar phases, and shared sizes in the spectra
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
 
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from deqlab import ensembles  # noqa: E402
+from deqlab import ensembles
 
 try:  # Optional: multithreaded BLAS thrashes on a loaded 2-core box (eigvals up to 10x slower).
     from threadpoolctl import threadpool_limits

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-from deqlab import ensembles  # noqa: E402
-from deqlab.implicit import (  # noqa: E402
+from deqlab import ensembles
+from deqlab.implicit import (
     BackwardWarning,
     Implicit,
     Phantom,
@@ -20,7 +19,7 @@ from deqlab.implicit import (  # noqa: E402
     check_gradients,
     fixed_point,
 )
-from deqlab.solvers import Result, SolverError  # noqa: E402
+from deqlab.solvers import Result, SolverError
 
 # Tolerance of the gradient checks (the requirement). With solves to 1e-12 relative
 # residual and central differences at eps = 1e-6 in float64, the finite-difference error is

@@ -11,7 +11,6 @@ from scipy import integrate, stats
 from deqlab.lab.experiments.kglm import denoising as dn
 from deqlab.theory.kglm import kernels
 
-
 SMALL = dict(train_size=32, test_size=16, image_size=8, batch_size=16, max_steps=10)
 
 

@@ -2,12 +2,10 @@
 
 import math
 
-import jax
 import numpy as np
 import pytest
 
 from deqlab.theory.kglm import examples as ex
-
 
 STARTS = np.linspace(-1.0, 1.0, 9)
 

@@ -24,7 +24,6 @@ import pytest
 
 from deqlab.theory.kglm import kernels
 
-
 PSD_TOL = 1e-10
 
 

@@ -12,10 +12,9 @@ import optax
 import pytest
 from flax import nnx
 
-
-from deqlab.implicit import BackwardWarning  # noqa: E402
-from deqlab.nn import DEQ, ResNetCell, TanhCell, capture_solver_stats  # noqa: E402
-from deqlab.solvers import Anderson, Broyden  # noqa: E402
+from deqlab.implicit import BackwardWarning
+from deqlab.nn import DEQ, ResNetCell, TanhCell, capture_solver_stats
+from deqlab.solvers import Anderson, Broyden
 
 
 @pytest.mark.parametrize("cell_type", [TanhCell, ResNetCell])

@@ -12,7 +12,6 @@ from deqlab.lab.experiments.nonlinear import dynamics as nld
 from deqlab.theory import meanfield as mf
 
 
-
 @pytest.mark.slow
 def test_solver_statistics_shapes_and_picard_rate_matches_meanfield():
     # Gaussian W, N = 200, sqrt(V) = 0.4 sc: predicted r = 0.64. The finite-N radius exceeds r by

@@ -12,7 +12,6 @@ from deqlab.nn import DEQ
 from deqlab.nn.normalization import PowerIterate, SpectralNorm, WeightNorm, update_estimates
 
 
-
 def _dense(n_in=20, n_out=14, seed=0, scale=3.0):
     layer = nnx.Linear(n_in, n_out, rngs=nnx.Rngs(seed), param_dtype=jnp.float64)
     layer.kernel[...] = scale * layer.kernel[...]

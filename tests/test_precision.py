@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-
-from deqlab import precision  # noqa: E402
-from deqlab.nn import DEQ, TanhCell  # noqa: E402
+from deqlab import precision
+from deqlab.nn import DEQ, TanhCell
 
 
 def test_default_and_attainable_tolerances():

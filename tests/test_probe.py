@@ -29,16 +29,14 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
 
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import deqlab  # noqa: E402
-from deqlab import checks, ensembles, nonlinearities, precision, solvers  # noqa: E402
-from deqlab.implicit import (  # noqa: E402
+import deqlab
+from deqlab import checks, ensembles, nonlinearities, precision, solvers
+from deqlab.implicit import (
     BackwardWarning,
     Implicit,
     Phantom,
@@ -47,13 +45,13 @@ from deqlab.implicit import (  # noqa: E402
     check_gradients,
     fixed_point,
 )
-from deqlab.lab import data, stats  # noqa: E402
-from deqlab.lab.experiments import config  # noqa: E402
-from deqlab.nn import DEQ, ResNetCell, TanhCell  # noqa: E402
-from deqlab.precision import PrecisionWarning  # noqa: E402
-from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, solve  # noqa: E402
-from deqlab.theory import freeprob as fp  # noqa: E402
-from deqlab.theory import linear  # noqa: E402
+from deqlab.lab import data, stats
+from deqlab.lab.experiments import config
+from deqlab.nn import DEQ, ResNetCell, TanhCell
+from deqlab.precision import PrecisionWarning
+from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, solve
+from deqlab.theory import freeprob as fp
+from deqlab.theory import linear
 
 MODULES = (
     "checks",

@@ -10,7 +10,6 @@ import pytest
 
 from deqlab.lab.experiments.sequence import initialisation as ffi
 
-
 ENSEMBLES = ffi.STUDY_ENSEMBLES
 
 

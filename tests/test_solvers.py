@@ -1,17 +1,16 @@
 """Forward solvers: fixed points of linear and tanh DEQs, per-sample convergence, failure modes."""
 
+import dataclasses
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-
-import dataclasses  # noqa: E402
-import warnings  # noqa: E402
-
-import deqlab  # noqa: E402
-from deqlab import ensembles, precision, solvers  # noqa: E402
-from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, SolverState, solve  # noqa: E402
+import deqlab
+from deqlab import ensembles, precision, solvers
+from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, SolverState, solve
 
 SOLVER_NAMES = ["picard", "anderson", "broyden"]
 

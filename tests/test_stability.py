@@ -9,7 +9,6 @@ import pytest
 from deqlab import stability
 
 
-
 def tanh_layer(z, W, x):
     return jnp.tanh(z @ W.T + x)
 
