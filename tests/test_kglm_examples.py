@@ -7,6 +7,9 @@ import pytest
 
 from deqlab.theory.kglm import examples as ex
 
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 STARTS = np.linspace(-1.0, 1.0, 9)
 
 

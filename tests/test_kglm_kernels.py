@@ -24,6 +24,9 @@ import pytest
 
 from deqlab.theory.kglm import kernels
 
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 PSD_TOL = 1e-10
 
 
