@@ -195,7 +195,6 @@ def test_implicit_memory_is_flat_in_iterations_and_unrolled_grows():
     "argument,kwargs",
     [
         ("`backward`", lambda: dict(backward="adjoint")),
-        ("fixed_point: `on_failure`", lambda: dict(on_failure="explode")),
         ("Phantom: `steps`", lambda: dict(backward=Phantom(steps=0))),
         ("Phantom: `damping`", lambda: dict(backward=Phantom(damping=1.5))),
         ("`solver`", lambda: dict(backward=Implicit(solver="cg"))),

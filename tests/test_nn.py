@@ -89,9 +89,7 @@ def test_training_step_reduces_loss_in_float32():
 @pytest.mark.parametrize(
     "argument,make",
     [
-        ("width", lambda: TanhCell(0, 4, rngs=nnx.Rngs(0))),
         ("in_features", lambda: TanhCell(4, -1, rngs=nnx.Rngs(0))),
-        ("hidden", lambda: ResNetCell(4, 4, hidden=0, rngs=nnx.Rngs(0))),
         ("cell", lambda: DEQ(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))),
         ("cell", lambda: DEQ(lambda z, x: z)),
         ("solver", lambda: DEQ(TanhCell(4, 4, rngs=nnx.Rngs(0)), solver="lbfgs")),
