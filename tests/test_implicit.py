@@ -21,6 +21,10 @@ from deqlab.implicit import (
 )
 from deqlab.solvers import Result, SolverError
 
+# Gradients against finite differences and closed forms to ~1e-10: float64 (tests/conftest.py).
+# The float32 paths are tested with explicitly float32 arrays (x64 on still honours them).
+pytestmark = pytest.mark.float64
+
 # Tolerance of the gradient checks (the issue's requirement). With solves to 1e-12 relative
 # residual and central differences at eps = 1e-6 in float64, the finite-difference error is
 # ~eps^2 * |L'''| + 1e-16 / eps ~ 1e-10 relative, far inside this bound; a wrong adjoint (e.g. J

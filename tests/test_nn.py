@@ -31,6 +31,7 @@ def test_layer_returns_the_cells_fixed_point(cell_type):
     assert float(stats["residual_max"]) <= 1e-10
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_layer_gradient_matches_unrolled():
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
@@ -140,6 +141,7 @@ def test_sharded_batch_on_eight_simulated_devices():
     assert "OK 8" in out.stdout
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_configured_solver_keeps_its_settings():
     # A layer given a configured solver runs it as configured (the layer has no defaults of its own

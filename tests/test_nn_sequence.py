@@ -129,6 +129,7 @@ def _tiny_lm(cell, depth=None, **kw):
                             rngs=nnx.Rngs(7), **kw)
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CELLS)
 def test_implicit_gradient_matches_unrolled_and_finite_differences(name):

@@ -12,6 +12,7 @@ from deqlab.lab.experiments.nonlinear import dynamics as nld
 from deqlab.theory import meanfield as mf
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_solver_statistics_shapes_and_picard_rate_matches_meanfield():
     # Gaussian W, N = 200, sqrt(V) = 0.4 sc: predicted r = 0.64. The finite-N radius exceeds r by
@@ -44,6 +45,7 @@ def test_half_point_interpolates():
     assert math.isnan(nld.half_point([1.0, 2.0], [1.0, 0.9]))
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_ntk_formula_matches_autodiff_and_paper_eq93_does_not():
     n, scale = 20, 1.5

@@ -94,6 +94,7 @@ class Probe:
     check: Callable[[Any], bool] | None = None  # reported: predicate on the returned object
     env: dict | None = None  # environment variables set (monkeypatch) around the call
     xfail: str | None = None  # observed silent / unclear behaviour, until the owner fixes it
+    float64: bool = False  # run with x64 on (tests/conftest.py): the probe is about float64 itself
 
 
 def E(name, module, call, arg, valid=VALID, exc=ValueError, xfail=None, env=None):
@@ -102,11 +103,12 @@ def E(name, module, call, arg, valid=VALID, exc=ValueError, xfail=None, env=None
     return Probe(name, module, call, "error", arg=pattern, valid=valid, exc=exc, xfail=xfail, env=env)
 
 
-def R(name, module, call, *, warns=None, raises=None, match=None, check=None, xfail=None, env=None):
+def R(name, module, call, *, warns=None, raises=None, match=None, check=None, xfail=None, env=None,
+      float64=False):
     """A ``reported`` probe."""
     assert warns or raises or check, name
     return Probe(name, module, call, "reported", warns=warns, raises=raises, match=match, check=check,
-                 xfail=xfail, env=env)
+                 xfail=xfail, env=env, float64=float64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +313,7 @@ PROBES: list[Probe] = [
     R("solve-unreachable-tol-float64", "solvers",
       lambda: solve(lambda z: 0.5 * z + 1, jnp.zeros(2), tol=1.7e-300, solver="picard", max_steps=10).result,
       warns=PrecisionWarning, match=r"below what float64 can reach",
-      check=lambda r: int(r) == Result.MAX_STEPS_REACHED),
+      check=lambda r: int(r) == Result.MAX_STEPS_REACHED, float64=True),
     R("solve-unreachable-tol-bfloat16", "solvers",
       lambda: solve(lambda z: 0.5 * z + 1, jnp.ones(4, jnp.bfloat16), tol=1.3e-6, solver="picard", max_steps=5),
       warns=PrecisionWarning, match=r"below what bfloat16 can reach"),
@@ -643,6 +645,7 @@ def _params():
     params = []
     for probe in PROBES:
         marks = [pytest.mark.xfail(strict=True, reason=probe.xfail)] if probe.xfail else []
+        marks += [pytest.mark.float64] if probe.float64 else []
         params.append(pytest.param(probe, id=probe.name, marks=marks))
     return params
 
