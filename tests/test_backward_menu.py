@@ -23,6 +23,9 @@ from deqlab.implicit import (
 )
 from deqlab.solvers import Broyden
 
+# Each method is checked against its closed form to ~1e-10: float64 (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 N = 12
 
 
