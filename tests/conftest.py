@@ -73,7 +73,8 @@ def pytest_runtest_protocol(item, nextitem):
 # ordered items round-robin, then on demand. The table (tests/durations.json: file -> seconds,
 # summed over its items) is generated, never edited by hand: run the suite with
 # DEQLAB_STORE_DURATIONS=tests/durations.json (e.g. `DEQLAB_STORE_DURATIONS=tests/durations.json
-# make test`). Files missing from it (new ones) count as 0 s and keep their collected order.
+# make test`), or convert a JUnit report with .ci/test_durations.py. Without the file nothing is
+# reordered; files missing from it (new ones) count as 0 s and keep their collected order.
 
 DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
 _measured: dict[str, float] = {}

@@ -36,7 +36,8 @@ def test_contraction_rate_of_a_geometric_trace():
     t = np.arange(51)[:, None] * np.ones((1, 3))
     trace = jnp.asarray(0.7 ** t * np.array([1.0, 2.0, 5.0]))
     rate = nld.contraction_rate(trace, jnp.array([50, 20, 1]))
-    np.testing.assert_allclose(rate[:2], 0.7, rtol=1e-12)
+    # float32 trace (eps ~ 1.2e-7): the rate, a root of a ratio of two entries, is good to a few eps.
+    np.testing.assert_allclose(rate[:2], 0.7, rtol=1e-5)
     assert np.isnan(rate[2])
 
 
