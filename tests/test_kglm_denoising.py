@@ -47,6 +47,7 @@ def test_kglm_layers_are_the_scaled_periodic_kernel_matrix():
     np.testing.assert_array_equal(weights["V2"], weights["W2"])
 
 
+@pytest.mark.float64
 def test_random_init_variance_and_common_draw():
     a = dn.init_weights("random", 0.01, jax.random.key(1))
     b = dn.init_weights("random", 0.04, jax.random.key(1))
