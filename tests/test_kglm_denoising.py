@@ -59,6 +59,7 @@ def test_random_init_variance_and_common_draw():
     assert abs(np.mean(entries)) < 5 * 0.1 / math.sqrt(entries.size)
 
 
+@pytest.mark.float64
 def test_circular_conv_matches_kernels_conv2d():
     key1, key2 = jax.random.split(jax.random.key(0))
     weights = jax.random.normal(key1, (3, 3, 7, 7))
@@ -143,6 +144,7 @@ def test_multichannel_kglm_kernel_is_indefinite_erratum():
     assert -0.05 < ev[0] / ev[-1] < 0
 
 
+@pytest.mark.float64
 def test_untrained_kglm_deq_is_kernel_ridge_smoothing():
     """004 Thm. 3 / Cor. 11 with X~ = X: where the fixed point is positive, ReLU acts as the
     identity and the kGLM-initialised DEQ outputs K (K + lam I)^-1 y (kernel ridge regression)."""

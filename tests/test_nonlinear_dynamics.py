@@ -65,8 +65,11 @@ def test_ntk_formula_matches_autodiff_and_paper_eq93_does_not():
     np.testing.assert_allclose(X2 @ X2.T / n, 2 * np.cos(np.subtract.outer([0, 1, 2.5], [0, 1, 2.5])), atol=1e-12)
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_ntk_draws_average_matches_mean_field_for_gaussian():
+    # float64: under float32 the drawn NTKs came out all NaN (issue 24, item 7; open for
+    # deqlab.lab.experiments.nonlinear.dynamics), not a tolerance matter.
     # N = 200, 12 draws: the v-averaged diagonal fluctuates by ~ 0.2 / sqrt(12) relative (measured
     # spread 0.16 at N = 100, 0.11 at N = 400); finite-N bias O(1/N): a 12% tolerance.
     n, scale = 200, 1.0

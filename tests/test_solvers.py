@@ -466,6 +466,7 @@ def test_error_rule_delivers_tol_on_linear_maps_of_known_rate(name, tol):
     assert error.max() > 0.3 * tol
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 def test_error_rule_delivers_tol_on_a_tanh_map_where_the_residual_rule_does_not(name):
     # z = tanh(W z + U x), W orthogonal at 0.97 (Lipschitz <= 0.97). Reference: a float64 solve to
@@ -535,6 +536,7 @@ def test_error_rule_still_reports_failures_inside_jit(name):
     assert np.all(np.isfinite(np.asarray(sol.value)))
 
 
+@pytest.mark.float64
 def test_error_rule_under_vmap_matches_the_batched_solve():
     a = jnp.array([0.3, 0.8, 0.95])
     x = jnp.ones((3, 5))
@@ -548,6 +550,7 @@ def test_error_rule_under_vmap_matches_the_batched_solve():
     np.testing.assert_allclose(np.asarray(batched.value), np.asarray(x / (1 - a[:, None])), atol=1e-9)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 @pytest.mark.parametrize("every", [3])
 def test_check_every_judges_every_kth_step_with_the_same_contract(name, every):
