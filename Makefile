@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 
 # Unit tests and nbmake over every notebook in book/. --overwrite writes the executed notebooks
 # back, so a following `make book` renders them without executing them again. Outputs stay in the
-# working tree: run `make strip` before committing (tests/test_notebooks_clean.py checks git).
+# working tree: run `make strip` before committing (tests/book/test_notebooks_clean.py checks git).
 # One BLAS thread per pytest worker: with JOBS workers on as many cores, multithreaded OpenBLAS
 # oversubscribes the CPU and NumPy's QR / eigvals slow down by orders of magnitude (measured on the
 # 2-core CI machine). XLA keeps its own thread pool.

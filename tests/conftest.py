@@ -1,8 +1,20 @@
 """Shared pytest set-up for the unit tests.
 
-* float64 is enabled for the whole test process (numerical checks of solvers, implicit gradients
-  and closed forms need it). Notebooks run by nbmake execute in their own kernels and keep JAX's
-  float32 default.
+* **float32 by default, float64 where a test asks.** The tests run in JAX's default precision,
+  float32, the precision users run (no global ``jax_enable_x64``). A test that needs float64 (a
+  numerical check whose tolerance float32 cannot meet: closed forms of the theory, implicit
+  gradients against finite differences, convergence to 1e-10, ...) says so with the marker
+  ``@pytest.mark.float64``, or a whole module with ``pytestmark = pytest.mark.float64`` (the theory
+  modules, by convention). The marker enables x64 around the test's whole run protocol (set-up,
+  call and teardown, so module-scoped fixtures built for a marked test are float64 too) and
+  restores the previous setting afterwards. JAX keys its jit caches on the x64 flag, so a function
+  compiled in one mode is not reused in the other. Arrays built at import time (module
+  constants) are float32 even in a marked module: build them inside the test or a fixture, or
+  give them an explicit NumPy float64 dtype. A float32 test that could have passed only by
+  accident in float64 states its tolerance from float32's precision (eps = 2**-23 ~ 1.2e-7).
+  ``test_default_precision_is_float32`` and ``test_float64_marker_enables_x64`` check both ways.
+  Do not call ``jax.config.update("jax_enable_x64", ...)`` at module level: it would leak into
+  every later test of the worker. Notebooks run by nbmake execute in their own kernels, in float32.
 * Matplotlib uses the non-interactive Agg backend in this process only: the variable
   MPLBACKEND is deliberately not set, because the notebook kernels that nbmake starts inherit the
   environment, and under Agg their figures would silently not be rendered.
@@ -10,6 +22,8 @@
   compilation); on CI (``CI`` set) examples are derandomised so runs are reproducible.
 """
 
+import contextlib
+import json
 import os
 
 import matplotlib  # noqa: E402
@@ -17,8 +31,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 
 import jax  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)
+import pytest  # noqa: E402
 
 try:
     from hypothesis import settings
@@ -28,3 +41,70 @@ else:
     settings.register_profile("deqlab", deadline=None, print_blob=True)
     settings.register_profile("deqlab-ci", deadline=None, print_blob=True, derandomize=True)
     settings.load_profile("deqlab-ci" if os.environ.get("CI") else "deqlab")
+
+
+@contextlib.contextmanager
+def float64_enabled():
+    """JAX's x64 mode on inside the block, the previous setting restored after (works on every
+    supported JAX: ``jax.experimental.enable_x64`` is gone from recent releases)."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tests marked ``float64`` run (set-up, call, teardown) with x64 enabled; see the docstring."""
+    if item.get_closest_marker("float64") is None:
+        yield
+        return
+    with float64_enabled():
+        yield
+
+
+# --- Longest first ------------------------------------------------------------------------------
+# `make test` runs ~1,750 items on two xdist workers; the notebooks take minutes each and were
+# collected last, so the run ended with one worker finishing a long notebook while the other idled.
+# Items are ordered by the measured duration of their file, longest first (files keep their
+# internal order, so module fixtures are not rebuilt); xdist's `load` scheduling hands out the
+# ordered items round-robin, then on demand. The table (tests/durations.json: file -> seconds,
+# summed over its items) is generated, never edited by hand: run the suite with
+# DEQLAB_STORE_DURATIONS=tests/durations.json (e.g. `DEQLAB_STORE_DURATIONS=tests/durations.json
+# make test`), or convert a JUnit report with .ci/test_durations.py. Without the file nothing is
+# reordered; files missing from it (new ones) count as 0 s and keep their collected order.
+
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+_measured: dict[str, float] = {}
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    try:
+        with open(DURATIONS, encoding="utf-8") as fh:
+            seconds = json.load(fh)
+    except (OSError, ValueError):
+        return
+    # list.sort is stable: within a file, and among unmeasured files, the collected order stays.
+    items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), 0.0))
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("DEQLAB_STORE_DURATIONS"):
+        file = _file_of(report.nodeid)
+        _measured[file] = _measured.get(file, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("DEQLAB_STORE_DURATIONS")
+    if not path or hasattr(session.config, "workerinput") or not _measured:
+        return  # under xdist the controller, which receives every worker's reports, writes it
+    table = {file: round(s, 1) for file, s in sorted(_measured.items(), key=lambda kv: -kv[1]) if s >= 0.05}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(table, fh, indent=0, sort_keys=False)
+        fh.write("\n")

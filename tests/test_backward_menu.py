@@ -23,7 +23,8 @@ from deqlab.backward import (
 )
 from deqlab.solvers import Broyden, get_solver
 
-jax.config.update("jax_enable_x64", True)
+# Each method is checked against its closed form to ~1e-10: float64 (tests/conftest.py).
+pytestmark = pytest.mark.float64
 
 N = 12
 

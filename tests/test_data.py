@@ -92,9 +92,7 @@ def test_datasets_listed():
     assert "digits" in DATASETS
 
 
-def test_load_dataset_bad_name():
-    with pytest.raises(ValueError, match=r"load_dataset: `name` must be one of 'digits', 'mnist', .*got 'imagenet'"):
-        load_dataset("imagenet", split="train")
+# An unknown dataset name, test_fraction=0 and seed=1.5: tests/test_probe.py (data rows).
 
 
 @pytest.mark.parametrize("split", ["val", "Train", "", None])
@@ -112,13 +110,13 @@ def test_bad_source():
         load_digits("internet")
 
 
-@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+@pytest.mark.parametrize("fraction", [1.0, -0.1, 1.5])
 def test_bad_test_fraction(fraction):
     with pytest.raises(ValueError, match=r"`test_fraction` must be a finite real number > 0 and < 1"):
         load_digits(test_fraction=fraction)
 
 
-@pytest.mark.parametrize("seed", [-1, 1.5, "0", None])
+@pytest.mark.parametrize("seed", [-1, "0", None])
 def test_bad_seed(seed):
     with pytest.raises(ValueError, match=r"load_digits: `seed` must be an integer >= 0"):
         load_digits(seed=seed)

@@ -20,16 +20,13 @@ moments, (50, 40) for orthogonality/Haar phases, and shared sizes in the spectra
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from deqlab import ensembles  # noqa: E402
+from deqlab import ensembles
 
 try:  # Optional: multithreaded BLAS thrashes on a loaded 2-core box (eigvals up to 10x slower).
     from threadpoolctl import threadpool_limits
@@ -45,7 +42,7 @@ P_MIN = 1e-3  # KS rejection threshold
 N_SMALL = 8  # matrix size of the (non-statistical) API tests
 
 
-def _batch(name, n, count, scale=1.0, dtype=jnp.float64, seed=0):
+def _batch(name, n, count, scale=1.0, dtype=jnp.float32, seed=0):
     """``count`` independent samples: eager ``vmap(sample)`` over split keys, as numpy."""
     keys = jax.random.split(jax.random.key(seed), count)
     return np.asarray(jax.vmap(lambda k: ensembles.sample(name, k, n, scale, dtype))(keys))
@@ -131,9 +128,11 @@ def test_moment_check_has_power():
 N_ORTH, COUNT_ORTH = 50, 40
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("scale", [1.0, 0.8])
 def test_orthogonal_is_orthogonal_with_exact_spectral_radius(scale):
-    w = _batch("orthogonal", N_ORTH, COUNT_ORTH, scale, seed=5)
+    # float64: orthogonality and rho(W) = scale checked to 1e-12, exactness below float32 resolution.
+    w = _batch("orthogonal", N_ORTH, COUNT_ORTH, scale, jnp.float64, seed=5)
     eye = np.eye(N_ORTH)
     np.testing.assert_allclose(_transpose(w) @ w - scale**2 * eye, 0.0, atol=1e-12)
     np.testing.assert_allclose(w @ _transpose(w) - scale**2 * eye, 0.0, atol=1e-12)
@@ -270,13 +269,15 @@ def test_vmap_matches_loop(name):
 def test_jit_matches_eager_and_keeps_symmetry():
     # One compiled function for all four ensembles, with a traced scale.
     def draw_all(k, s):
-        return [ensembles.sample(nm, k, N_SMALL, s, jnp.float64) for nm in ensembles.ENSEMBLES]
+        return [ensembles.sample(nm, k, N_SMALL, s) for nm in ensembles.ENSEMBLES]
 
     draw_all = jax.jit(draw_all)
     key = jax.random.key(12)
     for name, w in zip(ensembles.ENSEMBLES, draw_all(key, 0.7)):
-        eager = ensembles.sample(name, key, N_SMALL, 0.7, jnp.float64)
-        np.testing.assert_allclose(w, eager, rtol=1e-12, atol=1e-15)
+        eager = ensembles.sample(name, key, N_SMALL, 0.7)
+        # float32: the compiled draw may fuse and round differently from the eager one (a few ulps
+        # of eps = 1.2e-7, more through the orthogonal QR); a different draw differs by O(1).
+        np.testing.assert_allclose(w, eager, rtol=1e-5, atol=1e-6)
     _, _, w_goe, w_anti = (np.asarray(w) for w in draw_all(key, 0.7))
     np.testing.assert_array_equal(w_goe, w_goe.T)
     np.testing.assert_array_equal(w_anti, -w_anti.T)
@@ -287,6 +288,7 @@ def test_raw_uint32_keys_work():
     assert w.shape == (N_SMALL, N_SMALL)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", ensembles.ENSEMBLES)
 def test_dtype_respected(name):
     key = jax.random.key(13)
@@ -328,6 +330,7 @@ def test_initializer_square_equals_sample(name):
     np.testing.assert_array_equal(default, expected)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("shape", [(40, 15), (15, 40)])
 def test_initializer_rectangular_orthogonal(shape):
     scale = 0.9
@@ -347,6 +350,7 @@ def test_initializer_rectangular_gaussian_variance():
     _check_mean_var(k, scale**2 / shape[0])
 
 
+@pytest.mark.float64
 def test_initializer_as_flax_nnx_kernel_init():
     n = N_SMALL
     init = ensembles.initializer("orthogonal", 0.9)
@@ -386,7 +390,6 @@ BAD_INPUTS = [
     ("n-bool", lambda: _S("gaussian", _KEY, True), r"`n` must be an integer >= 1"),
     ("n-absurd", lambda: _S("gaussian", _KEY, 10**9), r"`n` must be .*n \* n <= 2\*\*31"),
     ("n-just-too-big", lambda: _S("goe", _KEY, 46341), r"`n` must be .*n <= 46340"),
-    ("key-int-seed", lambda: _S("gaussian", 0, 4), r"sample: `key` must be a JAX PRNG key .*not an int seed"),
     ("key-float", lambda: _S("gaussian", 0.5, 4), r"`key` must be a JAX PRNG key"),
     ("key-wrong-shape", lambda: _S("gaussian", jnp.zeros(3, jnp.uint32), 4), r"`key` must be a JAX PRNG key"),
     ("scale-negative", lambda: _S("gaussian", _KEY, 4, -1.0), r"`scale` must be .*>= 0, got -1.0"),
@@ -403,7 +406,6 @@ BAD_INPUTS = [
     ("limit-negative", lambda: ensembles.spectral_radius_limit("goe", -1.0), r"`scale` must be"),
     ("init-unknown", lambda: _I("haar"), r"initializer: `name` must be one of"),
     ("init-negative-scale", lambda: _I("gaussian", -0.5), r"`scale` must be"),
-    ("init-int-seed", lambda: _I("gaussian")(3, (3, 3)), r"initializer: `key` must be a JAX PRNG key"),
     ("init-1d", lambda: _I("gaussian")(_KEY, (3,)), r"`shape` must be a 2-D tuple"),
     ("init-3d", lambda: _I("orthogonal")(_KEY, (2, 3, 4)), r"`shape` must be a 2-D tuple"),
     ("init-zero-dim", lambda: _I("gaussian")(_KEY, (0, 4)), r"`shape` must be .*integers >= 1, got \(0, 4\)"),

@@ -186,6 +186,7 @@ def test_fixed_point_gradients_of_a_custom_solver():
         jax.grad(loss)(b, "shine")
 
 
+@pytest.mark.float64
 def test_fixed_point_gradient_on_a_tanh_map_matches_finite_differences():
     x = jax.random.normal(jax.random.key(6), (N,), jnp.float64)
     w = W.astype(jnp.float64)
@@ -298,6 +299,7 @@ def test_a_custom_backward_mode():
         deqlab.fixed_point(tanh_map, jnp.zeros(N), x, backward=OneStep(), on_failure="sometimes")
 
 
+@pytest.mark.float64
 def test_broyden_public_inverse_jacobian():
     """Broyden's estimate applied through its public methods: B^T is the transpose of B, which is
     the low-rank sum its named state holds."""

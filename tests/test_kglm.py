@@ -20,6 +20,9 @@ from deqlab.nn import TanhCell
 from deqlab.theory import kglm
 from deqlab.theory.kglm import kernels
 
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 EQUIV_TOL = 1e-8
 
 

@@ -11,8 +11,6 @@ from scipy import integrate, stats
 from deqlab.lab.experiments.kglm import denoising as dn
 from deqlab.theory.kglm import kernels
 
-jax.config.update("jax_enable_x64", True)
-
 SMALL = dict(train_size=32, test_size=16, image_size=8, batch_size=16, max_steps=10)
 
 
@@ -49,6 +47,7 @@ def test_kglm_layers_are_the_scaled_periodic_kernel_matrix():
     np.testing.assert_array_equal(weights["V2"], weights["W2"])
 
 
+@pytest.mark.float64
 def test_random_init_variance_and_common_draw():
     a = dn.init_weights("random", 0.01, jax.random.key(1))
     b = dn.init_weights("random", 0.04, jax.random.key(1))
@@ -60,6 +59,7 @@ def test_random_init_variance_and_common_draw():
     assert abs(np.mean(entries)) < 5 * 0.1 / math.sqrt(entries.size)
 
 
+@pytest.mark.float64
 def test_circular_conv_matches_kernels_conv2d():
     key1, key2 = jax.random.split(jax.random.key(0))
     weights = jax.random.normal(key1, (3, 3, 7, 7))
@@ -144,6 +144,7 @@ def test_multichannel_kglm_kernel_is_indefinite_erratum():
     assert -0.05 < ev[0] / ev[-1] < 0
 
 
+@pytest.mark.float64
 def test_untrained_kglm_deq_is_kernel_ridge_smoothing():
     """004 Thm. 3 / Cor. 11 with X~ = X: where the fixed point is positive, ReLU acts as the
     identity and the kGLM-initialised DEQ outputs K (K + lam I)^-1 y (kernel ridge regression)."""

@@ -2,13 +2,13 @@
 
 import math
 
-import jax
 import numpy as np
 import pytest
 
 from deqlab.theory.kglm import examples as ex
 
-jax.config.update("jax_enable_x64", True)
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
 
 STARTS = np.linspace(-1.0, 1.0, 9)
 

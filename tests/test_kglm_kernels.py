@@ -24,7 +24,8 @@ import pytest
 
 from deqlab.theory.kglm import kernels
 
-jax.config.update("jax_enable_x64", True)
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
 
 PSD_TOL = 1e-10
 

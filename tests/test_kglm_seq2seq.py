@@ -22,6 +22,7 @@ from deqlab.theory.kglm import (
 TINY = dict(epochs=2, train_size=48, test_size=16, max_steps=30)
 
 
+@pytest.mark.float64
 def test_grids_and_kernel_are_the_papers():
     X, Xt = s2s.grids()
     assert X.shape == Xt.shape == (100,)
@@ -38,6 +39,7 @@ def test_grids_and_kernel_are_the_papers():
                                np.exp(-x**2 / 10) * np.sin(x) + np.exp(-(x + 9) ** 2), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.float64
 def test_sample_covariance_matches_k_true():
     """Sample mean and covariance of M joint draws against h and k_true (004 §4).
 
@@ -76,6 +78,7 @@ def test_seed_data_is_normalised_by_training_inputs():
         np.testing.assert_allclose(np.asarray((a - mu) / sd), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.float64
 def test_informed_model_at_epoch_0_is_the_kglm():
     """004 Cor. 6: with the informed weights the untrained DEQ is the kGLM of the tanh family,
     fitted to each sequence and evaluated at X~ (float64, solves to 1e-12)."""
@@ -102,6 +105,7 @@ def test_informed_model_at_epoch_0_is_the_kglm():
     assert np.linalg.norm(np.asarray(ref.W1), 2) == pytest.approx(C, rel=1e-10)
 
 
+@pytest.mark.float64
 def test_naive_and_random_weights():
     C = 0.3
     naive = s2s.init_model("naive", C, seed=1)

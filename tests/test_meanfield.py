@@ -37,6 +37,9 @@ from deqlab.theory import freeprob as fp
 from deqlab.theory import linear as lin
 from deqlab.theory import meanfield as mf
 
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 Z = 5.0
 N_SIM = 500
 

@@ -33,6 +33,7 @@ def _trellis(seed=0, **kw):
 CELLS = {"transformer": _transformer, "trellis": _trellis}
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", CELLS)
 @pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.float64])
 def test_cell_shapes_and_dtypes(name, param_dtype):
@@ -50,6 +51,7 @@ def _perturbed(x, t0, key):
     return x.at[:, t0:].add(jax.random.normal(key, x[:, t0:].shape, x.dtype))
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", CELLS)
 def test_causality(name):
     """The output at t does not depend on inputs after t: exactly for one application of f and for
@@ -108,6 +110,7 @@ def test_trellis_init_scale():
     np.testing.assert_array_equal(block, block.T)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", CELLS)
 @pytest.mark.parametrize("solver", ["broyden", "anderson"])
 def test_unrolled_and_deq_reach_the_same_equilibrium(name, solver):
@@ -129,6 +132,7 @@ def _tiny_lm(cell, depth=None, **kw):
                             rngs=nnx.Rngs(7), **kw)
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CELLS)
 def test_implicit_gradient_matches_unrolled_and_finite_differences(name):

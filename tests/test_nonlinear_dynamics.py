@@ -11,9 +11,8 @@ from deqlab import ensembles
 from deqlab.lab.experiments.nonlinear import dynamics as nld
 from deqlab.theory import meanfield as mf
 
-jax.config.update("jax_enable_x64", True)
 
-
+@pytest.mark.float64
 @pytest.mark.slow
 def test_solver_statistics_shapes_and_picard_rate_matches_meanfield():
     # Gaussian W, N = 200, sqrt(V) = 0.4 sc: predicted r = 0.64. The finite-N radius exceeds r by
@@ -37,7 +36,8 @@ def test_contraction_rate_of_a_geometric_trace():
     t = np.arange(51)[:, None] * np.ones((1, 3))
     trace = jnp.asarray(0.7 ** t * np.array([1.0, 2.0, 5.0]))
     rate = nld.contraction_rate(trace, jnp.array([50, 20, 1]))
-    np.testing.assert_allclose(rate[:2], 0.7, rtol=1e-12)
+    # float32 trace (eps ~ 1.2e-7): the rate, a root of a ratio of two entries, is good to a few eps.
+    np.testing.assert_allclose(rate[:2], 0.7, rtol=1e-5)
     assert np.isnan(rate[2])
 
 
@@ -46,6 +46,7 @@ def test_half_point_interpolates():
     assert math.isnan(nld.half_point([1.0, 2.0], [1.0, 0.9]))
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_ntk_formula_matches_autodiff_and_paper_eq93_does_not():
     n, scale = 20, 1.5
@@ -64,8 +65,11 @@ def test_ntk_formula_matches_autodiff_and_paper_eq93_does_not():
     np.testing.assert_allclose(X2 @ X2.T / n, 2 * np.cos(np.subtract.outer([0, 1, 2.5], [0, 1, 2.5])), atol=1e-12)
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_ntk_draws_average_matches_mean_field_for_gaussian():
+    # float64: under float32 the drawn NTKs came out all NaN (issue 24, item 7; open for
+    # deqlab.lab.experiments.nonlinear.dynamics), not a tolerance matter.
     # N = 200, 12 draws: the v-averaged diagonal fluctuates by ~ 0.2 / sqrt(12) relative (measured
     # spread 0.16 at N = 100, 0.11 at N = 400); finite-N bias O(1/N): a 12% tolerance.
     n, scale = 200, 1.0

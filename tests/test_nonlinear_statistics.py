@@ -57,6 +57,7 @@ def test_batches_do_not_change_the_result():
     np.testing.assert_allclose(a.variance, b.variance, rtol=1e-12)
 
 
+@pytest.mark.float64
 def test_converged_iterate_solves_eq22():
     W = np.asarray(jax.random.normal(KEY, (50, 50))) * 0.5 / math.sqrt(50)
     x = np.asarray(jax.random.normal(jax.random.PRNGKey(9), (50,)))
@@ -97,6 +98,7 @@ def excess_over_eq25(st, ensemble):
                      for v, s in zip(st.variance[0], st.sigma_x2[0])])
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("ensemble", ["gaussian", "orthogonal"])
 def test_variance_and_radius_agree_with_theory(ensemble):
     sc = 0.5 * mf.critical_scale("hard_tanh", ensemble)
@@ -111,6 +113,7 @@ def test_variance_and_radius_agree_with_theory(ensemble):
     assert r - Z * se <= est <= r * (centre + 3 * width) + Z * se, (est, se, r)
 
 
+@pytest.mark.float64
 def test_goe_variance_departs_from_eq25():
     # 001 Fig. 2: for the GOE the measured variance exceeds Eq. 25 (here by more than Z se + q/N
     # and by more than 50%: at sqrt(V) = 0.4 it is about twice the prediction at N = 200-1000).
@@ -122,6 +125,7 @@ def test_goe_variance_departs_from_eq25():
     assert est > Z * se + q / N and est > 0.5 * q, (est, se, q)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("ensemble", ["gaussian", "orthogonal"])
 def test_residual_collapses_below_the_critical_scale_only(ensemble):
     sc = mf.critical_scale("hard_tanh", ensemble)

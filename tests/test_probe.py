@@ -29,17 +29,14 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import deqlab  # noqa: E402
-from deqlab import checks, ensembles, nonlinearities, precision, solvers  # noqa: E402
-from deqlab.backward import (  # noqa: E402
+import deqlab
+from deqlab import checks, ensembles, nonlinearities, precision, solvers
+from deqlab.backward import (
     BackwardWarning,
     Implicit,
     Phantom,
@@ -48,13 +45,13 @@ from deqlab.backward import (  # noqa: E402
     check_gradients,
     fixed_point,
 )
-from deqlab.lab import data, stats  # noqa: E402
-from deqlab.lab.experiments import config  # noqa: E402
-from deqlab.nn import DEQ, ResNetCell, TanhCell  # noqa: E402
-from deqlab.precision import PrecisionWarning  # noqa: E402
-from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, solve  # noqa: E402
-from deqlab.theory import freeprob as fp  # noqa: E402
-from deqlab.theory import linear  # noqa: E402
+from deqlab.lab import data, stats
+from deqlab.lab.experiments import config
+from deqlab.nn import DEQ, ResNetCell, TanhCell
+from deqlab.precision import PrecisionWarning
+from deqlab.solvers import Anderson, Broyden, Picard, Result, SolverError, solve
+from deqlab.theory import freeprob as fp
+from deqlab.theory import linear
 
 MODULES = (
     "checks",
@@ -97,6 +94,7 @@ class Probe:
     check: Callable[[Any], bool] | None = None  # reported: predicate on the returned object
     env: dict | None = None  # environment variables set (monkeypatch) around the call
     xfail: str | None = None  # observed silent / unclear behaviour, until the owner fixes it
+    float64: bool = False  # run with x64 on (tests/conftest.py): the probe is about float64 itself
 
 
 def E(name, module, call, arg, valid=VALID, exc=ValueError, xfail=None, env=None):
@@ -105,11 +103,12 @@ def E(name, module, call, arg, valid=VALID, exc=ValueError, xfail=None, env=None
     return Probe(name, module, call, "error", arg=pattern, valid=valid, exc=exc, xfail=xfail, env=env)
 
 
-def R(name, module, call, *, warns=None, raises=None, match=None, check=None, xfail=None, env=None):
+def R(name, module, call, *, warns=None, raises=None, match=None, check=None, xfail=None, env=None,
+      float64=False):
     """A ``reported`` probe."""
     assert warns or raises or check, name
     return Probe(name, module, call, "reported", warns=warns, raises=raises, match=match, check=check,
-                 xfail=xfail, env=env)
+                 xfail=xfail, env=env, float64=float64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +311,7 @@ PROBES: list[Probe] = [
     R("solve-unreachable-tol-float64", "solvers",
       lambda: solve(lambda z: 0.5 * z + 1, jnp.zeros(2), solver=deqlab.Picard(tol=1.7e-300, max_steps=10)).result,
       warns=PrecisionWarning, match=r"below what float64 can reach",
-      check=lambda r: int(r) == Result.MAX_STEPS_REACHED),
+      check=lambda r: int(r) == Result.MAX_STEPS_REACHED, float64=True),
     R("solve-unreachable-tol-bfloat16", "solvers",
       lambda: solve(lambda z: 0.5 * z + 1, jnp.ones(4, jnp.bfloat16), solver=deqlab.Picard(tol=1.3e-6, max_steps=5)),
       warns=PrecisionWarning, match=r"below what bfloat16 can reach"),
@@ -413,7 +412,8 @@ PROBES: list[Probe] = [
     E("check-tol-int-dtype", "precision", lambda: precision.check_tol(1e-3, jnp.int32), "dtype"),
     E("check-precision-none", "precision", lambda: precision.check_precision(None), "precision",
       valid=r"one of 'default', 'high', 'highest'"),
-    E("check-precision-unknown", "precision", lambda: precision.check_precision("float8"), "precision"),
+    E("check-precision-unknown", "precision", lambda: precision.check_precision("float8"), "precision",
+      valid=r"one of 'default', 'high', 'highest'"),
     E("matmul-precision-unknown", "precision", lambda: _enter(precision.matmul_precision("ultra")), "precision"),
     E("emulated-dot-general-unknown", "precision", lambda: _emulated_dot("bad"), "precision"),
     R("check-tol-below-float32", "precision", lambda: precision.check_tol(1.23e-11, jnp.float32),
@@ -642,6 +642,7 @@ def _params():
     params = []
     for probe in PROBES:
         marks = [pytest.mark.xfail(strict=True, reason=probe.xfail)] if probe.xfail else []
+        marks += [pytest.mark.float64] if probe.float64 else []
         params.append(pytest.param(probe, id=probe.name, marks=marks))
     return params
 

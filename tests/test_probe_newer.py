@@ -16,20 +16,17 @@ import tempfile
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from deqlab import nn, precision, stability  # noqa: E402
-from deqlab.lab import data, exercises  # noqa: E402
-from deqlab.lab.experiments import sweep  # noqa: E402
-from deqlab.lab.experiments.sequence import ensemble_study  # noqa: E402
-from deqlab.nn import baselines, normalization, transformer, trellis  # noqa: E402
-from tests.test_probe import NAN, E, Probe, R, _run  # noqa: E402
+from deqlab import nn, precision, stability
+from deqlab.lab import data, exercises
+from deqlab.lab.experiments import sweep
+from deqlab.lab.experiments.sequence import ensemble_study
+from deqlab.nn import baselines, normalization, transformer, trellis
+from tests.test_probe import NAN, E, Probe, R, _run
 
 MODULES = ("nn", "nn.normalization", "stability", "data", "sweep", "cli", "exercises", "precision")
 

@@ -34,6 +34,7 @@ def _rotation_cell(radius, n=6):
     return _LinearCell(jnp.asarray(a))
 
 
+@pytest.mark.float64
 def test_jacobian_radius_and_picard_rate_on_a_known_linear_map():
     """On f(z) = zA + x with spectral radius 0.7 (complex pairs) both estimates give 0.7."""
     cell = _rotation_cell(0.7)

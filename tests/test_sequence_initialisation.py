@@ -10,8 +10,6 @@ import pytest
 
 from deqlab.lab.experiments.sequence import initialisation as ffi
 
-jax.config.update("jax_enable_x64", True)
-
 ENSEMBLES = ffi.STUDY_ENSEMBLES
 
 
@@ -52,8 +50,9 @@ def test_exact_moments_against_samples(ensemble):
         se = x.std(ddof=1) / math.sqrt(samples)
         z = abs(x.mean() - getattr(p, name)) / se if se > 0 else 0.0
         if ensemble == "orthogonal" and name == "hidden_variance":
-            # |a W1|^2 = V |a|^2 exactly for orthonormal rows: no fluctuation at all
-            np.testing.assert_allclose(x, p.hidden_variance, rtol=1e-12)
+            # |a W1|^2 = V |a|^2 exactly for orthonormal rows: no fluctuation at all, up to float32
+            # rounding of a 48-term sum of squares (at worst 48 * eps = 5.8e-6 relative)
+            np.testing.assert_allclose(x, p.hidden_variance, rtol=1e-5)
             continue
         assert z < 4, (ensemble, name, x.mean(), getattr(p, name), se)
 

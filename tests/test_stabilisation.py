@@ -21,6 +21,7 @@ def _deq(**kw):
     return DEQ(cell, solver="anderson", tol=1e-12, max_steps=100, batch_axis=0, param_dtype=jnp.float64, **kw)
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_correction_iterates_are_the_solvers_followed_by_one_step():
     with st.x64():
@@ -66,6 +67,7 @@ def test_correction_arguments():
         _deq(correction=2, correction_stride=0)
 
 
+@pytest.mark.float64
 @pytest.mark.slow
 def test_vmapped_seeds_equal_single_seeds_and_monitor_matches_eigvals():
     both = st.train_remedy("none", 1.2, [0, 1], train_size=128, **TINY)

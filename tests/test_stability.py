@@ -8,8 +8,6 @@ import pytest
 
 from deqlab import stability
 
-jax.config.update("jax_enable_x64", True)
-
 
 def tanh_layer(z, W, x):
     return jnp.tanh(z @ W.T + x)
@@ -79,6 +77,7 @@ def test_penalty_per_sample_when_batched(layer):
         stability.jacobian_penalty(tanh_layer, Z, W, X, key=jax.random.PRNGKey(4), batch_axis=2)
 
 
+@pytest.mark.float64
 def test_penalty_gradient_matches_finite_differences(layer):
     W, z, x = layer
     key = jax.random.PRNGKey(5)

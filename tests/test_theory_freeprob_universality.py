@@ -18,6 +18,9 @@ from deqlab.lab import stats
 from deqlab.lab.experiments import freeprob as ex
 from deqlab.theory import freeprob as fp
 
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 ALPHA = 1e-6
 SIGMA0_2 = 0.25  # 002 Figure 4
 

@@ -23,6 +23,9 @@ import scipy.integrate
 from deqlab.lab.experiments import linear as ex
 from deqlab.theory import linear as th
 
+# Theory checks: closed forms and limits to ~1e-10, float64 by convention (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 ALPHA = 1e-6
 Z = 5.0
 

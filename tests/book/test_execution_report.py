@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("execution_report", ROOT / "book" / "_ext" / "execution_report.py")
 report = importlib.util.module_from_spec(_spec)
 sys.modules["execution_report"] = report  # dataclasses look their module up there

@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 
 yaml = pytest.importorskip("yaml")  # pyyaml is in the `test` extra
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Extras mirrored in environment.yml. `peers` is deliberately left out of it (benchmarks only;
 # environment.yml says so in a comment).

@@ -1,7 +1,7 @@
 """`make test` on a machine with nothing but Python and make: tests that need a system package skip.
 
 The README promises that its two commands need Python 3.11+ (with `venv`) and `make` only. The
-browser test of the built site (tests/test_site_check.py) needs Chromium, which CI installs
+browser test of the built site (tests/book/test_site_check.py) needs Chromium, which CI installs
 (.ci/run) and a newcomer's laptop lacks: there it must be reported as skipped, with its reason,
 never as an error. Under CI (`CI=true`) or with `DEQLAB_REQUIRE_BROWSER=1` the same missing
 browser must be an error, so CI cannot skip the check it exists to run.
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SITE_TESTS = ROOT / "tests" / "test_site_check.py"
+ROOT = Path(__file__).resolve().parents[2]
+SITE_TESTS = ROOT / "tests" / "book" / "test_site_check.py"
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "book"))
 from test_site_check import EXPECTED, SKIP_REASON  # noqa: E402
 
 sys.path.pop(0)
@@ -64,7 +64,7 @@ def test_browser_tests_skip_cleanly_without_a_browser(tmp_path):
     assert not counts.get("failed") and not counts.get("error") and not counts.get("errors"), output[-3000:]
     # the reason a newcomer reads in pytest's short summary: one line per test function, each
     # giving the reason, together covering every browser test
-    skipped = re.findall(r"^SKIPPED \[(\d+)\] tests/test_site_check\.py:\d+: (.*)$", output, re.MULTILINE)
+    skipped = re.findall(r"^SKIPPED \[(\d+)\] tests/book/test_site_check\.py:\d+: (.*)$", output, re.MULTILINE)
     assert skipped and {reason for _, reason in skipped} == {SKIP_REASON}, output[-3000:]
     assert sum(int(n) for n, _ in skipped) == BROWSER_TESTS, output[-3000:]
 

@@ -20,7 +20,7 @@ import pytest
 
 import deqlab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 REPO_URL = "https://github.com/deqlab/equilibrium"
 

@@ -1,7 +1,7 @@
 """The browser test of the built site (.ci/check_site.py) finds each kind of defect it is meant to find.
 
 It runs the checker's command line, in headless Chromium, on the fixture pages of
-tests/site_fixtures/: one clean page (nothing may be reported) and one page per defect (each defect
+tests/book/site_fixtures/: one clean page (nothing may be reported) and one page per defect (each defect
 must be reported, naming the page and the element). The pages load the MathJax the book vendors
 (book/_static/mathjax), so the MathJax checks run against the same build as the site.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / ".ci" / "check_site.py"
 FIXTURES = Path(__file__).resolve().parent / "site_fixtures"
 MATHJAX = ROOT / "book" / "_static" / "mathjax"
