@@ -27,6 +27,12 @@ For each notebook, a copy under ``--out`` (same relative path, e.g.
    ``deqlab``'s own functions, run as in the book. A front end that ignores the tag stops at the
    first unfinished exercise.
 
+A cell that uses no stub but reads a variable that an earlier cell assigns only after a check of
+the reader's code is a *cascade*: in the student edition it fails (a NameError) until the exercise
+is done. The script lists them (and stores their indices in the notebook metadata,
+``deqlab_student_edition.cascade_cells``); a page avoids them by putting the check of the reader's
+code at the end of its cell.
+
 Nothing else changes: the other cells, their order, the tags and the notebook metadata (to which
 ``deqlab_student_edition``, naming the source, is added); outputs are cleared. Only the standard
 library is used, so it runs without the project's virtual environment. Exit status 1, with a
@@ -319,33 +325,42 @@ def _uses_stub_itself(statement: ast.stmt, stubs: frozenset[str]) -> bool:
                and id(n) not in attribute_bases for n in ast.walk(statement))
 
 
-def may_fail(statements: list[ast.stmt], tainted: set[str], stubs: frozenset[str] = frozenset()) -> tuple[bool, set[str]]:
-    """Whether a cell of these top-level statements may raise because of the stubs, and the
-    tainted names after it.
+def may_fail(statements: list[ast.stmt], tainted: set[str], stubs: frozenset[str] = frozenset(),
+             missing: set[str] | None = None) -> tuple[bool, bool, set[str], set[str]]:
+    """Whether a cell of these top-level statements may raise because of the stubs.
 
-    ``tainted``: the stubs (functions and classes whose bodies raise) and the variables that may be
-    missing or stale because a cell stopped early. A statement may raise when it reads a tainted
-    variable or uses a stub (other than through an attribute, see :func:`_uses_stub_itself`); what
-    it binds is tainted, and so is what every statement after it in the cell binds (the cell may
-    stop there). A statement that reads a stub without using it (``my_fixed_point.defvjp(...)``)
-    does not raise, but what it binds is tainted. A statement that runs before binds its names
-    afresh (untainted). A ``def``/``class`` whose body reads a tainted name does not raise when
-    defined, but its name becomes tainted. ``stubs`` stay tainted although their (stubbed)
-    definitions read nothing tainted.
+    ``tainted``: the stubs (functions and classes whose bodies raise), the values computed from
+    them, and ``missing``, the variables that may be missing or stale because a cell stopped early.
+    A statement may raise when it reads a tainted variable or uses a stub (other than through an
+    attribute, see :func:`_uses_stub_itself`); what it binds is tainted, and what every statement
+    after it in the cell binds is missing (the cell may stop there). A statement that reads a stub
+    without using it (``my_fixed_point.defvjp(...)``, or passing it to a grader) does not raise,
+    but what it binds is tainted. A statement that runs before binds its names afresh (untainted).
+    A ``def``/``class`` whose body reads a tainted name does not raise when defined, but its name
+    becomes tainted. ``stubs`` stay tainted although their (stubbed) definitions read nothing
+    tainted.
+
+    Returns ``(fails, cascade, tainted, missing)``: ``cascade`` when the cell may fail only because
+    it reads a missing variable (not the reader's code, nor a value computed from it).
     """
-    tainted = set(tainted)
-    failing = False
+    tainted, missing = set(tainted), set(missing or ())
+    failing, cascade = False, False
     for statement in statements:
         names = _names(statement)
         if failing:
             tainted |= names.stores
+            missing |= names.stores
         elif names.loads & tainted:
             definition = isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            failing = not definition and bool(names.loads & (tainted - stubs) or _uses_stub_itself(statement, stubs))
+            derived = bool(names.loads & (tainted - stubs - missing)) or _uses_stub_itself(statement, stubs)
+            failing = not definition and (derived or bool(names.loads & missing))
+            cascade = failing and not derived
             tainted |= names.stores
+            missing -= names.stores
         else:
             tainted -= names.stores - stubs
-    return failing, tainted
+            missing -= names.stores
+    return failing, cascade, tainted, missing
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,7 +373,9 @@ def convert(nb: dict, source_name: str = "") -> dict:
     cells = nb.get("cells", [])
     out = []
     tainted: set[str] = set()
+    missing: set[str] = set()
     stubs: frozenset[str] = frozenset()
+    cascades: list[int] = []  # cells that may fail only because an earlier one stopped early
     for index, cell in enumerate(cells):
         where = f"{source_name} cell {index}"
         kind = cell.get("cell_type")
@@ -392,13 +409,15 @@ def convert(nb: dict, source_name: str = "") -> dict:
             cell["source"] = new_source
             fails = raises_itself
             if not raises_itself:  # its other statements (a check in the same cell) may use the stubs
-                fails, tainted = may_fail(ast.parse(_parseable(new_source)).body, tainted, stubs)
+                fails, _, tainted, missing = may_fail(ast.parse(_parseable(new_source)).body, tainted, stubs, missing)
         elif tainted:
             try:
                 statements = ast.parse(_parseable(source)).body
             except SyntaxError as error:
                 raise ConversionError(f"{where}: {error}") from None
-            fails, tainted = may_fail(statements, tainted, stubs)
+            fails, cascade, tainted, missing = may_fail(statements, tainted, stubs, missing)
+            if cascade:
+                cascades.append(len(out))
         if fails and RAISES_TAG not in tags:
             cell.setdefault("metadata", {})["tags"] = [*tags, RAISES_TAG]
         out.append(cell)
@@ -409,6 +428,7 @@ def convert(nb: dict, source_name: str = "") -> dict:
         "source": source_name,
         "note": "solutions removed; reader-code stubbed (raise NotImplementedError); cells that use the "
                 "stubs are tagged raises-exception",
+        "cascade_cells": cascades,
     }
     return nb
 
@@ -447,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConversionError, ValueError) as error:
         print(f"student_edition: {error}", file=sys.stderr)
         return 1
+    for target in written:
+        cascades = json.loads(target.read_text(encoding="utf-8"))["metadata"]["deqlab_student_edition"]["cascade_cells"]
+        if cascades:
+            print(f"note: {target}: cells {cascades} use no stub but may fail because an earlier cell stops at a "
+                  "check of the reader's code before assigning what they read (move that check to the end of "
+                  "its cell to avoid this)")
     print(f"wrote the student edition of {len(written)} notebook(s) into {args.out}")
     return 0
 
