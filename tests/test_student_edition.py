@@ -269,7 +269,8 @@ def test_a_student_page_runs_and_its_grader_reports_the_stub(tmp_path):
     assert errors, "the stubbed page raised nowhere: the stubs are not used"
     for index in errors:
         assert "raises-exception" in nb.cells[index].metadata.get("tags", []), index
-    [grader] = [i for i, c in enumerate(nb.cells) if "check_implicit_gradient(my_fixed_point)" in c.source]
+    [grader] = [i for i, c in enumerate(nb.cells)
+                if c.cell_type == "code" and "check_implicit_gradient(my_fixed_point)" in c.source]
     error = errors[grader]
     assert error.ename == "AssertionError", error.ename  # the page's `assert report.passed, report`
     assert "check_implicit_gradient(my_fixed_point): FAILED" in error.evalue
