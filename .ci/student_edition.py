@@ -113,14 +113,17 @@ def solution_spans(text: str) -> list[tuple[int, int]]:
 def remove_solutions(text: str) -> str:
     """``text`` without its solution blocks (see :func:`solution_spans`); raises ConversionError
     if a solution in another form remains."""
+    spans = solution_spans(text)
     out, pos = [], 0
-    for start, end in solution_spans(text):
+    for start, end in spans:
         out.append(text[pos:start])
         pos = end
     out.append(text[pos:])
     result = "".join(out)
     if (match := _OTHER_SOLUTION_FORMS.search(result)) is not None:
         raise ConversionError(f"a solution in a form this script does not remove: {match.group(0).strip()!r}")
+    if not spans:
+        return text
     return result.rstrip() + ("\n" if text.endswith("\n") and result.strip() else "")
 
 

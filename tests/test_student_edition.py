@@ -104,6 +104,10 @@ def test_nothing_else_changes(editions):
                 assert _source(new) == _source(old), where
             assert {k: v for k, v in new["metadata"].items() if k != "tags"} == \
                    {k: v for k, v in old["metadata"].items() if k != "tags"}, where
+        for old, new in zip((c for c in original["cells"] if c["cell_type"] == "markdown"),
+                            (c for c in student["cells"] if c["cell_type"] == "markdown")):
+            if "<details><summary>Solution" not in _source(old):
+                assert _source(new) == _source(old), path  # untouched, byte for byte
         old_md = [_without_solutions_by_lines(_source(c)) for c in original["cells"] if c["cell_type"] == "markdown"]
         new_md = [_collapse(_source(c)) for c in student["cells"] if c["cell_type"] == "markdown"]
         assert [m for m in old_md if m] == new_md, path
