@@ -5,6 +5,7 @@
 #   make test   # create .venv if needed, run unit tests + every notebook under book/
 #   make unit   # fast unit tests (not marked slow; under 2 minutes on 2 cores), no notebooks
 #   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
+#   make student-edition  # the notebooks without solutions, reader's code stubbed, into _build/student
 #
 # Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
 # point it at an existing environment with `make test VENV=/path/to/venv`), JOBS (pytest-xdist
@@ -30,7 +31,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book site-check clean distclean strip help
+.PHONY: install test unit unit-all lint book site-check student-edition clean distclean strip help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -41,6 +42,8 @@ help:
 	@echo "make book     build the book into _build/html (-W -n --keep-going)"
 	@echo "make site-check  open every page of _build/html in headless Chromium (needs: apt-get install"
 	@echo "              chromium chromium-driver); screenshots into _build/screenshots"
+	@echo "make student-edition  the notebooks for students into $(STUDENT): solutions removed, the reader's"
+	@echo "              code stubbed (raise NotImplementedError), graders kept (.ci/student_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
@@ -98,6 +101,16 @@ book: install
 # chromium and chromedriver (Debian: apt-get install chromium chromium-driver).
 site-check: install
 	$(BIN)/python .ci/check_site.py _build/html --screenshots _build/screenshots
+
+# The student edition (book/instructors.md): every notebook of book/ with its hidden solutions
+# removed and the bodies of its reader-code functions replaced by `raise NotImplementedError`; the
+# cells that use them are tagged raises-exception, so the notebook still runs top to bottom and the
+# graders report the unfinished exercises. Standard library only: no virtual environment needed.
+STUDENT ?= _build/student
+
+student-edition:
+	rm -rf $(STUDENT)
+	$(PYTHON) .ci/student_edition.py --out $(STUDENT)
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')

@@ -198,6 +198,8 @@ def _require_callable(value: Any, name: str, where: str) -> None:
 
 def _crashed(name: str, error: BaseException, hint: str) -> Check:
     message = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    if isinstance(error, NotImplementedError):  # the student edition's stub (.ci/student_edition.py)
+        hint = f"not written yet: replace `raise NotImplementedError` with your code. {hint}"
     return Check(name, math.inf, 0.0, hint=f"your code raised {message}. {hint}".strip())
 
 
