@@ -208,14 +208,48 @@ def test_summaries_count_failures_and_compare():
     assert best["random"]["scale"] == 0.1 and best["random"]["failed"] == 2
     assert best["kglm"]["scale"] == 0.1 and best["kglm"]["median"] == pytest.approx(0.25)
     c = dn.compare_schemes(rows, 0)
-    assert c["kglm_wins"] == 1.0 and c["p_value"] == pytest.approx(c["p_floor"]) == pytest.approx(1 / 70)
+    # paired by seed: 4 seeds, kGLM lower on all of them (one pair against a failed random run)
+    assert c["n_seeds"] == 4
+    assert c["kglm_wins"] == 1.0 and c["p_value"] == pytest.approx(c["p_floor"]) == pytest.approx(1 / 16)
     assert c["ratio"] == pytest.approx(0.65 / 0.25)
     swapped = [{**r, "scheme": {"random": "kglm", "kglm": "random"}[r["scheme"]]} for r in rows]
     assert c["p_value_reverse"] == pytest.approx(1.0)
     reverse = dn.compare_schemes(swapped, 0)
-    assert reverse["p_value"] > 0.9 and reverse["p_value_reverse"] == pytest.approx(1 / 70)
+    assert reverse["p_value"] > 0.9 and reverse["p_value_reverse"] == pytest.approx(1 / 16)
     with pytest.raises(ValueError, match=r"compare_schemes: `epoch` must be an epoch evaluated for both"):
         dn.compare_schemes(rows, 3)
+
+
+def test_compare_schemes_pairs_seeds():
+    """The comparison is paired by seed (a seed fixes batch order and training noise for both
+    schemes). Seeds that vary a lot among themselves, kGLM lower by 0.1 on every one: the paired
+    signed-rank test gives its floor 2^-6, an unpaired rank test of the same 12 numbers would not
+    be significant (Mann-Whitney p ~ 0.41)."""
+    base = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    rows = _rows("random", 0.1, base) + _rows("kglm", 0.5, base - 0.1)
+    c = dn.compare_schemes(rows, 0)
+    assert c["n_seeds"] == 6 and c["kglm_wins"] == 1.0
+    assert c["p_value"] == pytest.approx(2.0**-6) and c["p_value_reverse"] == pytest.approx(1.0)
+    assert stats.mannwhitneyu(base - 0.1, base, alternative="less").pvalue > 0.3
+    # the exact signed-rank p-value against scipy's exact test on a case without ties or failures
+    d_kglm = base + np.array([-0.5, 0.2, -0.9, -0.3, 0.05, -1.1])
+    c = dn.compare_schemes(_rows("random", 0.1, base) + _rows("kglm", 0.5, d_kglm), 0)
+    expected = stats.wilcoxon(d_kglm - base, alternative="less", method="exact").pvalue
+    assert c["p_value"] == pytest.approx(expected) and c["kglm_wins"] == pytest.approx(4 / 6)
+    # seeds are matched by their number, not by position; unmatched seeds are left out
+    shuffled = _rows("random", 0.1, base)[::-1] + _rows("kglm", 0.5, base - 0.1) + [
+        {"scheme": "kglm", "scale": 0.5, "seed": 99, "norm": 0.5, "test_mse_curve": [100.0]}]
+    c = dn.compare_schemes(shuffled, 0)
+    assert c["n_seeds"] == 6 and c["p_value"] == pytest.approx(2.0**-6)
+    # both runs of a seed failed: a tie, dropped; kGLM failed alone: its worst difference
+    failing = _rows("random", 0.1, [np.nan, 1.0, 2.0, 3.0]) + _rows("kglm", 0.5, [np.inf, np.nan, 1.5, 2.7])
+    c = dn.compare_schemes(failing, 0)
+    assert c["n_seeds"] == 4 and c["kglm_wins"] == pytest.approx((0.5 + 0 + 1 + 1) / 4)
+    # |d| ranks: 3 (kGLM failed, +), 2 (-0.5), 1 (-0.3); W+ = 3, and 5 of the 8 sign patterns give W+ <= 3
+    assert c["p_value"] == pytest.approx(5 / 8)
+    with pytest.raises(ValueError, match=r"compare_schemes: `rows` must be runs of both schemes"):
+        dn.compare_schemes(_rows("random", 0.1, [1.0]) + [
+            {"scheme": "kglm", "scale": 0.5, "seed": 7, "norm": 0.5, "test_mse_curve": [1.0]}], 0)
 
 
 @pytest.mark.parametrize(("call", "message"), [

@@ -591,39 +591,89 @@ def best_by_epoch(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _signed_rank_p_values(k: np.ndarray, r: np.ndarray) -> tuple[float, float, int]:
+    """One-sided p-values of the Wilcoxon signed-rank test of the paired differences ``k - r``
+    (alternatives: ``k`` smaller, ``k`` larger), and the number of non-zero differences.
+
+    ``+inf`` (a failed run) is worse than any finite value: a pair with one failure gets a
+    difference larger in size than every finite one (the largest rank), a pair of failures a zero
+    difference (dropped, as Wilcoxon's zero method does). Up to 16 non-zero differences the
+    p-values are exact, by enumerating all ``2^n`` sign patterns of the (mid-)ranks, so ties are
+    handled exactly; above, scipy's normal approximation with tie correction.
+    """
+    from scipy import stats
+
+    both_failed = np.isinf(k) & np.isinf(r)
+    d = np.where(both_failed, 0.0, k) - np.where(both_failed, 0.0, r)
+    finite = np.isfinite(d)
+    big = 2.0 * (np.max(np.abs(d[finite])) if finite.any() else 1.0) + 1.0
+    d = np.where(finite, d, np.sign(d) * big)
+    d = d[d != 0]
+    n = len(d)
+    if n == 0:
+        return 1.0, 1.0, 0
+    if n <= 16:
+        ranks = stats.rankdata(np.abs(d))
+        observed = float(np.sum(ranks[d > 0]))  # W+: large when k tends to exceed r
+        signs = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
+        null = signs @ ranks
+        eps = 1e-9 * float(ranks.sum())
+        return float(np.mean(null <= observed + eps)), float(np.mean(null >= observed - eps)), n
+    less = stats.wilcoxon(d, alternative="less", method="approx").pvalue
+    greater = stats.wilcoxon(d, alternative="greater", method="approx").pvalue
+    return float(less), float(greater), n
+
+
 def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int) -> dict[str, Any]:
     """Does kGLM initialisation beat random at ``epoch``, each at its own best grid point?
 
     Takes the per-seed test MSEs of each scheme at its best scale (lowest median,
-    :func:`best_by_epoch`) and compares them with a one-sided Mann-Whitney U test (alternative:
-    kGLM's MSEs are stochastically smaller; failures count as +inf). Choosing the best scale on
-    the test set favours both schemes alike; with few seeds the p-value is coarse (its smallest
-    possible value is ``1 / binom(n_k + n_r, n_k)``).
+    :func:`best_by_epoch`) and compares them *paired by seed*: seed ``s`` fixes the batch order
+    and the training noise of both schemes (:func:`train_seeds`), and every model sees the same
+    noisy test set, so the two runs of one seed are not independent and the seed, not the model,
+    is the independent unit. The test is the one-sided Wilcoxon signed-rank test of the per-seed
+    differences (alternative: kGLM's MSEs are smaller; failures count as +inf, see
+    :func:`_signed_rank_p_values`). Choosing the best scale on the test set favours both schemes
+    alike; with few seeds the p-value is coarse (its smallest possible value is ``2^-n`` for ``n``
+    seeds).
+
+    Args:
+        rows: per-seed rows of :func:`run_denoising_sweep` (keys ``scheme``, ``scale``, ``seed``,
+            ``test_mse_curve``).
+        epoch: the evaluation (0 = untrained).
 
     Returns:
         ``kglm_median``, ``random_median``, ``ratio`` (random / kGLM medians), ``p_value``,
         ``p_value_reverse`` (the same test with the alternative "random's are smaller"),
-        ``p_floor`` (the smallest attainable p-value), ``n_kglm``, ``n_random``, ``kglm_scale``,
-        ``random_scale``, ``kglm_wins`` (fraction of (kGLM, random) seed pairs where kGLM is lower).
-    """
-    from scipy import stats
+        ``p_floor`` (the smallest attainable p-value, ``2^-n_seeds``), ``n_seeds`` (seeds run
+        under both schemes), ``kglm_scale``, ``random_scale``, ``kglm_wins`` (fraction of those
+        seeds where kGLM's MSE is the lower, ties counting one half).
 
+    Raises:
+        ValueError: ``epoch`` not evaluated for both schemes, or no seed run under both.
+
+    Example:
+        >>> c = compare_schemes(rows, epoch=5)          # doctest: +SKIP
+        >>> c["kglm_wins"], c["p_value"] <= 0.05        # doctest: +SKIP
+    """
     where = "denoising.compare_schemes"
     epoch = checks.integer(epoch, "epoch", where, minimum=0)
     best = {r["scheme"]: r for r in best_by_epoch(rows) if r["epoch"] == epoch}
     if set(best) != set(SCHEMES):
         raise checks.fail("epoch", "an epoch evaluated for both schemes", epoch, where)
-    values = {}
+    by_seed = {}
     for scheme in SCHEMES:
-        chosen = [r for r in rows if r["scheme"] == scheme and r["scale"] == best[scheme]["scale"]]
-        values[scheme] = _finite_or_inf([r["test_mse_curve"][epoch] for r in chosen])
-    k, r = values["kglm"], values["random"]
-    method = "exact" if len(k) + len(r) <= 40 else "auto"
-    test = stats.mannwhitneyu(k, r, alternative="less", method=method)
-    reverse = stats.mannwhitneyu(k, r, alternative="greater", method=method)
-    wins = float(np.mean(k[:, None] < r[None, :]) + 0.5 * np.mean(k[:, None] == r[None, :]))
+        by_seed[scheme] = {r["seed"]: r["test_mse_curve"][epoch] for r in rows
+                           if r["scheme"] == scheme and r["scale"] == best[scheme]["scale"]}
+    seeds = sorted(set(by_seed["kglm"]) & set(by_seed["random"]))
+    if not seeds:
+        raise checks.fail("rows", "runs of both schemes with at least one common seed",
+                          "no common seed", where)
+    k = _finite_or_inf([by_seed["kglm"][s] for s in seeds])
+    r = _finite_or_inf([by_seed["random"][s] for s in seeds])
+    p_less, p_greater, _ = _signed_rank_p_values(k, r)
+    wins = float(np.mean(k < r) + 0.5 * np.mean(k == r))
     return {"epoch": epoch, "kglm_median": float(np.median(k)), "random_median": float(np.median(r)),
-            "ratio": float(np.median(r) / np.median(k)), "p_value": float(test.pvalue),
-            "p_value_reverse": float(reverse.pvalue),
-            "p_floor": 1.0 / math.comb(len(k) + len(r), len(k)), "n_kglm": len(k), "n_random": len(r),
+            "ratio": float(np.median(r) / np.median(k)), "p_value": p_less, "p_value_reverse": p_greater,
+            "p_floor": 2.0 ** -len(seeds), "n_seeds": len(seeds),
             "kglm_scale": best["kglm"]["scale"], "random_scale": best["random"]["scale"], "kglm_wins": wins}
