@@ -188,3 +188,68 @@ class WeightTiedDropout(nnx.Module):
         """
         if deterministic is not None:
             self.deterministic = deterministic
+
+
+def iterate_with_dropout(cell: nnx.Module, x: jax.Array, steps: int, *, redraw: bool = False,
+                         z0: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Plain iteration ``z[k+1] = f(z[k], x; m[k])`` with weight-tied or with ordinary dropout.
+
+    With ``redraw=False`` every step uses one set of masks (weight-tied dropout: a fixed map,
+    whose fixed point the iteration approaches when it contracts); with ``redraw=True`` each step
+    draws new ones, what ordinary dropout does inside a fixed-point map. The residual of step k is
+    measured against the map that step used, ``||f(z[k]; m[k]) - z[k]|| / ||f(z[k]; m[k])||`` per
+    sample (over all axes but the first), the quantity the solvers of :mod:`deqlab.solvers` stop
+    on: with fresh masks it stalls at a noise floor set by the rate, since each step moves z
+    towards a different map's fixed point.
+
+    Args:
+        cell: a cell with weight-tied dropout (``dropout_masks``), in training mode; the masks
+            come from its stream, which this advances.
+        x: the input, with a leading batch axis.
+        steps: number of iterations, an integer >= 1.
+        redraw: draw new masks at every step (ordinary dropout) instead of once.
+        z0: the starting state, ``x.shape[:-1] + (cell.width,)``; None: zeros.
+
+    Returns:
+        ``(z[steps], residuals)``, residuals of shape ``(steps, batch)``.
+
+    Raises:
+        ValueError: ``steps`` is not an integer >= 1, ``redraw`` is not a bool, or the cell has
+            no weight-tied dropout or is in evaluation mode.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab.nn import TanhCell
+        >>> from deqlab.nn.dropout import iterate_with_dropout
+        >>> cell = TanhCell(32, 4, scale=0.5, dropout=0.2, rngs=nnx.Rngs(0))
+        >>> x = jnp.ones((3, 4))
+        >>> _, tied = iterate_with_dropout(cell, x, 60)
+        >>> _, fresh = iterate_with_dropout(cell, x, 60, redraw=True)
+        >>> bool(tied[-1].max() < 1e-5), bool(fresh[-1].min() > 1e-2)
+        (True, True)
+    """
+    where = "nn.iterate_with_dropout"
+    steps = checks.positive_int(steps, "steps", where)
+    if not isinstance(redraw, bool):
+        raise checks.fail("redraw", "True or False", redraw, where)
+    draw = getattr(cell, "dropout_masks", None)
+    z = jnp.zeros(x.shape[:-1] + (cell.width,), x.dtype) if z0 is None else jnp.asarray(z0, x.dtype)
+    first = None if draw is None else draw(z.shape, z.dtype)
+    if first is None:
+        raise checks.fail("cell", "a cell built with dropout > 0, in training mode (cell.train())",
+                          type(cell).__name__, where)
+    # masks drawn up front (the stream is module state), then scanned over
+    draws = [first] + [draw(z.shape, z.dtype) if redraw else first for _ in range(steps - 1)]
+    stacked = jax.tree_util.tree_map(lambda *m: jnp.stack(m), *draws)
+    graphdef, state = nnx.split(cell)
+
+    def step(z, masks):
+        fz = nnx.merge(graphdef, state)(z, x, masks)
+        diff = (fz - z).reshape(z.shape[0], -1)
+        scale = fz.reshape(z.shape[0], -1)
+        residual = jnp.linalg.norm(diff, axis=-1) / jnp.maximum(jnp.linalg.norm(scale, axis=-1),
+                                                                jnp.finfo(z.dtype).tiny)
+        return fz, residual
+
+    return jax.lax.scan(step, z, stacked)
