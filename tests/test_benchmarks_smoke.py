@@ -7,7 +7,7 @@ out; `make test` and CI run them)."""
 import jax
 import pytest
 
-from benchmarks import common, forward, gradient, memory, scaling
+from benchmarks import common, dropout, forward, gradient, memory, scaling
 
 
 @pytest.mark.slow
@@ -71,6 +71,20 @@ def test_scaling_benchmark_tiny():
         assert row["converged"] and row["error"] <= 1e-5
         assert 1 <= row["NFE"] <= scaling.MAX_STEPS + 1 and row["ms"] > 0
     assert set(out["exponents"]) == {"time_N", "nfe_N", "time_B", "nfe_B"}
+
+
+@pytest.mark.slow
+def test_dropout_benchmark_tiny():
+    out = dropout.main(["--size", "tiny"])
+    solves = {row["config"]: row for row in out["solves"]}
+    # weight-tied and no dropout converge; ordinary (per-iteration) dropout does not
+    assert solves["(a) weight-tied"]["converged"] == 1.0 and solves["(c) none"]["converged"] == 1.0
+    assert solves["(b) per-iteration"]["converged"] < 0.5
+    assert solves["(b) per-iteration"]["residual max"] > 10 * dropout.TOL
+    iteration = {row["config"]: row for row in out["iteration"]}
+    assert isinstance(iteration["(a) weight-tied"][f"steps to {dropout.TOL:g}"], int)
+    assert str(iteration["(b) per-iteration"][f"steps to {dropout.TOL:g}"]).startswith(">")
+    assert out["overhead"]["ratio"] > 0
 
 
 def test_growth_exponent_recovers_a_power_law():

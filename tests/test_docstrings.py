@@ -54,6 +54,7 @@ MODULES = (
     "deqlab.nn.lm",
     "deqlab.nn.transformer",
     "deqlab.nn.trellis",
+    "deqlab.nn.dropout",
     "deqlab.nn.normalization",
     "deqlab.nn.baselines",
     "deqlab.theory.linear",

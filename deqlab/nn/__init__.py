@@ -4,6 +4,7 @@ data-parallel training step)."""
 
 from deqlab.nn.cells import ResNetCell, TanhCell
 from deqlab.nn.deq import DEQ, SOLVER_STATS, capture_solver_stats
+from deqlab.nn.dropout import WeightTiedDropout
 from deqlab.nn.lm import (
     STAT_NAMES,
     EquilibriumBlock,
@@ -23,6 +24,6 @@ from deqlab.nn.trellis import TrellisCell
 
 __all__ = [
     "DEQ", "SOLVER_STATS", "capture_solver_stats", "TanhCell", "ResNetCell",
-    "TransformerCell", "TrellisCell", "EquilibriumBlock", "LanguageModel", "unroll", "solver_stats",
+    "TransformerCell", "TrellisCell", "WeightTiedDropout", "EquilibriumBlock", "LanguageModel", "unroll", "solver_stats",
     "lm_loss", "train_step", "eval_step", "train", "data_mesh", "shard_batch", "replicate", "STAT_NAMES",
 ]

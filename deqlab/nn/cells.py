@@ -22,6 +22,7 @@ from flax import nnx
 
 from deqlab import checks, ensembles
 from deqlab import precision as precision_module
+from deqlab.nn.dropout import WeightTiedDropout, check_rate
 
 __all__ = ["TanhCell", "ResNetCell"]
 
@@ -47,6 +48,29 @@ def _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemb
     return None if precision is None else precision_module.check_precision(precision, where)
 
 
+def _dropout_module(rate, where, rngs, broadcast_axes=()):
+    """The cell's :class:`WeightTiedDropout` for the rate given as ``dropout`` (None for 0, so that
+    a cell without dropout has exactly the state it had before dropout existed)."""
+    rate = check_rate(rate, "dropout", where)
+    return WeightTiedDropout(rate, broadcast_axes=broadcast_axes, rngs=rngs) if rate > 0 else None
+
+
+def _check_masks(masks, shapes, where):
+    """``masks`` must be None or the dict of :meth:`dropout_masks`, each broadcastable to its array."""
+    if masks is None:
+        return None
+    if not isinstance(masks, dict) or set(masks) != set(shapes):
+        raise checks.fail("masks", f"None or a dict with keys {sorted(shapes)} (from cell.dropout_masks)",
+                          type(masks).__name__ if not isinstance(masks, dict) else sorted(masks), where)
+    for name, shape in shapes.items():
+        try:
+            jnp.broadcast_shapes(jnp.shape(masks[name]), shape)
+        except ValueError:
+            raise ValueError(f"{where}: `masks[{name!r}]` has shape {jnp.shape(masks[name])}, which does not "
+                             f"broadcast to {shape}; draw masks with cell.dropout_masks(z.shape).") from None
+    return masks
+
+
 class TanhCell(nnx.Module):
     """The single-layer DEQ cell ``f(z, x) = tanh(W z + U x + b)`` (001 Eq. 21 with phi = tanh).
 
@@ -58,17 +82,24 @@ class TanhCell(nnx.Module):
         dtype: dtype of the computation (None: from inputs and parameters).
         param_dtype: dtype of the parameters (float32 for training, float64 for checks).
         precision: matmul precision (``"default"``, ``"high"``, ``"highest"``; None: the context's).
-        rngs: ``nnx.Rngs``.
+        dropout: rate p of weight-tied dropout on the hidden state, in [0, 1): with masks m from
+            :meth:`dropout_masks` the map is ``tanh(W (m * z) + U x + b)``, the hidden-to-hidden
+            variational dropout of Gal & Ghahramani (2016); one mask per sample, the same at every
+            iteration (:mod:`deqlab.nn.dropout`). 0 (default): none.
+        rngs: ``nnx.Rngs`` (the masks' stream is seeded from its ``dropout`` stream, or its
+            ``default`` one when it has none).
 
     Attributes:
         width: size of z.
         in_features: size of x.
         recurrent: the ``nnx.Linear`` of W (no bias).
         inject: the ``nnx.Linear`` of U and b.
+        dropout: the :class:`deqlab.nn.WeightTiedDropout`, or None without dropout.
 
     Raises:
         ValueError: ``width`` or ``in_features`` is not an integer >= 1, ``ensemble`` is unknown,
-            ``rngs`` is not an ``nnx.Rngs``, or a dtype or the precision is not valid.
+            ``rngs`` is not an ``nnx.Rngs``, ``dropout`` is not in [0, 1), or a dtype or the
+            precision is not valid.
 
     Example:
         >>> import jax.numpy as jnp
@@ -81,8 +112,9 @@ class TanhCell(nnx.Module):
 
     def __init__(self, width: int, in_features: int, *, ensemble: str = "orthogonal",
                  scale: float | None = None, dtype: Any = None, param_dtype: Any = jnp.float32,
-                 precision: Any = None, rngs: nnx.Rngs):
+                 precision: Any = None, dropout: float = 0.0, rngs: nnx.Rngs):
         precision = _check_cell("nn.TanhCell", width, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        check_rate(dropout, "dropout", "nn.TanhCell")
         if scale is None:
             scale = 0.9 * ensembles.critical_scale(ensemble)
         self.width = width
@@ -91,17 +123,44 @@ class TanhCell(nnx.Module):
         self.recurrent = _linear(width, width, use_bias=False,
                                  kernel_init=ensembles.initializer(ensemble, scale), **common)
         self.inject = _linear(in_features, width, **common)
+        # last, so that the parameters are drawn as without dropout
+        self.dropout = _dropout_module(dropout, "nn.TanhCell", rngs)
 
-    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+    def dropout_masks(self, z_shape: tuple[int, ...], dtype: Any = jnp.float32) -> dict[str, jax.Array] | None:
+        """Fresh weight-tied dropout masks for a state of shape ``z_shape``, or None when off.
+
+        :class:`deqlab.nn.DEQ` calls this once per forward call and passes the result to every
+        evaluation of the cell (:mod:`deqlab.nn.dropout`).
+
+        Args:
+            z_shape: the shape of z, ``(..., width)``.
+            dtype: the masks' dtype.
+
+        Returns:
+            ``{"hidden": m}`` with m of ``z_shape`` (entries 0 or 1/(1-p)), or None without
+            dropout or in evaluation mode (``cell.eval()``).
+        """
+        if self.dropout is None or not self.dropout.active:
+            return None
+        return {"hidden": self.dropout.mask(z_shape, dtype)}
+
+    def __call__(self, z: jax.Array, x: jax.Array, masks: dict[str, jax.Array] | None = None) -> jax.Array:
         """One step of the cell.
 
         Args:
             z: hidden state, last axis ``width``.
             x: input, last axis ``in_features``.
+            masks: weight-tied dropout masks from :meth:`dropout_masks`; None: no dropout.
 
         Returns:
-            ``tanh(W z + U x + b)``, of z's shape.
+            ``tanh(W (m * z) + U x + b)`` (m = 1 without masks), of z's shape.
+
+        Raises:
+            ValueError: ``masks`` is not None or a dict of masks that fit z.
         """
+        masks = _check_masks(masks, {"hidden": jnp.shape(z)}, "nn.TanhCell")
+        if masks is not None:
+            z = z * masks["hidden"].astype(z.dtype)
         return jnp.tanh(self.recurrent(z) + self.inject(x))
 
 

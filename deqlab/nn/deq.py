@@ -101,6 +101,13 @@ class DEQ(nnx.Module):
     forward solve need fewer steps. They cost ``K s`` more cell evaluations without gradient and
     ``K`` with.
 
+    **Weight-tied dropout.** A cell with a ``dropout_masks(z_shape, dtype)`` method (the cells of
+    :mod:`deqlab.nn` built with ``dropout=p``) is called as ``cell(z, x, masks)``: each forward
+    call draws the masks once, before the solve, and passes them into the map as an argument, so
+    the solver iterates one fixed map and the implicit backward pass differentiates that same map
+    (:mod:`deqlab.nn.dropout`). ``layer.eval()`` switches the masks off (the undropped map,
+    exactly), ``layer.train()`` on; ``layer(x, masks=...)`` uses given masks instead of drawing.
+
     **Solver statistics.** Inside a function wrapped by :func:`capture_solver_stats`, each call
     sows its solver statistics into the ``nnx.Intermediate`` collection under
     :data:`SOLVER_STATS` (a dict per call: ``steps_mean``, ``steps_max``, ``converged_fraction``,
@@ -185,14 +192,18 @@ class DEQ(nnx.Module):
             raise ValueError(f"{where}: `z0` must have shape {expected} (x's batch, the cell's width), "
                              f"got {tuple(jnp.shape(z0))}.")
 
-    def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, return_solution: bool = False,
-                 return_iterates: bool = False):
+    def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, masks: Any = None,
+                 return_solution: bool = False, return_iterates: bool = False):
         """The equilibrium ``z*`` of the cell for the input ``x``.
 
         Args:
             x: the input, a real floating array whose last axis is the cell's ``in_features`` (with a
                 batch axis ``batch_axis`` when the layer has one); it must be finite.
             z0: the starting point, of shape ``x.shape[:-1] + (cell.width,)``; None: zeros.
+            masks: weight-tied dropout masks for the whole solve (``cell.dropout_masks(z0.shape)``
+                gives their form); None: a cell with dropout draws fresh ones now (none in
+                evaluation mode), a cell without it runs undropped. Given masks are used whatever
+                the mode (they are the caller's choice), and receive no gradient.
             return_solution: also return the :class:`~deqlab.solvers.Solution`.
             return_iterates: also return the fixed-point-correction iterates (class docstring),
                 shape ``(correction,) + z.shape``.
@@ -203,7 +214,8 @@ class DEQ(nnx.Module):
 
         Raises:
             ValueError: ``x`` is not a finite real floating array of the expected shape, ``z0`` has
-                the wrong shape, or ``return_iterates`` is asked of a layer without ``correction``.
+                the wrong shape, ``masks`` are given to a cell without dropout, or
+                ``return_iterates`` is asked of a layer without ``correction``.
         """
         if return_iterates and self.correction == 0:
             raise ValueError("nn.DEQ: `return_iterates=True` needs a layer built with correction >= 1 "
@@ -212,26 +224,36 @@ class DEQ(nnx.Module):
         dtype = self.dtype or x.dtype
         x = x.astype(dtype)
         z0 = jnp.zeros(x.shape[:-1] + (self.cell.width,), dtype) if z0 is None else jnp.asarray(z0, dtype)
+        draw_masks = getattr(self.cell, "dropout_masks", None)
+        if masks is None and draw_masks is not None:
+            # once per forward call, outside the solver: every iteration sees the same masks
+            masks = draw_masks(z0.shape, dtype)
+        elif masks is not None and draw_masks is None:
+            raise ValueError("nn.DEQ: `masks` were given, but the cell has no weight-tied dropout (no "
+                             "`dropout_masks` method); build the cell with dropout=p.")
+        # split after drawing: the state carries the advanced mask stream out of this call
         graphdef, state = nnx.split(self.cell)
+        # masks are constants of the map, not parameters: no gradient flows to them
+        extra = () if masks is None else (jax.lax.stop_gradient(masks),)
 
-        def cell_map(z, state, x):
-            return nnx.merge(graphdef, state)(z, x)
+        def cell_map(z, state, x, *masks):
+            return nnx.merge(graphdef, state)(z, x, *masks)
 
         sol: Solution = fixed_point(
-            cell_map, z0, state, x, solver=self.solver, backward=self.backward,
+            cell_map, z0, state, x, *extra, solver=self.solver, backward=self.backward,
             on_failure=self.on_failure, batch_axis=self.batch_axis, precision=self.precision,
         )
         if _capturing.get():
             self._sow_stats(sol)
         out = (sol.value, sol) if return_solution else (sol.value,)
         if return_iterates:
-            out = out + (self._correction_iterates(cell_map, z0, state, x),)
+            out = out + (self._correction_iterates(cell_map, z0, state, x, extra),)
         return out if len(out) > 1 else out[0]
 
-    def _correction_iterates(self, cell_map, z0, state, x):
+    def _correction_iterates(self, cell_map, z0, state, x, extra=()):
         """The solver's iterates every ``correction_stride`` steps, each with one differentiable
-        step of the cell (Bai et al. 2022)."""
-        frozen = jax.lax.stop_gradient((state, x))
+        step of the cell (Bai et al. 2022); ``extra``: the forward call's dropout masks."""
+        frozen = jax.lax.stop_gradient((state, x) + tuple(extra))
         path = None
         iterates = []
         for _ in range(self.correction):
@@ -240,7 +262,7 @@ class DEQ(nnx.Module):
                             batch_axis=self.batch_axis,
                             precision=self.precision, init_state=path, on_failure="ignore")
             path = partial.state
-            iterates.append(cell_map(jax.lax.stop_gradient(partial.value), state, x))
+            iterates.append(cell_map(jax.lax.stop_gradient(partial.value), state, x, *extra))
         return jnp.stack(iterates)
 
     def _sow_stats(self, sol):

@@ -74,6 +74,10 @@ def unroll(cell: nnx.Module, x: jax.Array, depth: int, *, z0: jax.Array | None =
     Runs as one ``lax.scan`` over the split parameters, so reverse-mode differentiation stores one
     set of activations per layer: the O(L) memory that 003 §3.2 contrasts with the DEQ.
 
+    A cell with weight-tied dropout (``dropout_masks``, :mod:`deqlab.nn.dropout`) in training
+    mode draws one set of masks per call, shared by all L layers (the weight-tied network's
+    counterpart of the DEQ's fixed masks).
+
     Args:
         cell: a cell ``f(z, x)`` with a ``width`` attribute.
         x: the input, last axis the cell's ``in_features``.
@@ -100,10 +104,14 @@ def unroll(cell: nnx.Module, x: jax.Array, depth: int, *, z0: jax.Array | None =
     """
     checks.positive_int(depth, "depth", "nn.unroll")
     z = jnp.zeros(x.shape[:-1] + (cell.width,), x.dtype) if z0 is None else z0
+    # weight-tied dropout: one set of masks for all layers, as for the DEQ's iterations
+    draw_masks = getattr(cell, "dropout_masks", None)
+    masks = None if draw_masks is None else draw_masks(z.shape, z.dtype)
+    extra = () if masks is None else (masks,)
     graphdef, state = nnx.split(cell)
 
     def layer(z, _):
-        fz = nnx.merge(graphdef, state)(z, x)
+        fz = nnx.merge(graphdef, state)(z, x, *extra)
         return fz, _per_sample_residual(fz, z, batch_axis)
 
     return jax.lax.scan(layer, z, None, length=depth)

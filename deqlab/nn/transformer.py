@@ -32,6 +32,11 @@ feed-forward residual block. :class:`TransformerCell` implements it with these c
   ``hidden`` stays ``width`` (001 App. D keeps 700 for GOE, where the others expand to 4 x 700).
   The attention matrices W_Q, W_K, W_V, W_O are square blocks drawn from
   ``attention_ensemble`` at ``attention_scale`` (any ensemble works for them, being square).
+- **Weight-tied dropout** (``dropout=p``): masks on the attention output (after W_O), the
+  feed-forward hidden layer (after the ReLU) and the feed-forward output (after W2), before
+  each residual sum: the three places of the DEQ-Transformer's code (locuslab/deq,
+  ``VariationalHidDropout``), one mask per sequence and channel, shared by all positions and
+  all solver iterations of a forward call (:mod:`deqlab.nn.dropout`).
 
 Shapes: ``z`` is ``(..., T, width)``, ``x`` is ``(..., T, in_features)``; the leading axes are
 batch axes.
@@ -47,7 +52,8 @@ from flax import nnx
 
 from deqlab import checks, ensembles
 from deqlab import precision as precision_module
-from deqlab.nn.cells import _check_cell, _linear
+from deqlab.nn.cells import _check_cell, _check_masks, _dropout_module, _linear
+from deqlab.nn.dropout import check_rate
 
 __all__ = ["TransformerCell", "alibi_slopes"]
 
@@ -102,7 +108,10 @@ class TransformerCell(nnx.Module):
         dtype: as for :class:`deqlab.nn.TanhCell`.
         param_dtype: as for :class:`deqlab.nn.TanhCell`.
         precision: as for :class:`deqlab.nn.TanhCell`.
-        rngs: ``nnx.Rngs``.
+        dropout: rate p of weight-tied dropout in [0, 1) (module docstring; :meth:`dropout_masks`);
+            0 (default): none.
+        rngs: ``nnx.Rngs`` (the dropout masks' stream is seeded from its ``dropout`` stream, or
+            ``default``).
 
     Attributes:
         width: d, the size of z's last axis.
@@ -110,11 +119,14 @@ class TransformerCell(nnx.Module):
         in_features: size of x.
         heads: number of heads.
         hidden: feed-forward width.
+        dropout: the :class:`deqlab.nn.WeightTiedDropout` (masks shared along the sequence
+            axis), or None without dropout.
 
     Raises:
         ValueError: a size is not an integer >= 1, ``heads`` does not divide ``width``, ``hidden``
             differs from ``width`` for a square ensemble, an ensemble is unknown, a scale is
-            negative, or a dtype, the precision or ``attention_residual`` is not valid.
+            negative, ``dropout`` is not in [0, 1), or a dtype, the precision or
+            ``attention_residual`` is not valid.
 
     Example:
         >>> import jax.numpy as jnp
@@ -129,9 +141,10 @@ class TransformerCell(nnx.Module):
                  ensemble: str = "gaussian", scale: float | None = None,
                  attention_ensemble: str = "gaussian", attention_scale: float | None = None,
                  max_distance: int = 64, attention_residual: bool = False, dtype: Any = None, param_dtype: Any = jnp.float32,
-                 precision: Any = None, rngs: nnx.Rngs):
+                 precision: Any = None, dropout: float = 0.0, rngs: nnx.Rngs):
         where = "nn.TransformerCell"
         precision = _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        check_rate(dropout, "dropout", where)
         checks.choice(attention_ensemble, "attention_ensemble", ensembles.ENSEMBLES, where)
         checks.positive_int(heads, "heads", where)
         checks.positive_int(max_distance, "max_distance", where)
@@ -175,6 +188,32 @@ class TransformerCell(nnx.Module):
         self.output_norm = nnx.LayerNorm(width, **norms)
         distances = jnp.arange(max_distance, dtype=param_dtype)
         self.position_bias = nnx.Param(-alibi_slopes(heads).astype(param_dtype)[:, None] * distances)
+        # last, so that the parameters are drawn as without dropout; one mask per sequence (axis -2)
+        self.dropout = _dropout_module(dropout, where, rngs, broadcast_axes=(-2,))
+
+    def dropout_masks(self, z_shape: tuple[int, ...], dtype: Any = jnp.float32) -> dict[str, jax.Array] | None:
+        """Fresh weight-tied dropout masks for a state of shape ``z_shape``, or None when off.
+
+        :class:`deqlab.nn.DEQ` calls this once per forward call and passes the result to every
+        evaluation of the cell (:mod:`deqlab.nn.dropout`).
+
+        Args:
+            z_shape: the shape of z, ``(..., T, width)``.
+            dtype: the masks' dtype.
+
+        Returns:
+            ``{"attention": (..., 1, width), "hidden": (..., 1, hidden), "feed_forward": (..., 1,
+            width)}`` (entries 0 or 1/(1-p), shared by the T positions), or None without dropout
+            or in evaluation mode (``cell.eval()``).
+        """
+        if self.dropout is None or not self.dropout.active:
+            return None
+        hidden_shape = tuple(z_shape[:-1]) + (self.hidden,)
+        return {"attention": self.dropout.mask(z_shape, dtype), "hidden": self.dropout.mask(hidden_shape, dtype),
+                "feed_forward": self.dropout.mask(z_shape, dtype)}
+
+    def _mask_shapes(self, z):
+        return {"attention": z.shape, "hidden": z.shape[:-1] + (self.hidden,), "feed_forward": z.shape}
 
     def readout(self, z: jax.Array) -> jax.Array:
         """What a head reads from the equilibrium: all of z.
@@ -225,7 +264,8 @@ class TransformerCell(nnx.Module):
         ca, cb = (c % a.ndim for c in contract)
         return precision_module.dot_general(a, b, (((ca,), (cb,)), (batch, batch)), precision=self.precision)
 
-    def feed_forward_hidden(self, z: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def feed_forward_hidden(self, z: jax.Array, x: jax.Array,
+                            masks: dict[str, jax.Array] | None = None) -> tuple[jax.Array, jax.Array]:
         """The feed-forward's input and hidden pre-activation at state z.
 
         The statistics of ``h`` at initialisation are what the ensemble and ``scale`` set; z itself
@@ -234,27 +274,40 @@ class TransformerCell(nnx.Module):
         Args:
             z: the state ``(..., T, width)``.
             x: the input ``(..., T, in_features)``.
+            masks: weight-tied dropout masks from :meth:`dropout_masks` (only ``"attention"`` acts
+                here); None: no dropout.
 
         Returns:
             ``(a, h)``: ``a`` after the first LayerNorm, and ``h = a W1 + b1``, the layer whose
             matrices come from the ensemble (001 App. D).
+
+        Raises:
+            ValueError: ``masks`` is not None or a dict of masks that fit z.
         """
-        attended = self.attention(z, x)
-        a = self.attention_norm(z + attended if self.attention_residual else attended)
+        masks = _check_masks(masks, self._mask_shapes(z), "nn.TransformerCell")
+        a = self._attention_block(z, x, masks)
         return a, self.expand(a)
 
-    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+    def _attention_block(self, z, x, masks):
+        attended = self.attention(z, x)
+        if masks is not None:
+            attended = attended * masks["attention"].astype(attended.dtype)
+        return self.attention_norm(z + attended if self.attention_residual else attended)
+
+    def __call__(self, z: jax.Array, x: jax.Array, masks: dict[str, jax.Array] | None = None) -> jax.Array:
         """One layer of 003 §4's weight-tied transformer.
 
         Args:
             z: the state ``(..., T, width)``.
             x: the input ``(..., T, in_features)``.
+            masks: weight-tied dropout masks from :meth:`dropout_masks`; None: no dropout.
 
         Returns:
             ``LN(phi(LN(Attention(...))))``, of z's shape.
 
         Raises:
-            ValueError: ``z`` or ``x`` has the wrong shape.
+            ValueError: ``z`` or ``x`` has the wrong shape, or ``masks`` is not None or a dict of
+                masks that fit z.
         """
         if z.ndim < 2 or z.shape[-1] != self.width:
             raise ValueError(f"nn.TransformerCell: `z` must have shape (..., T, {self.width}), got "
@@ -262,7 +315,13 @@ class TransformerCell(nnx.Module):
         if x.shape[:-1] != z.shape[:-1] or x.shape[-1] != self.in_features:
             raise ValueError(f"nn.TransformerCell: `x` must have shape {tuple(z.shape[:-1])} + "
                              f"({self.in_features},) to match z, got {tuple(x.shape)}.")
-        attended = self.attention(z, x)
-        a = self.attention_norm(z + attended if self.attention_residual else attended)
-        phi = a + self.contract(jax.nn.relu(self.expand(a)))  # 2-layer position-wise residual block
+        masks = _check_masks(masks, self._mask_shapes(z), "nn.TransformerCell")
+        a = self._attention_block(z, x, masks)
+        hidden = jax.nn.relu(self.expand(a))
+        if masks is not None:
+            hidden = hidden * masks["hidden"].astype(hidden.dtype)
+        update = self.contract(hidden)
+        if masks is not None:
+            update = update * masks["feed_forward"].astype(update.dtype)
+        phi = a + update  # 2-layer position-wise residual block
         return self.output_norm(phi)

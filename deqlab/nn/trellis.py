@@ -22,6 +22,11 @@ the property 003 §3.2 credits for a stable equilibrium.
 the previous segment) is for streaming a corpus across segments; the book trains on independent
 segments, where it has nothing to carry.
 
+**Weight-tied dropout** (``dropout=p``): a mask on h where it enters the recurrent convolution
+(hidden-to-hidden variational dropout, as TrellisNet's ``dropouth``), one mask per sequence and
+channel, shared by all positions and all solver iterations of a forward call
+(:mod:`deqlab.nn.dropout`).
+
 Shapes: ``z`` is ``(..., T, 2 hidden)``, ``x`` is ``(..., T, in_features)``.
 """
 
@@ -35,7 +40,8 @@ from flax import nnx
 
 from deqlab import checks, ensembles
 from deqlab import precision as precision_module
-from deqlab.nn.cells import _check_cell
+from deqlab.nn.cells import _check_cell, _check_masks, _dropout_module
+from deqlab.nn.dropout import check_rate
 
 __all__ = ["TrellisCell", "causal_conv"]
 
@@ -104,17 +110,21 @@ class TrellisCell(nnx.Module):
         dtype: as for :class:`deqlab.nn.TanhCell`.
         param_dtype: as for :class:`deqlab.nn.TanhCell`.
         precision: as for :class:`deqlab.nn.TanhCell`.
-        rngs: ``nnx.Rngs``.
+        dropout: rate p of weight-tied dropout on h in [0, 1) (module docstring;
+            :meth:`dropout_masks`); 0 (default): none.
+        rngs: ``nnx.Rngs`` (the dropout masks' stream is seeded from its ``dropout`` stream, or
+            ``default``).
 
     Attributes:
         hidden: size of h.
         width: 2 x hidden, the size of z.
         features: hidden, the size of :meth:`readout`'s output.
         in_features: size of x.
+        dropout: the :class:`deqlab.nn.WeightTiedDropout`, or None without dropout.
 
     Raises:
         ValueError: a size is not an integer >= 1, the ensemble is unknown, ``scale`` is negative,
-            or a dtype or the precision is not valid.
+            ``dropout`` is not in [0, 1), or a dtype or the precision is not valid.
 
     Example:
         >>> import jax.numpy as jnp
@@ -127,9 +137,10 @@ class TrellisCell(nnx.Module):
 
     def __init__(self, hidden: int, in_features: int, *, kernel_size: int = 2, dilation: int = 1,
                  ensemble: str = "gaussian", scale: float | None = None, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
+                 param_dtype: Any = jnp.float32, precision: Any = None, dropout: float = 0.0, rngs: nnx.Rngs):
         where = "nn.TrellisCell"
         precision = _check_cell(where, hidden, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        check_rate(dropout, "dropout", where)
         checks.positive_int(kernel_size, "kernel_size", where)
         checks.positive_int(dilation, "dilation", where)
         scale = 0.5 * ensembles.critical_scale(ensemble) if scale is None else scale
@@ -152,6 +163,26 @@ class TrellisCell(nnx.Module):
         inject = lecun(rngs.params(), (kernel_size * in_features, 4 * hidden), param_dtype)
         self.inject_kernel = nnx.Param(inject.reshape(kernel_size, in_features, 4 * hidden))
         self.bias = nnx.Param(jnp.zeros((4 * hidden,), param_dtype))
+        # last, so that the parameters are drawn as without dropout; one mask per sequence (axis -2)
+        self.dropout = _dropout_module(dropout, where, rngs, broadcast_axes=(-2,))
+
+    def dropout_masks(self, z_shape: tuple[int, ...], dtype: Any = jnp.float32) -> dict[str, jax.Array] | None:
+        """Fresh weight-tied dropout masks for a state of shape ``z_shape``, or None when off.
+
+        :class:`deqlab.nn.DEQ` calls this once per forward call and passes the result to every
+        evaluation of the cell (:mod:`deqlab.nn.dropout`).
+
+        Args:
+            z_shape: the shape of z, ``(..., T, 2 hidden)``.
+            dtype: the masks' dtype.
+
+        Returns:
+            ``{"hidden": (..., 1, hidden)}`` (entries 0 or 1/(1-p), shared by the T positions), or
+            None without dropout or in evaluation mode (``cell.eval()``).
+        """
+        if self.dropout is None or not self.dropout.active:
+            return None
+        return {"hidden": self.dropout.mask(tuple(z_shape[:-1]) + (self.hidden,), dtype)}
 
     def readout(self, z: jax.Array) -> jax.Array:
         """The h half of the state, what TrellisNet's decoder reads.
@@ -164,18 +195,21 @@ class TrellisCell(nnx.Module):
         """
         return z[..., : self.hidden]
 
-    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+    def __call__(self, z: jax.Array, x: jax.Array, masks: dict[str, jax.Array] | None = None) -> jax.Array:
         """One layer of the trellis network: gated convolution of h plus the injection.
 
         Args:
             z: the state ``[h, c]``, ``(..., T, 2 hidden)``.
             x: the input ``(..., T, in_features)``.
+            masks: weight-tied dropout masks from :meth:`dropout_masks` (on h before the
+                convolution); None: no dropout.
 
         Returns:
             The next ``[h', c']``, of z's shape.
 
         Raises:
-            ValueError: ``z`` or ``x`` has the wrong shape.
+            ValueError: ``z`` or ``x`` has the wrong shape, or ``masks`` is not None or a dict of
+                masks that fit h.
         """
         where = "nn.TrellisCell"
         if z.ndim < 2 or z.shape[-1] != self.width:
@@ -186,6 +220,9 @@ class TrellisCell(nnx.Module):
         dtype = self.dtype or jnp.result_type(z, x, self.kernel[...])
         z, x = z.astype(dtype), x.astype(dtype)
         h, c = z[..., : self.hidden], z[..., self.hidden:]
+        masks = _check_masks(masks, {"hidden": h.shape}, where)
+        if masks is not None:
+            h = h * masks["hidden"].astype(dtype)
         pre = (causal_conv(h, self.kernel[...], self.dilation, self.precision)
                + causal_conv(x, self.inject_kernel[...], self.dilation, self.precision)
                + self.bias[...].astype(dtype))
