@@ -124,6 +124,22 @@ def test_explorer_frames_are_found_in_an_explorers_html():
     assert latex_pdf.explorer_frames("<div>no frames</div>") == []
 
 
+def test_inline_code_may_break_after_separators_only():
+    from docutils import nodes
+
+    parts = latex_pdf._with_breaks("deqlab.solve(f, x0=z)")
+    text = "".join(n.astext() if isinstance(n, nodes.Text) else "|" for n in parts)
+    assert text == "deqlab.|solve(|f, x0=|z)"  # none before a space (a break already), a ")" or at the end
+    assert latex_pdf._with_breaks("plain") == [nodes.Text("plain")]
+
+
+def test_long_table_widths_follow_the_content():
+    rows = [["#", "paper", "what is printed, at length"]] + [["1", "001 Eq. 5", "x" * 400]] * 10
+    widths = latex_pdf.column_widths(rows)
+    assert widths[0] < widths[1] < widths[2] and 97 <= sum(widths) <= 103
+    assert widths[0] >= 3  # even a column of single digits keeps room for a few characters
+
+
 # --- make pdf, .ci/run, the workflow -----------------------------------------------------------
 
 

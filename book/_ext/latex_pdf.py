@@ -11,6 +11,14 @@
   JavaScript slider. LaTeX cannot run it, and myst-nb would fall back to its plain-text summary.
   For the LaTeX builder, the first, middle and last frames are taken out of the HTML and shown
   side by side with that summary (which names every value and says where to use the slider).
+- **Inline code that can break.** LaTeX never breaks inside ``\\sphinxcode`` (typewriter, no
+  hyphenation), so a long name (``test_critical_variance_puts_the_sampled_spectral_radius_at_one``,
+  ``deqlab.solve(..., solver=deqlab.Picard(damping=beta))``) ran into the margin or widened a table
+  column off the page. A break is allowed after ``.``, ``_``, ``(``, ``,``, ``=`` and ``/``.
+- **Long tables across pages.** A table with many rows of prose (the errata, the verification
+  tables) cannot fit in Sphinx's ``tabulary``, which never breaks across pages: the page cut it off.
+  Such tables become ``longtable`` with column widths in proportion to the square root of the mean
+  length of each column's cells (a column of numbers stays narrow, a column of prose gets room).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -138,7 +147,120 @@ class ExplorerFallback(SphinxPostTransform):
             bundle += container
 
 
+_BREAK_AFTER = re.compile(r"([._(,=/])(?=[^\s._(,=/)\]])")
+_LONG_WORD = re.compile(r"\S{25,}")
+
+
+def _with_breaks(text: str) -> list[nodes.Node]:
+    """``text`` as nodes with a LaTeX ``\\allowbreak`` after each of ``. _ ( , = /`` (not at the end)."""
+    pieces = _BREAK_AFTER.split(text)
+    out: list[nodes.Node] = []
+    for i, piece in enumerate(pieces):
+        if piece:
+            out.append(nodes.Text(piece))
+        if i % 2 == 1:  # a separator: a line may break after it
+            out.append(nodes.raw("", "\\allowbreak{}", format="latex"))
+    return out
+
+
+class BreakableInlineCode(SphinxPostTransform):
+    """For LaTeX: lines may break inside inline code and long dotted names (``\\allowbreak``).
+
+    Inside inline code (``literal`` and its emphasis/strong forms) a break is allowed after every
+    ``. _ ( , = /``; elsewhere only inside "words" of 25 characters or more, such as the qualified
+    type names of the API reference (``deqlab.lab.experiments.nonlinear.statistics.Equilibrium...``).
+    Titles, signatures, maths and code blocks are left alone.
+    """
+
+    default_priority = 400
+    builders = ("latex",)
+    _code = (nodes.literal, addnodes.literal_emphasis, addnodes.literal_strong)
+    _skip = (nodes.title, nodes.raw, nodes.math, nodes.FixedTextElement, addnodes.desc_signature)
+
+    def run(self, **kwargs: Any) -> None:
+        skip = self._skip
+        for text in list(self.document.findall(nodes.Text)):
+            parent, in_code, skipped = text.parent, False, False
+            node = parent
+            while node is not None:
+                if isinstance(node, skip) or node.get("language"):
+                    skipped = True  # highlighted inline code is rendered from its text
+                    break
+                in_code = in_code or isinstance(node, self._code)
+                node = node.parent
+            if skipped or parent is None:
+                continue
+            value = text.astext()
+            if in_code:
+                new = _with_breaks(value)
+            else:
+                new = []
+                last = 0
+                for m in _LONG_WORD.finditer(value):
+                    if m.start() > last:
+                        new.append(nodes.Text(value[last:m.start()]))
+                    new.extend(_with_breaks(m.group()))
+                    last = m.end()
+                if last < len(value):
+                    new.append(nodes.Text(value[last:]))
+            if not any(isinstance(n, nodes.raw) for n in new):
+                continue
+            parent.replace(text, new)
+
+
+LONG_TABLE_ROWS = 8
+"""Tables with at least this many body rows and ..."""
+LONG_TABLE_CHARS = 1500
+"""... this many characters of text are set as ``longtable`` (see the module docstring)."""
+
+
+def column_widths(rows: list[list[str]]) -> list[int]:
+    """Relative column widths (integers summing to about 100) from the cell texts of a table.
+
+    Each column gets the square root of the mean length of its cells, at least 1.5 (about four
+    characters), so that short columns (numbers, symbols) stay narrow and prose gets the room.
+    """
+    ncols = max(len(r) for r in rows)
+    weights = []
+    for j in range(ncols):
+        cells = [len(r[j]) for r in rows if j < len(r)]
+        weights.append(max(1.5, (sum(cells) / len(cells)) ** 0.5))
+    total = sum(weights)
+    return [max(1, round(100 * w / total)) for w in weights]
+
+
+class LongTables(SphinxPostTransform):
+    """For LaTeX: long tables of prose become ``longtable`` with widths from their content."""
+
+    default_priority = 400
+    builders = ("latex",)
+
+    def run(self, **kwargs: Any) -> None:
+        for table in list(self.document.findall(nodes.table)):
+            groups = [g for g in table.children if isinstance(g, nodes.tgroup)]
+            if len(groups) != 1:
+                continue
+            group = groups[0]
+            body = [b for b in group.children if isinstance(b, nodes.tbody)]
+            rows = [[entry.astext() for entry in row.children] for part in group.children
+                    if isinstance(part, (nodes.thead, nodes.tbody)) for row in part.children]
+            n_body = sum(len(b.children) for b in body)
+            if n_body < LONG_TABLE_ROWS or sum(map(len, sum(rows, []))) < LONG_TABLE_CHARS:
+                continue
+            if any(entry.get("morecols") or entry.get("morerows") for entry in group.findall(nodes.entry)):
+                continue  # merged cells: leave them to Sphinx
+            specs = [c for c in group.children if isinstance(c, nodes.colspec)]
+            widths = column_widths(rows)
+            if len(specs) != len(widths):
+                continue
+            for spec, width in zip(specs, widths):
+                spec["colwidth"] = width
+            table["classes"] = [c for c in table["classes"] if c != "colwidths-auto"] + ["longtable", "colwidths-given"]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", _add_macros)
     app.add_post_transform(ExplorerFallback)
+    app.add_post_transform(BreakableInlineCode)
+    app.add_post_transform(LongTables)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
