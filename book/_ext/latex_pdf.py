@@ -217,14 +217,15 @@ LONG_TABLE_CHARS = 1500
 def column_widths(rows: list[list[str]]) -> list[int]:
     """Relative column widths (integers summing to about 100) from the cell texts of a table.
 
-    Each column gets the square root of the mean length of its cells, at least 1.5 (about four
-    characters), so that short columns (numbers, symbols) stay narrow and prose gets the room.
+    Each column gets the square root of the mean length of its cells, at least 3 (room for a
+    two-digit number beside the column padding), so that short columns (numbers, symbols) stay
+    narrow and prose gets the room.
     """
     ncols = max(len(r) for r in rows)
     weights = []
     for j in range(ncols):
         cells = [len(r[j]) for r in rows if j < len(r)]
-        weights.append(max(1.5, (sum(cells) / len(cells)) ** 0.5))
+        weights.append(max(3.0, (sum(cells) / len(cells)) ** 0.5))
     total = sum(weights)
     return [max(1, round(100 * w / total)) for w in weights]
 
