@@ -228,6 +228,25 @@ result = {{"a_very_long_name_that_does_not_fit": [0.123456789, 0.223456789, 0.32
 """
 
 
+def _write_explorer_page(path: Path) -> None:
+    """A notebook page whose one output is an explorer, stored (the page is not executed)."""
+    import nbformat
+    import numpy as np
+
+    from deqlab.lab.experiments import explorer
+
+    grid = np.linspace(0, 1, 20)
+    widget = explorer.slider(lambda fig, k: fig.subplots().plot(grid, grid**k), [1, 2, 3, 4, 5],
+                             label="$k$", fmt="{:d}", figsize=(2, 1.5), dpi=40)
+    cell = nbformat.v4.new_code_cell("explorer.slider(...)", execution_count=1, outputs=[
+        nbformat.v4.new_output("execute_result", data={"text/html": widget.html, "text/plain": repr(widget)},
+                               execution_count=1)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Explorer page"), cell])
+    nb.metadata["mystnb"] = {"execution_mode": "off"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
 @pytest.mark.slow  # a Sphinx build and three XeLaTeX runs: about a minute on 2 cores
 def test_sample_document_compiles(tmp_path):
     require_tex()
@@ -236,7 +255,8 @@ def test_sample_document_compiles(tmp_path):
     config = dict(CONFIG)
     config["only_build_toc_files"] = True
     (book / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (book / "_toc.yml").write_text("format: jb-book\nroot: sample\n")
+    (book / "_toc.yml").write_text("format: jb-book\nroot: sample\nchapters:\n  - file: explorer\n")
+    _write_explorer_page(book / "explorer.ipynb")
     (book / "book").symlink_to(ROOT / "book")  # _ext, _latex, references.bib, _static
     uses = " + ".join(f"\\{name}" + "{x}" * (0 if isinstance(v, str) else v[1]) for name, v in MACROS.items())
     (book / "sample.md").write_text(SAMPLE.format(macros=uses))
@@ -259,6 +279,10 @@ def test_sample_document_compiles(tmp_path):
     tex = (latex / "equilibrium.tex").read_text()
     for name in MACROS:
         assert f"\\renewcommand{{\\{name}}}" in tex
+    # the explorer: its first, middle and last frames (of 5) and its summary, not the bare summary
+    frames = re.findall(r"\\sphinxincludegraphics\[[^]]*\]\{\{([0-9a-f]{16})\}\.png\}", tex)
+    assert len(set(frames)) == 3, frames
+    assert "Frames 1, 3, 5 of 5. Interactive explorer: 5 precomputed frames" in tex
 
 
 def _run_sample_test_without_tex(tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess:
