@@ -6,6 +6,7 @@
 #   make unit   # fast unit tests (not marked slow; under 2 minutes on 2 cores), no notebooks
 #   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
 #   make student-edition  # the notebooks without solutions, reader's code stubbed, into _build/student
+#   make pdf    # the whole book as one PDF, _build/pdf/equilibrium.pdf (needs TeX: TEX_APT below)
 #
 # Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
 # point it at an existing environment with `make test VENV=/path/to/venv`), JOBS (pytest-xdist
@@ -31,7 +32,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book site-check student-edition clean distclean strip help
+.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition clean distclean strip help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -40,6 +41,9 @@ help:
 	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
 	@echo "make lint     ruff check . (rules in pyproject.toml [tool.ruff])"
 	@echo "make book     build the book into _build/html (-W -n --keep-going)"
+	@echo "make pdf      the whole book as one PDF, _build/pdf/equilibrium.pdf (XeLaTeX; needs: apt-get"
+	@echo "              install --no-install-recommends $(TEX_APT))"
+	@echo "make tex-check  say whether the TeX that make pdf needs is installed (and how to get it)"
 	@echo "make site-check  open every page of _build/html in headless Chromium (needs: apt-get install"
 	@echo "              chromium chromium-driver); screenshots into _build/screenshots"
 	@echo "make student-edition  the notebooks for students into $(STUDENT): solutions removed, the reader's"
@@ -96,6 +100,42 @@ lint: install
 # is executed once.
 book: install
 	DEQLAB_BOOK_BUILD=1 $(BIN)/jupyter-book build . -W -n --keep-going
+
+# The whole book as one PDF: Sphinx's LaTeX builder (XeLaTeX via sphinx-jupyterbook-latex; the
+# `latex:` section and latex_* settings of _config.yml, book/_ext/latex_pdf.py), then latexmk in
+# _build/latex. Like `make book` it renders the notebooks `make test` executed and executes stale
+# ones. The PDF is copied to _build/pdf/equilibrium.pdf (a CI artefact). TeX comes from the OS
+# packages in TEX_APT (Debian 12: a 112 MB download, 353 MB installed; .ci/run installs them);
+# without them `make pdf` stops at tex-check with the apt command instead of a LaTeX traceback.
+# LaTeX runs non-interactively and stops at the first error, whose lines are printed from the log.
+TEX_APT := latexmk texlive-xetex texlive-latex-extra texlive-fonts-recommended fonts-freefont-otf
+# what those packages provide that the build uses: programs, LaTeX packages, the FreeFont fonts
+TEX_PROGRAMS := xelatex latexmk makeindex kpsewhich
+TEX_STYLES := ucharclasses.sty unicode-math.sty fncychap.sty pgfplots.sty mathtools.sty mathrsfs.sty
+TEX_FONTS := FreeSerif.otf FreeSans.otf FreeMono.otf
+
+tex-check:
+	@missing=""; \
+	for prog in $(TEX_PROGRAMS); do command -v $$prog >/dev/null 2>&1 || missing="$$missing $$prog"; done; \
+	if command -v kpsewhich >/dev/null 2>&1; then \
+	  for sty in $(TEX_STYLES); do kpsewhich $$sty >/dev/null 2>&1 || missing="$$missing $$sty"; done; fi; \
+	for font in $(TEX_FONTS); do \
+	  { fc-list 2>/dev/null | grep -q "/$$font:"; } || [ -e /usr/share/fonts/opentype/freefont/$$font ] || missing="$$missing $$font"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make pdf needs TeX, which is not installed (missing:$$missing)."; \
+	  echo "Install it with the OS packages (Debian/Ubuntu, as root; a 112 MB download):"; \
+	  echo "  apt-get install -y --no-install-recommends $(TEX_APT)"; \
+	  exit 1; fi; \
+	echo "[pdf] TeX found: $$(xelatex --version | head -n 1)"
+
+pdf: tex-check install
+	@rm -f _build/pdf/equilibrium.pdf
+	DEQLAB_BOOK_BUILD=1 LATEXOPTS="-interaction=nonstopmode -halt-on-error" \
+	  $(BIN)/jupyter-book build . --builder pdflatex -W -n --keep-going \
+	  || { echo "[pdf] the build failed; first LaTeX errors of _build/latex/equilibrium.log:"; \
+	       grep -A 4 '^!' _build/latex/equilibrium.log 2>/dev/null | head -n 40; exit 1; }
+	@mkdir -p _build/pdf && cp _build/latex/equilibrium.pdf _build/pdf/equilibrium.pdf
+	@echo "[pdf] _build/pdf/equilibrium.pdf: $$(grep -ho '([0-9]* pages' _build/latex/equilibrium.log | tail -n 1 | tr -d '('), $$(du -h _build/pdf/equilibrium.pdf | cut -f1)"
 
 # The browser test of the built site (.ci/check_site.py): run after `make book`. Uses the system
 # chromium and chromedriver (Debian: apt-get install chromium chromium-driver).

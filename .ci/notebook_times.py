@@ -17,7 +17,7 @@ deqlab version and commit, which ``DEQLAB_SCALE``, how pytest ran) in
 includes, from ``book/_data/syllabus.json`` (the course: weeks, their pages and roles,
 prerequisites), the stored times, and the graders each page calls (``exercises.check_...`` in its
 code cells, read from the notebooks); and ``book/_data/notebook_times.md``, the table of the
-measured times. Nothing in them is typed by hand: `tests/test_instructors.py` checks that they are
+measured times. Nothing in them is typed by hand: `tests/book/test_instructors.py` checks that they are
 what ``render`` makes from the files they come from.
 
 Only the standard library is used.
