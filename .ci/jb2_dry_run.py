@@ -79,8 +79,8 @@ CATEGORIES = [
     ("glue", "myst-nb `glue` roles",
      "unknown role `glue:text`: every glued number renders as literal text (`{glue:text}` and the "
      "key), in the main text and in hidden blocks.",
-     "mystmd's inline expressions (`{eval}`) need the notebook executed by mystmd with a kernel; "
-     "no drop-in for myst-nb's glue. Every glued page would need rewriting."),
+     "mystmd's inline expressions (`{eval}` roles) are evaluated when mystmd executes the notebook "
+     "(`build --execute`); there is no drop-in for myst-nb's glue: every glued page would be rewritten."),
     ("numref", "`{numref}` and `{ref}` roles",
      "the roles are supported; what fails is their targets when those are figures made with "
      "`mystnb: figure:` metadata (see the next row): 'Cross reference target was not found', "
@@ -121,7 +121,7 @@ CATEGORIES = [
      "nothing."),
     ("cell-ids", "notebook cell ids",
      "mystmd makes every cell id a project-wide label; ids repeated across notebooks (`cell-00`, "
-     "...) give 'Duplicate identifier in project' warnings (a `-W`-style strict build fails).",
+     "...) give 'Duplicate identifier in project' warnings.",
      "unique cell ids (e.g. prefixed by the page, as most notebooks already are)."),
     ("config", "configuration (`_config.yml` -> `myst.yml`)",
      "the upgrade writes `myst.yml` but drops what has no counterpart (see the table below) and "
@@ -150,7 +150,7 @@ CONFIG_MAP = [
     ("exclude_patterns", "project.exclude", "excluded files"),
     ("sphinx.config.mathjax3_config.tex.macros", "project.math", "MathJax macros"),
     ("html.use_multitoc_numbering", "project.numbering", "chapter numbering across parts"),
-    ("sphinx.config.html_css_files", "site.options.style", "the book's CSS (deqlab.css)"),
+    ("sphinx.config.html_css_files", "site.options.style", "the book's CSS (a theme option, unverified)"),
     ("execute.timeout", None, "per-cell execution timeout (900 s)"),
     ("execute.execute_notebooks", None, "execution mode `auto` (JB2: `build --execute` or not)"),
     ("launch_buttons.colab_url", None, "Colab launch buttons"),
