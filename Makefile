@@ -6,6 +6,7 @@
 #   make unit   # fast unit tests (not marked slow; under 2 minutes on 2 cores), no notebooks
 #   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
 #   make student-edition  # the notebooks without solutions, reader's code stubbed, into _build/student
+#   make colab-edition    # the executed notebooks with MyST rendered as Markdown, into _build/colab
 #   make pdf    # the whole book as one PDF, _build/pdf/equilibrium.pdf (needs TeX: TEX_APT below)
 #
 # Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
@@ -32,7 +33,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition clean distclean strip help
+.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -48,6 +49,8 @@ help:
 	@echo "              chromium chromium-driver); screenshots into _build/screenshots"
 	@echo "make student-edition  the notebooks for students into $(STUDENT): solutions removed, the reader's"
 	@echo "              code stubbed (raise NotImplementedError), graders kept (.ci/student_edition.py)"
+	@echo "make colab-edition  after make book: the executed notebooks for Colab into $(COLAB), glue values,"
+	@echo "              references and admonitions written out as Markdown (.ci/colab_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
@@ -151,6 +154,18 @@ STUDENT ?= _build/student
 student-edition:
 	rm -rf $(STUDENT)
 	$(PYTHON) .ci/student_edition.py --out $(STUDENT)
+
+# The Colab edition (book/contributing.md): every notebook of _toc.yml as the executed build has it
+# (_build/jupyter_execute), its MyST prose rendered as plain Markdown: glue values, links to the
+# published pages, figure numbers as the site shows them, citations and a reference list,
+# admonitions as blockquotes; code cells unchanged. Run after `make book`; a glue value the build
+# did not store is an error. The book workflow publishes it on the branch `colab`, which the Colab
+# launch buttons open (book/_ext/colab_launch.py).
+COLAB ?= _build/colab
+
+colab-edition: install
+	rm -rf $(COLAB)
+	$(BIN)/python .ci/colab_edition.py --out $(COLAB)
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')
