@@ -458,8 +458,25 @@ def find_leftover_myst(text: str) -> list[str]:
             continue
         if LEFTOVER_DIRECTIVE.match(line) or _TARGET.match(line):
             found.append(line.strip())
-        found.extend(m.group(0) for m in LEFTOVER_ROLE.finditer(_CODE_SPAN.sub("", line)))
+        found.extend(m.group(0) for m in _roles_outside_code(line))
     return found
+
+
+def _roles_outside_code(text: str) -> list[re.Match]:
+    """The role starts (``{name}```) of ``text`` that are not inside an inline code span."""
+    roles, pos = [], 0
+    while pos < len(text):
+        role = LEFTOVER_ROLE.search(text, pos)
+        code = _CODE_SPAN.search(text, pos)
+        if role is None:
+            break
+        if code is not None and code.start() < role.start():
+            pos = code.end()
+            continue
+        roles.append(role)
+        whole = _ROLE.match(text, role.start())
+        pos = whole.end() if whole else role.end()
+    return roles
 
 
 @dataclass
@@ -476,6 +493,10 @@ class CellContext:
     missing_glue: list[tuple[int, str]]
     sources: dict[str, Source]
     build: Path | None
+    stats: dict = field(default_factory=lambda: {"roles": {}, "directives": {}, "citations": 0})
+
+    def count(self, kind: str, name: str) -> None:
+        self.stats[kind][name] = self.stats[kind].get(name, 0) + 1
 
     def error(self, role: str, why: str) -> ConversionError:
         return ConversionError(f"{self.notebook}: cell {self.cell}: {role}: {why}")
@@ -540,6 +561,7 @@ def _joined(value) -> str:
 
 def render_role(ctx: CellContext, name: str, content: str, whole: str) -> str:
     """The Markdown for one MyST role (``whole`` is the role as written, for messages)."""
+    ctx.count("roles", name)
     if name in ("glue", "glue:", "glue:any", "glue:text", "glue:md"):
         # as myst-nb splits it: the text after the last ":" is the format spec
         key, fmt_spec = content, None
@@ -681,6 +703,7 @@ def _split_options(lines: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def render_directive(ctx: CellContext, name: str, argument: str, lines: list[str], whole: str) -> str:
     """The Markdown for one directive (its lines without the fences)."""
+    ctx.count("directives", name)
     options, body_lines = _split_options(lines)
     body = "\n".join(body_lines)
     if name in ADMONITIONS:
@@ -842,12 +865,8 @@ def convert_notebook(
         if cell.get("cell_type") != "markdown":
             continue
         text = _cell_source(cell)
-        ctx = CellContext(book, name, docname, index, source.glue, equations, citations, missing, sources, build)
-        for role in _ROLE.finditer(_CODE_SPAN_SAFE(text)):
-            stats["roles"][role.group("name")] = stats["roles"].get(role.group("name"), 0) + 1
-        for directive in LEFTOVER_DIRECTIVE.finditer(text):
-            kind = re.search(r"\{([^}]*)\}", directive.group(0)).group(1)
-            stats["directives"][kind] = stats["directives"].get(kind, 0) + 1
+        ctx = CellContext(book, name, docname, index, source.glue, equations, citations, missing, sources, build,
+                          stats)
         converted = convert_markdown(ctx, text)
         cell["source"] = _as_source(converted, cell.get("source", ""))
     if missing and missing_glue == "error":
@@ -869,11 +888,6 @@ def convert_notebook(
         "executed": source.origin,
     }
     return notebook, stats
-
-
-def _CODE_SPAN_SAFE(text: str) -> str:  # noqa: N802 - reads as the text with code spans blanked
-    """``text`` with its plain code fences blanked, for counting roles (roles are code spans)."""
-    return re.sub(r"^(\s*)(`{3,}|~{3,})(?!\s*\{)[^\n]*\n.*?^\s*\2\s*$", "", text, flags=re.M | re.S)
 
 
 def notebook_pages(book: Book) -> list[str]:
