@@ -18,6 +18,9 @@ folders excepted) it checks that
   line ends are cut at the column's edge): checked at a laptop width (1400 px) and again, for these
   two layout checks only, at a phone's width (a 390 px viewport); ``--widths`` sets them;
 - the edit and issue buttons are on the page and point at the repository (``--repository``);
+- where the site has a ``versions.json`` at its root (book/_ext/version_switcher.py writes one),
+  every page of the book's theme has the version switcher and its menu lists at least one version
+  (read from that file through the local server: no network);
 - every figure has a number (``span.caption-number``) and a caption, and every image a notebook
   printed (``div.cell_output img``) sits in such a figure, except the precomputed slider widgets
   (``div.deqlab-explorer``);
@@ -415,6 +418,33 @@ return {
 """
 
 
+SWITCHER_JS = r"""
+const done = arguments[arguments.length - 1];
+const header = document.querySelector(".article-header-buttons, .header-article-items__end");
+if (!header) { done(null); return; }  // not a page of the book's theme (fixtures, redirects)
+const started = Date.now();
+(function poll() {
+  const button = document.querySelector(".version-switcher__button");
+  const entries = document.querySelectorAll(".version-switcher__menu a, .version-switcher__menu .list-group-item");
+  if (button && entries.length > 0) { done({button: true, entries: entries.length}); return; }
+  if (Date.now() - started > arguments_timeout) { done({button: !!button, entries: entries.length}); return; }
+  setTimeout(poll, 100);
+})();
+""".replace("arguments_timeout", "10000")
+
+
+def check_switcher(driver, label: str) -> list[Problem]:
+    """The version switcher is on the page and lists the versions of versions.json."""
+    state = driver.execute_async_script(SWITCHER_JS)
+    if state is None:
+        return []
+    if not state["button"]:
+        return [Problem(label, "version switcher", "missing (no .version-switcher__button)")]
+    if state["entries"] == 0:
+        return [Problem(label, "version switcher", "lists no version (versions.json not read?)")]
+    return []
+
+
 def wait_for_page(driver, label: str) -> list[Problem]:
     """Waits for images, MathJax and fonts; the problems if they did not settle."""
     problems = []
@@ -467,6 +497,8 @@ def check_page(driver, base_url: str, root: Path, path: Path, screenshots: Path 
             for kind, where in (("edit", "/edit/<branch>/<page>"), ("issue", "/issues/new")):
                 if not buttons[kind]:
                     problems.append(Problem(label, f"{kind} button", f"no link to {repository.rstrip('/')}{where}"))
+    if (root / "versions.json").is_file():
+        problems += check_switcher(driver, label)
     # Console messages now: the reloads at other widths would log the same ones again.
     problems += [Problem(label, "console", message) for message in console_errors(driver, base_url)]
     for width in widths:
