@@ -221,9 +221,11 @@ def test_make_targets_in_readme_and_help_exist():
 
 def test_ci_runs_the_readme_test_command_after_install_and_lint():
     ci = _ci()
-    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "book", "site-check", "pdf"]
+    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "book", "colab-edition", "site-check",
+                                                                   "pdf"]
     phases = re.findall(r"^begin (\S+)", ci, re.MULTILINE)
-    assert phases == ["install", "core", "browser", "tex", "lint", "test", "book", "site", "pdf", "floor-install",
+    assert phases == ["install", "core", "browser", "tex", "lint", "test", "book", "colab", "site", "pdf",
+                      "floor-install",
                       "floor-test"]
     # the numbered list in the header comment of .ci/run names the same phases in the same order
     assert re.findall(r"^#\s+\d+\.\s+(\S+)", ci, re.MULTILINE) == phases
