@@ -247,7 +247,7 @@ def test_radius_closed_forms():
         # "up to a factor of 2" (001 §3.2): the GOE hard-tanh radius at the same variance
         assert mf.spectral_radius("hard_tanh", "goe", V) == pytest.approx(2 * math.sqrt(V * p), rel=1e-14)
     assert mf.spectral_radius("linear", "goe", V) == pytest.approx(2 * math.sqrt(V))
-    # ... but not for a smooth phi' (erf at q = 2: the C.1 edge is 3.7% above twice Eq. 30)
+    # ... but not for a smooth phi' (erf at q = 2: the C.1 edge is 3.6% above twice Eq. 30, independent of V)
     goe, ginibre = (mf.spectral_radius("erf", e, 0.2, sigma_h2=2.0) for e in ("goe", "gaussian"))
     assert goe > 1.02 * 2 * ginibre, (goe, ginibre)
 

@@ -514,7 +514,9 @@ def spectral_radius(phi: str, ensemble: str, V: float, sigma_x2: float = 1.0, me
 
     - ``"gaussian"``, ``"orthogonal"``: ``r^2 = V E[phi'(h)^2]`` (001 Thm. 3.2, Eq. 30;
       ``W phi'`` is R-diagonal, the outer radius of its Brown measure).
-    - ``"goe"``: the eigenvalues are real (``D W`` is similar to ``D^{1/2} W D^{1/2}``); ``r`` is
+    - ``"goe"``: the eigenvalues are real (``D W = D^{1/2} (D^{1/2} W)`` and the symmetric
+      ``D^{1/2} W D^{1/2}`` have the same characteristic polynomial, ``AB`` and ``BA``; for a
+      singular ``D`` such as hard tanh's they are not similar); ``r`` is
       the edge of that spectrum for ``D`` free from ``W`` (001 §3.2, App. C.1). Hard tanh, ReLU,
       linear: ``2 sqrt(V p)``, ``p = P(phi' = 1)`` (001 Eq. 124; ``p = erf(1 / sqrt(2
       sigma_h2))`` for hard tanh); tanh, erf: numerically, the minimum over ``y > 1`` of
