@@ -26,7 +26,7 @@ class Unrolled(Backward):
     (value, per-sample ``result``, ``steps``, early-stopped samples all as without it) and
     the gradient equals plain unrolling's up to floating-point rounding.
 
-    Args:
+    Attributes:
         checkpoint: None (default, every iteration stored), ``"sqrt"`` (blocks of
             ceil(sqrt(max_steps)) steps) or an integer >= 1, the block size in steps (capped at
             the solver's ``max_steps``; a block size that does not divide ``max_steps`` leaves a
