@@ -71,7 +71,6 @@ MODULES = (
     "deqlab.theory.kglm.models",
     "deqlab.theory.kglm.kernels",
     "deqlab.theory.kglm.examples",
-    "deqlab.backward.unrolled",
     # TODO(lead): add "deqlab.solvers" and "deqlab.implicit" (or the packages they are split
     # into) once their docstrings follow this rule.
 )

@@ -18,8 +18,9 @@ class Unrolled(Backward):
     (:func:`check_gradients`; 003 Eq. 3-4, the weight-tied network the DEQ is the limit of).
 
     Plain unrolling stores every iteration, so its memory grows linearly with ``max_steps``.
-    ``checkpoint`` trades compute for memory (gradient checkpointing, Griewank 1992; torchdeq's
-    ``mem_gc``): the scan runs in blocks of k steps, each under ``jax.checkpoint``; reverse mode
+    ``checkpoint`` trades compute for memory (gradient checkpointing with sqrt(n) memory, Chen
+    et al. 2016, "Training deep nets with sublinear memory cost"; torchdeq's ``mem_gc``): the
+    scan runs in blocks of k steps, each under ``jax.checkpoint``; reverse mode
     keeps the state at the max_steps / k block boundaries and recomputes one block at a time,
     storing its k iterations. Memory goes as max_steps / k + k, O(sqrt(max_steps)) at
     k = ceil(sqrt(max_steps)), for one more forward pass of f. The iterations are the same

@@ -16,15 +16,32 @@ from deqlab.solvers.base import RATE_LIMIT, RATE_WINDOW
 from deqlab.solvers.flatten import relative_residual, row_norm
 from deqlab.solvers.solution import SolverState
 
-__all__ = ["run", "CHECKPOINT_SQRT", "check_checkpoint", "checkpoint_block"]
+__all__ = ["run"]
 
 #: ``checkpoint="sqrt"``: blocks of ceil(sqrt(max_steps)) steps (the memory-optimal block size).
 CHECKPOINT_SQRT = "sqrt"
 
 
 def check_checkpoint(checkpoint, where):
-    """``checkpoint`` must be None, ``"sqrt"`` or an integer >= 1; returns it normalised."""
-    if checkpoint is None or checkpoint == CHECKPOINT_SQRT:
+    """Validate the ``checkpoint`` option of an unrolled loop (see :func:`checkpoint_block`).
+
+    Args:
+        checkpoint: None, ``"sqrt"`` or an integer >= 1 (a NumPy integer is accepted).
+        where: the public function or class the user called, for the message.
+
+    Returns:
+        ``checkpoint`` normalised: None, ``"sqrt"`` or a Python ``int``.
+
+    Raises:
+        ValueError: anything else (a bool, a float, another string, an integer < 1), naming
+            ``checkpoint`` and the valid values.
+
+    Example:
+        >>> from deqlab.solvers.loop import check_checkpoint
+        >>> check_checkpoint("sqrt", "backward.Unrolled"), check_checkpoint(8, "backward.Unrolled")
+        ('sqrt', 8)
+    """
+    if checkpoint is None or (isinstance(checkpoint, str) and checkpoint == CHECKPOINT_SQRT):
         return checkpoint
     if isinstance(checkpoint, (bool, np.bool_)) or not isinstance(checkpoint, (int, np.integer)) \
             or checkpoint < 1:
@@ -34,9 +51,23 @@ def check_checkpoint(checkpoint, where):
 
 
 def checkpoint_block(checkpoint, max_steps):
-    """The block size in steps of a checkpointed unrolled loop (None: not checkpointed).
+    """The block size in steps of a checkpointed unrolled loop (the two-level scheme of Chen et al. 2016).
 
-    ``"sqrt"`` gives ceil(sqrt(max_steps)); an integer is capped at ``max_steps``.
+    With blocks of k steps, reverse mode stores max_steps / k block-boundary carries plus the k
+    steps of the block being differentiated, minimal at k ~ sqrt(max_steps).
+
+    Args:
+        checkpoint: a value accepted by :func:`check_checkpoint`.
+        max_steps: the number of unrolled steps (>= 1).
+
+    Returns:
+        None (not checkpointed), ceil(sqrt(max_steps)) for ``"sqrt"``, or the integer capped at
+        ``max_steps``.
+
+    Example:
+        >>> from deqlab.solvers.loop import checkpoint_block
+        >>> checkpoint_block("sqrt", 100), checkpoint_block("sqrt", 101), checkpoint_block(500, 100)
+        (10, 11, 100)
     """
     if checkpoint is None:
         return None
