@@ -7,7 +7,7 @@ out; `make test` and CI run them)."""
 import jax
 import pytest
 
-from benchmarks import common, dropout, forward, gradient, memory, scaling
+from benchmarks import common, dropout, forward, gradient, memory, scaling, unrolled_checkpoint
 
 
 @pytest.mark.slow
@@ -18,6 +18,16 @@ def test_memory_benchmark_tiny():
     # No backward path materialises a per-sample Jacobian (batch, N, N).
     assert set(out["largest"]) == {"picard", "anderson", "broyden", "gmres"}
     assert all(size < out["jacobian_size"] for size, _ in out["largest"].values())
+
+
+@pytest.mark.slow
+def test_unrolled_checkpoint_benchmark_tiny():
+    out = unrolled_checkpoint.main(["--size", "tiny", "--repeats", "1"])
+    at_100 = out["by_steps"][100]
+    # Structural, not timing: blocks of 10 store ~20 of plain unrolling's 100 steps; the implicit
+    # gradient stores none; the gradients agree to float32 rounding.
+    assert at_100["ckpt/plain mem"] < 0.35 and at_100["implicit/plain mem"] < at_100["ckpt/plain mem"]
+    assert all(row["grad rel diff"] < 1e-5 for row in out["rows"])
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolv
 
 - :class:`Implicit` ``(solver, tol, max_steps)``: the above (003 Theorem 1), through
   ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
-- :class:`Unrolled` ``()``: reverse-mode differentiation through ``max_steps`` forward
-  iterations (``lax.scan``; memory grows linearly with ``max_steps``). The reference the others
-  are checked against.
+- :class:`Unrolled` ``(checkpoint)``: reverse-mode differentiation through ``max_steps`` forward
+  iterations (``lax.scan``; memory grows linearly with ``max_steps``, or as sqrt(max_steps) with
+  ``checkpoint="sqrt"``, which recomputes blocks of iterations in the backward pass). The
+  reference the others are checked against.
 - :class:`Phantom` ``(steps, damping)``: solve without gradient, then take ``steps``
   damped steps z <- (1 - d) z + d f(z, a) from z* with gradient (Geng et al. 2021), an inexpensive
   approximation.

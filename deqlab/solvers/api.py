@@ -12,7 +12,7 @@ from deqlab import precision as precision_module
 from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw, signal
 from deqlab.solvers.base import Solver
 from deqlab.solvers.flatten import Flattener
-from deqlab.solvers.loop import run
+from deqlab.solvers.loop import check_checkpoint, run
 from deqlab.solvers.registry import get_solver, removed_settings
 from deqlab.solvers.solution import Solution, SolverState, SolveStats
 
@@ -27,6 +27,7 @@ def solve(
     batch_axis: int | None = None,
     on_failure: str = "warn",
     unrolled: bool = False,
+    checkpoint: int | str | None = None,
     has_aux: bool = False,
     precision: Any = None,
     init_state: SolverState | None = None,
@@ -59,6 +60,12 @@ def solve(
             (:mod:`deqlab.failures`).
         unrolled: iterate with ``lax.scan`` for exactly ``max_steps`` (frozen samples masked) so
             that reverse-mode autodiff can go through the iterations.
+        checkpoint: with ``unrolled=True``, rematerialise the scan in blocks (``jax.checkpoint``)
+            so that reverse mode stores a carry per block and one block's iterations at a time:
+            None (default, every iteration stored), ``"sqrt"`` (blocks of ceil(sqrt(max_steps))
+            steps, memory O(sqrt(max_steps))) or an integer >= 1 (the block size, capped at
+            ``max_steps``). The same iterations run: values and results are those of the plain
+            unrolled loop; the backward pass recomputes the forward once more.
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value (one more evaluation of f, counted in ``nfe``).
         precision: matmul precision of f's evaluations (``"default"``, ``"high"``,
@@ -87,7 +94,7 @@ def solve(
     Caching:
         The computation runs under an internal ``jax.jit`` whose cache key is the function
         object ``f`` (by identity), the static configuration (the solver object with its
-        ``tol`` / ``max_steps`` / ``stop``, ``batch_axis``, ``unrolled``, ``has_aux``,
+        ``tol`` / ``max_steps`` / ``stop``, ``batch_axis``, ``unrolled``, ``checkpoint``, ``has_aux``,
         ``precision``) and the non-array leaves of ``args`` (Python numbers stay Python numbers
         and are part of the key); the array leaves of ``z0``, ``args`` and ``init_state`` are
         traced. A second eager call with the same ``f`` and shapes costs the jit dispatch
@@ -114,6 +121,10 @@ def solve(
         raise checks.fail("has_aux", "True or False", has_aux, "solve")
     if not isinstance(unrolled, bool):
         raise checks.fail("unrolled", "True or False", unrolled, "solve")
+    checkpoint = check_checkpoint(checkpoint, "solve")
+    if checkpoint is not None and not unrolled:
+        raise checks.fail("checkpoint", "None unless unrolled=True (it checkpoints the unrolled scan)",
+                          checkpoint, "solve")
     check_init_state(init_state, "solve")
     config = get_solver(solver)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
@@ -127,7 +138,8 @@ def solve(
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     solution = _eager.cached_call(
         _solve_traced, f, (z0, args, init_state),
-        dict(config=config, batch_axis=batch_axis, unrolled=unrolled, has_aux=has_aux, precision=precision),
+        dict(config=config, batch_axis=batch_axis, unrolled=unrolled, checkpoint=checkpoint, has_aux=has_aux,
+             precision=precision),
     )
     signal("solve", "", on_failure, solution.result, solution.stats.best_residual)
     if on_failure == "nan":
@@ -144,7 +156,8 @@ def check_init_state(init_state, where):
                      f"(a deqlab.solvers.SolverState) or None, got {type(init_state).__name__}{hint}.")
 
 
-def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision):
+def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision,
+                  checkpoint=None):
     """The computation of :func:`solve` (run under its cached jit, see ``deqlab._eager``)."""
     flattener = Flattener(z0, batch_axis)
     check_problem(f, z0, args, has_aux)
@@ -170,7 +183,7 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
                 f"`init_state` holds the history of another solver than {type(config).__name__}."
             )
         z0_flat, history = init_state.z.astype(z0_flat.dtype), init_state.history
-    value, result, stats, state = run(config, resolved_tol, func, z0_flat, unrolled, history)
+    value, result, stats, state = run(config, resolved_tol, func, z0_flat, unrolled, history, checkpoint)
     aux = None
     nfe = stats["nfe"]
     if has_aux:

@@ -7,7 +7,9 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.failures import Result
 from deqlab.solvers.base import RATE_LIMIT, RATE_WINDOW
@@ -15,6 +17,63 @@ from deqlab.solvers.flatten import relative_residual, row_norm
 from deqlab.solvers.solution import SolverState
 
 __all__ = ["run"]
+
+#: ``checkpoint="sqrt"``: blocks of ceil(sqrt(max_steps)) steps (the memory-optimal block size).
+CHECKPOINT_SQRT = "sqrt"
+
+
+def check_checkpoint(checkpoint, where):
+    """Validate the ``checkpoint`` option of an unrolled loop (see :func:`checkpoint_block`).
+
+    Args:
+        checkpoint: None, ``"sqrt"`` or an integer >= 1 (a NumPy integer is accepted).
+        where: the public function or class the user called, for the message.
+
+    Returns:
+        ``checkpoint`` normalised: None, ``"sqrt"`` or a Python ``int``.
+
+    Raises:
+        ValueError: anything else (a bool, a float, another string, an integer < 1), naming
+            ``checkpoint`` and the valid values.
+
+    Example:
+        >>> from deqlab.solvers.loop import check_checkpoint
+        >>> check_checkpoint("sqrt", "backward.Unrolled"), check_checkpoint(8, "backward.Unrolled")
+        ('sqrt', 8)
+    """
+    if checkpoint is None or (isinstance(checkpoint, str) and checkpoint == CHECKPOINT_SQRT):
+        return checkpoint
+    if isinstance(checkpoint, (bool, np.bool_)) or not isinstance(checkpoint, (int, np.integer)) \
+            or checkpoint < 1:
+        raise checks.fail("checkpoint", "None (no checkpointing), 'sqrt' (blocks of ceil(sqrt(max_steps)) "
+                          "steps) or an integer >= 1 (the block size in steps)", checkpoint, where)
+    return int(checkpoint)
+
+
+def checkpoint_block(checkpoint, max_steps):
+    """The block size in steps of a checkpointed unrolled loop (the two-level scheme of Chen et al. 2016).
+
+    With blocks of k steps, reverse mode stores max_steps / k block-boundary carries plus the k
+    steps of the block being differentiated, minimal at k ~ sqrt(max_steps).
+
+    Args:
+        checkpoint: a value accepted by :func:`check_checkpoint`.
+        max_steps: the number of unrolled steps (>= 1).
+
+    Returns:
+        None (not checkpointed), ceil(sqrt(max_steps)) for ``"sqrt"``, or the integer capped at
+        ``max_steps``.
+
+    Example:
+        >>> from deqlab.solvers.loop import checkpoint_block
+        >>> checkpoint_block("sqrt", 100), checkpoint_block("sqrt", 101), checkpoint_block(500, 100)
+        (10, 11, 100)
+    """
+    if checkpoint is None:
+        return None
+    if checkpoint == CHECKPOINT_SQRT:
+        return math.isqrt(max_steps - 1) + 1
+    return min(int(checkpoint), max_steps)
 
 
 def _where_batch(mask, new, old):
@@ -29,11 +88,14 @@ def _where_batch(mask, new, old):
     return jax.tree_util.tree_map(select, new, old)
 
 
-def run(config, tol, func, z0_flat, unrolled, init_history=None):
+def run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=None):
     """The shared iteration loop on (B, D) arrays.
 
     ``unrolled=True`` uses ``lax.scan`` over exactly ``max_steps`` (frozen samples are masked), so
     reverse-mode differentiation through the iterations works; otherwise ``lax.while_loop``.
+    ``checkpoint`` (unrolled only; :func:`check_checkpoint`) splits that scan into blocks of
+    :func:`checkpoint_block` steps, each under ``jax.checkpoint``: the backward pass keeps the
+    carry at block boundaries and recomputes one block at a time, the same steps in the same order.
     ``init_history`` continues a solver history from an earlier solve (``SolverState.history``).
     With ``config.check_every = k > 1`` (and not unrolled) the loop takes k steps per check: the
     first k - 1 are bare solver steps, the k-th is judged (see :mod:`deqlab.solvers`).
@@ -203,8 +265,25 @@ def run(config, tol, func, z0_flat, unrolled, init_history=None):
             z, fz, state = bare(z, fz, state)
         return judged(carry, z, fz, state, every)
 
-    if unrolled:
+    block = checkpoint_block(checkpoint, config.max_steps) if unrolled else None
+    if unrolled and block is None:
         final, _ = jax.lax.scan(lambda c, _: (body(c), None), carry0, None, length=config.max_steps)
+    elif unrolled:
+        # Two levels: an outer scan over blocks of `block` steps whose body is rematerialised, so
+        # reverse mode stores max_steps / block carries plus one block's residuals at a time
+        # (O(sqrt(max_steps)) for block = sqrt(max_steps)) at the cost of one more forward pass.
+        # The steps are the same body() in the same order as the plain scan.
+        def steps(length):
+            def run_block(carry, _):
+                carry, _ = jax.lax.scan(lambda c, _: (body(c), None), carry, None, length=length)
+                return carry, None
+            # prevent_cse=False: inside a scan, CSE cannot merge the recomputation away.
+            return jax.checkpoint(run_block, prevent_cse=False)
+
+        blocks, tail = divmod(config.max_steps, block)
+        final, _ = jax.lax.scan(steps(block), carry0, None, length=blocks)
+        if tail:
+            final, _ = steps(tail)(final, None)
     else:
         final = carry0
         if every > 1:

@@ -120,13 +120,16 @@ def memory_curve(problem: Problem, steps: Sequence[int] = (10, 25, 50, 100), *,
     """Compiled temporary memory (bytes) of the gradient of sum(z*^2) w.r.t. (W, U, b), for each
     backward mode and forward iteration limit.
 
+    ``backwards``: ``"implicit"``, ``"unrolled"`` or ``"checkpointed"`` (unrolled with
+    ``checkpoint="sqrt"``: blocks of ceil(sqrt(steps)) iterations recomputed in the backward pass).
+
     ``jit(...).lower(...).compile().memory_analysis()`` reports what XLA will allocate; it works
     on every backend (on CPU, ``device.memory_stats()`` is None). The forward solve is run for exactly
     ``steps`` iterations (tolerance 0 is not allowed, so a tiny one is used and never met): the
     unrolled mode has to keep every iterate, the implicit mode only z*.
     """
     f, z0, args = problem
-    modes = {"implicit": Implicit(), "unrolled": Unrolled()}
+    modes = {"implicit": Implicit(), "unrolled": Unrolled(), "checkpointed": Unrolled(checkpoint="sqrt")}
     curves: dict[str, list[int]] = {}
     for backward in backwards:
         curves[backward] = []
