@@ -13,7 +13,7 @@ from deqlab.backward.base import report
 from deqlab.backward.linear import LINEAR_SOLVERS, get_adjoint_solver
 from deqlab.failures import NOT_GIVEN, Result, check_policy, nan_where_failed
 from deqlab.solvers import SOLVERS, Flattener, Solution, Solver, SolveStats, relative_residual, solve
-from deqlab.solvers.registry import removed_settings
+from deqlab.solvers.registry import _removed_settings
 
 __all__ = ["adjoint_solve"]
 
@@ -77,7 +77,7 @@ def adjoint_solve(
         >>> u = adjoint_solve(f, z_star, (w, x), g, solver=GMRES(tol=1e-8, max_steps=200)).value
         >>> grad_w = jax.vjp(lambda w: f(z_star, w, x), w)[1](u)[0]   # dL/dw (003 Eq. 8)
     """
-    removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
+    _removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
     check_policy(on_failure, "adjoint_solve")
     sol = _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
     report("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)

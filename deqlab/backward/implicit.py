@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import adjoint_solve
-from deqlab.backward.base import Backward, Problem, matmul_level, report, zero_cotangent
+from deqlab.backward.base import Backward, Problem, _matmul_level, report, zero_cotangent
 from deqlab.backward.linear import LinearSolver, get_adjoint_solver
 from deqlab.failures import nan_where_failed
 from deqlab.solvers import Solver
@@ -98,7 +98,7 @@ def _implicit(problem, mode):
         u = adjoint.value
         if problem.on_failure == "nan":
             u = nan_where_failed(u, adjoint.result, problem.batch_axis)
-        level = matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
+        level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
         with precision_module.matmul_precision(level):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)

@@ -10,7 +10,7 @@ import jax
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.solvers import SOLVERS, Solver, get_solver
-from deqlab.solvers.base import configuration_class, replace_settings
+from deqlab.solvers.base import _configuration_class, _replace_settings
 
 __all__ = ["LinearSolver", "GMRES", "LINEAR_SOLVERS", "get_adjoint_solver"]
 
@@ -42,7 +42,7 @@ class LinearSolver:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        configuration_class(cls)
+        _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
         if cls.solve is LinearSolver.solve:
@@ -77,7 +77,7 @@ class LinearSolver:
             >>> GMRES(restart=10).replace(max_steps=300)
             GMRES(tol=None, max_steps=300, restart=10)
         """
-        return replace_settings(self, changes)
+        return _replace_settings(self, changes)
 
     def resolved_tol(self, dtype) -> float:
         """``tol``, or the default of ``dtype``."""
