@@ -22,7 +22,7 @@ __all__ = ["Implicit"]
 class Implicit(Backward):
     """Implicit backward pass: solve the adjoint fixed point u = g + J_f(z*)^T u (003 Eq. 11).
 
-    Args:
+    Attributes:
         solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, a
             :class:`LinearSolver` object such as :class:`GMRES`, or ``"gmres"`` (its defaults);
             None: the forward solver.
@@ -33,7 +33,19 @@ class Implicit(Backward):
         ValueError: an unknown adjoint solver, or a setting outside its range.
 
     Example:
-        >>> deqlab.fixed_point(f, z0, w, x, backward=Implicit(solver=GMRES(restart=10), max_steps=300))
+        The adjoint by GMRES or by the forward solver (Anderson, the default) gives the same
+        gradient:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def grad(backward, solver=deqlab.Anderson()):
+        ...     loss = lambda w: deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), solver=solver,
+        ...                                         backward=backward).value.sum()
+        ...     return jax.grad(loss)(0.5)
+        >>> from deqlab.backward import GMRES, Implicit
+        >>> krylov = grad(Implicit(solver=GMRES(restart=10), max_steps=300))
+        >>> bool(jnp.allclose(krylov, grad(Implicit()), rtol=1e-3))
+        True
     """
 
     solver: Any = None
