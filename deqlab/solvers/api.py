@@ -218,9 +218,9 @@ def check_problem(f: Callable[..., Any], z0: Any, args: tuple, has_aux: bool = F
         >>> check_problem(lambda z, x: jnp.tanh(z + x), jnp.zeros(3), (jnp.ones(3),))   # passes
         >>> try:
         ...     check_problem(lambda z, x: jnp.tanh(z + x), jnp.zeros(3), (jnp.ones(4),))
-        ... except ValueError:
-        ...     print("f(z0, *args) cannot be evaluated: shapes (3,) and (4,)")
-        f(z0, *args) cannot be evaluated: shapes (3,) and (4,)
+        ... except ValueError as error:   # z + x: shapes (3,) and (4,) do not broadcast
+        ...     print(str(error).split(":")[0])
+        `f` could not be evaluated as f(z0, *args)
     """
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")
