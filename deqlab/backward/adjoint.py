@@ -13,7 +13,7 @@ from deqlab.backward.base import report
 from deqlab.backward.linear import LINEAR_SOLVERS, get_adjoint_solver
 from deqlab.failures import NOT_GIVEN, Result, check_policy, nan_where_failed
 from deqlab.solvers import SOLVERS, Flattener, Solution, Solver, SolveStats, relative_residual, solve
-from deqlab.solvers.registry import removed_settings
+from deqlab.solvers.registry import _removed_settings
 
 __all__ = ["adjoint_solve"]
 
@@ -74,10 +74,22 @@ def adjoint_solve(
         SolverError: with ``on_failure="raise"``, when some sample's adjoint solve failed.
 
     Example:
-        >>> u = adjoint_solve(f, z_star, (w, x), g, solver=GMRES(tol=1e-8, max_steps=200)).value
-        >>> grad_w = jax.vjp(lambda w: f(z_star, w, x), w)[1](u)[0]   # dL/dw (003 Eq. 8)
+        The gradient of L = sum(z*) with respect to w, assembled by hand from the adjoint (003
+        Eq. 8 and 11), is the one :func:`fixed_point` computes:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> from deqlab.backward import GMRES, adjoint_solve
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> w, x = 0.5, jnp.ones(3)
+        >>> z_star = deqlab.solve(f, jnp.zeros(3), w, x).value
+        >>> g = jnp.ones(3)   # dL/dz*
+        >>> u = adjoint_solve(f, z_star, (w, x), g, solver=GMRES(tol=1e-5, max_steps=200)).value
+        >>> grad_w = jax.vjp(lambda w: f(z_star, w, x), w)[1](u)[0]   # u^T df/dw (003 Eq. 8)
+        >>> direct = jax.grad(lambda w: deqlab.fixed_point(f, jnp.zeros(3), w, x).value.sum())(w)
+        >>> bool(jnp.allclose(grad_w, direct, rtol=1e-3))
+        True
     """
-    removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
+    _removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
     check_policy(on_failure, "adjoint_solve")
     sol = _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
     report("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)

@@ -10,13 +10,13 @@ import jax
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
-from deqlab.backward.base import Problem, matmul_level, report
+from deqlab.backward.base import Problem, _matmul_level, report
 from deqlab.backward.registry import get_backward
 from deqlab.backward.shine import SHINE
 from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw
 from deqlab.solvers import Flattener, Solution, check_problem, get_solver
-from deqlab.solvers.api import check_init_state
-from deqlab.solvers.registry import removed_settings
+from deqlab.solvers.api import _check_init_state
+from deqlab.solvers.registry import _removed_settings
 
 __all__ = ["fixed_point"]
 
@@ -121,10 +121,12 @@ def fixed_point(
         ...     return jnp.tanh(w * z + x)
         >>> loss = lambda w: jnp.sum(deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3)).value)
         >>> g = jax.grad(loss)(0.5)  # a second call reuses the compiled computation
+        >>> print(f"{float(g):.3f}")
+        0.592
     """
     mode = get_backward(backward)
     removed_throw(throw, "fixed_point")
-    removed_settings("fixed_point", solver, tol=tol, max_steps=max_steps)
+    _removed_settings("fixed_point", solver, tol=tol, max_steps=max_steps)
     config = get_solver(solver)
     check_policy(on_failure, "fixed_point")
     if not isinstance(has_aux, bool):
@@ -140,7 +142,7 @@ def fixed_point(
                           "inverse-Jacobian estimate; any solver with an "
                           "inverse_jacobian_transpose method works)", type(config).__name__,
                           "fixed_point")
-    check_init_state(init_state, "fixed_point")
+    _check_init_state(init_state, "fixed_point")
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer
@@ -163,7 +165,7 @@ def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, ha
     probe = Flattener(z0, batch_axis)
     resolved_tol = config.tol
     check_problem(f, z0, args, has_aux)
-    f, args = _close_over_nothing(f, z0, args, matmul_level(precision, resolved_tol, probe.dtype))
+    f, args = _close_over_nothing(f, z0, args, _matmul_level(precision, resolved_tol, probe.dtype))
 
     def step_map(z, *a):
         out = f(z, *a)
@@ -179,7 +181,7 @@ def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, ha
     if on_failure == "nan":
         sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
     if has_aux:
-        with precision_module.matmul_precision(matmul_level(precision, resolved_tol, probe.dtype)):
+        with precision_module.matmul_precision(_matmul_level(precision, resolved_tol, probe.dtype)):
             aux = f(sol.value, *args)[1]
         sol = sol._replace(aux=aux, stats=sol.stats._replace(nfe=sol.stats.nfe + 1))
     return sol

@@ -13,9 +13,9 @@ import numpy as np
 from deqlab import precision as precision_module
 from deqlab.failures import SolverWarning, signal
 from deqlab.solvers import Solution, Solver, solve
-from deqlab.solvers.base import configuration_class
+from deqlab.solvers.base import _configuration_class
 
-__all__ = ["BackwardWarning", "Problem", "Backward", "report", "matmul_level", "zero_cotangent"]
+__all__ = ["BackwardWarning", "Problem", "Backward", "report", "zero_cotangent"]
 
 
 class BackwardWarning(SolverWarning):
@@ -25,7 +25,11 @@ class BackwardWarning(SolverWarning):
     subclass of :class:`~deqlab.failures.SolverWarning`, so a filter on that catches both.
 
     Example:
-        >>> warnings.simplefilter("error", deqlab.backward.BackwardWarning)   # make it an error
+        >>> import warnings, deqlab
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", deqlab.backward.BackwardWarning)   # make it an error
+        >>> issubclass(deqlab.backward.BackwardWarning, deqlab.solvers.SolverWarning)
+        True
     """
 
 
@@ -50,11 +54,21 @@ class Problem:
             to the forward result, a mode applies it to solves of its own (an adjoint solve).
 
     Example:
-        A mode's ``solve`` reads it::
+        A mode's ``solve`` reads it; this one backpropagates through the forward iterations (as
+        :class:`Unrolled` does), and its gradient matches the implicit one of 003 Eq. 8:
 
-            def solve(self, problem):
-                sol = problem.forward(unrolled=True)   # the forward solve, differentiable
-                return sol
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> class Reference(deqlab.backward.Backward):
+        ...     def solve(self, problem):
+        ...         return problem.forward(unrolled=True)   # the forward solve, differentiable
+        >>> f = lambda z, w: jnp.tanh(w * z + 1.0)
+        >>> solver = deqlab.Picard(tol=1e-5, max_steps=60)
+        >>> def loss(w, mode):
+        ...     return deqlab.fixed_point(f, jnp.zeros(2), w, solver=solver, backward=mode).value.sum()
+        >>> reference = jax.grad(lambda w: loss(w, Reference()))(0.5)
+        >>> implicit = jax.grad(lambda w: loss(w, "implicit"))(0.5)
+        >>> bool(jnp.allclose(reference, implicit, rtol=1e-3))
+        True
     """
 
     f: Callable[..., Any]
@@ -71,7 +85,7 @@ class Problem:
     @property
     def level(self):
         """The matmul precision of f's evaluations (``precision``, or what ``tol`` needs)."""
-        return matmul_level(self.precision, self.tol, self.dtype)
+        return _matmul_level(self.precision, self.tol, self.dtype)
 
     def forward(self, z0: Any = None, args: tuple | None = None, *, init_state: Any = _SAME,
                 **options) -> Solution:
@@ -111,6 +125,12 @@ class Backward:
     keyword-only dataclasses and pytrees with static fields (do not decorate them), so a
     backward object can be an argument of a ``jax.jit``-ed function.
 
+    Attributes:
+        name: the mode's short name (a class attribute, not a setting; the built-in modes are
+            in :data:`BACKWARDS` under it). A subclass's settings are its annotated class
+            attributes, keyword arguments of its constructor (validate them in
+            ``__post_init__``).
+
     Raises:
         ValueError: a setting outside its range, naming it and the valid range.
         TypeError: a subclass without ``solve`` is instantiated (the message names it), or an
@@ -118,23 +138,30 @@ class Backward:
             :class:`deqlab.nn.DEQ` since deqlab 0.6).
 
     Example:
-        The Jacobian-free gradient written as a mode of one's own::
+        The Jacobian-free gradient written as a mode of one's own; it agrees with the built-in
+        :class:`JacobianFree`:
 
-            class OneStep(deqlab.backward.Backward):
-                def solve(self, problem):
-                    sol = problem.forward(jax.lax.stop_gradient(problem.z0),
-                                          jax.lax.stop_gradient(problem.args))
-                    z = jax.lax.stop_gradient(sol.value)
-                    return sol._replace(value=problem.f(z, *problem.args))
-
-            deqlab.fixed_point(f, z0, x, backward=OneStep())
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> class OneStep(deqlab.backward.Backward):
+        ...     def solve(self, problem):
+        ...         sol = problem.forward(jax.lax.stop_gradient(problem.z0),
+        ...                               jax.lax.stop_gradient(problem.args))
+        ...         z = jax.lax.stop_gradient(sol.value)
+        ...         return sol._replace(value=problem.f(z, *problem.args))
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def loss(w, mode):
+        ...     return deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), backward=mode).value.sum()
+        >>> ours = jax.grad(lambda w: loss(w, OneStep()))(0.5)
+        >>> builtin = jax.grad(lambda w: loss(w, deqlab.JacobianFree()))(0.5)
+        >>> bool(jnp.allclose(ours, builtin))
+        True
     """
 
     name: ClassVar[str] = "backward"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        configuration_class(cls)
+        _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
         if cls.solve is Backward.solve:
@@ -178,16 +205,60 @@ _HINTS = {
 }
 
 
-def report(what, policy, result, residual):
-    """``"warn"`` / ``"raise"`` for a solve behind a gradient (:func:`deqlab.failures.signal`)."""
+def report(what: str, policy: str, result, residual) -> None:
+    """Apply ``"warn"`` / ``"raise"`` to a solve behind a gradient (:func:`deqlab.failures.signal`).
+
+    A mode with solves of its own (an adjoint solve, as :class:`Implicit`) applies the caller's
+    policy to them with ``report("adjoint", problem.on_failure, sol.result,
+    sol.stats.best_residual)``; the message names :func:`fixed_point` and says what to try.
+    Traced results (inside ``jit`` or a ``custom_vjp`` backward pass) report from a host callback.
+
+    Args:
+        what: ``"forward"`` or ``"adjoint"`` (a solve inside :func:`fixed_point`), or
+            ``"adjoint-alone"`` (the solve of :func:`adjoint_solve`, named in the message).
+        policy: one of :data:`FAILURE_POLICIES`; ``"nan"`` and ``"ignore"`` do nothing here.
+        result, residual: ``Solution.result`` and ``Solution.stats.best_residual`` of the solve.
+
+    Raises:
+        SolverError: with ``policy="raise"``, when some sample failed.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.backward.base import report
+        >>> from deqlab.failures import Result, SolverError
+        >>> result = np.array([Result.SUCCESS, Result.MAX_STEPS_REACHED])
+        >>> try:
+        ...     report("adjoint", "raise", result, np.array([1e-6, 2e-2]))
+        ... except SolverError as error:
+        ...     print(error)
+        fixed_point: the adjoint solve failed for 1/2 samples: sample 1: max_steps_reached (residual 2.000e-02).
+    """
     caller = "adjoint_solve" if what == "adjoint-alone" else "fixed_point"
     what = "adjoint" if what == "adjoint-alone" else what
     signal(caller, what, policy, result, residual, category=BackwardWarning, hint=_HINTS[what])
 
 
 
-def zero_cotangent(tree):
-    """Zero cotangents shaped like ``tree`` (float0 for integer and boolean leaves)."""
+def zero_cotangent(tree: Any) -> Any:
+    """Zero cotangents shaped like ``tree`` (float0 for integer and boolean leaves).
+
+    What the backward pass of a ``jax.custom_vjp`` mode returns for an input the gradient does
+    not depend on, such as ``problem.init_state`` (a warm start, whose counters are integers).
+
+    Args:
+        tree: a pytree of arrays (or None).
+
+    Returns:
+        A pytree of the same structure: zeros of each floating leaf's shape and dtype, and
+        ``float0`` zeros for integer and boolean leaves (JAX's cotangent type for them).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from deqlab.backward.base import zero_cotangent
+        >>> zeros = zero_cotangent({"z": jnp.ones(3), "count": jnp.ones((), jnp.int32)})
+        >>> zeros["z"].tolist(), zeros["count"].dtype == jax.dtypes.float0
+        ([0.0, 0.0, 0.0], True)
+    """
     def zero(leaf):
         if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
             return jnp.zeros_like(leaf)
@@ -196,6 +267,7 @@ def zero_cotangent(tree):
     return jax.tree_util.tree_map(zero, tree)
 
 
-def matmul_level(precision, tol, dtype):
+def _matmul_level(precision, tol, dtype):
+    """``precision``, or the matmul precision ``tol`` needs in ``dtype`` (:mod:`deqlab.precision`)."""
     return precision_module.required_precision(tol, dtype) if precision is None else precision
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import adjoint_solve
-from deqlab.backward.base import Backward, Problem, matmul_level, report, zero_cotangent
+from deqlab.backward.base import Backward, Problem, _matmul_level, report, zero_cotangent
 from deqlab.backward.linear import LinearSolver, get_adjoint_solver
 from deqlab.failures import nan_where_failed
 from deqlab.solvers import Solver
@@ -22,7 +22,7 @@ __all__ = ["Implicit"]
 class Implicit(Backward):
     """Implicit backward pass: solve the adjoint fixed point u = g + J_f(z*)^T u (003 Eq. 11).
 
-    Args:
+    Attributes:
         solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, a
             :class:`LinearSolver` object such as :class:`GMRES`, or ``"gmres"`` (its defaults);
             None: the forward solver.
@@ -33,7 +33,19 @@ class Implicit(Backward):
         ValueError: an unknown adjoint solver, or a setting outside its range.
 
     Example:
-        >>> deqlab.fixed_point(f, z0, w, x, backward=Implicit(solver=GMRES(restart=10), max_steps=300))
+        The adjoint by GMRES or by the forward solver (Anderson, the default) gives the same
+        gradient:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def grad(backward, solver=deqlab.Anderson()):
+        ...     loss = lambda w: deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), solver=solver,
+        ...                                         backward=backward).value.sum()
+        ...     return jax.grad(loss)(0.5)
+        >>> from deqlab.backward import GMRES, Implicit
+        >>> krylov = grad(Implicit(solver=GMRES(restart=10), max_steps=300))
+        >>> bool(jnp.allclose(krylov, grad(Implicit()), rtol=1e-3))
+        True
     """
 
     solver: Any = None
@@ -98,7 +110,7 @@ def _implicit(problem, mode):
         u = adjoint.value
         if problem.on_failure == "nan":
             u = nan_where_failed(u, adjoint.result, problem.batch_axis)
-        level = matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
+        level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
         with precision_module.matmul_precision(level):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)

@@ -10,7 +10,7 @@ import jax
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.solvers import SOLVERS, Solver, get_solver
-from deqlab.solvers.base import configuration_class, replace_settings
+from deqlab.solvers.base import _configuration_class, _replace_settings
 
 __all__ = ["LinearSolver", "GMRES", "LINEAR_SOLVERS", "get_adjoint_solver"]
 
@@ -23,7 +23,7 @@ class LinearSolver:
     subclass of this class. A subclass defines ``solve(operator, b, *, tol, max_steps)`` and is
     made a frozen keyword-only dataclass and a pytree with static fields, as solvers are.
 
-    Args:
+    Attributes:
         tol: relative residual of the linear system to reach per sample (> 0); None: the
             dtype's default (:func:`deqlab.precision.default_tol`). :class:`Implicit`'s own
             ``tol``, where given, takes its place (:meth:`Implicit.adjoint_solver`).
@@ -33,7 +33,23 @@ class LinearSolver:
         ValueError: a setting outside its range, naming it and the valid range.
 
     Example:
-        >>> fixed_point(f, z0, x, backward=Implicit(solver=GMRES(restart=10)))
+        Richardson iteration ``u <- u + (b - operator(u))``, i.e. the adjoint fixed-point
+        iteration ``u <- g + J_f^T u``, as a linear solver of one's own:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> from deqlab.backward import Implicit, LinearSolver
+        >>> class Richardson(LinearSolver):
+        ...     def solve(self, operator, b, *, tol, max_steps):
+        ...         step = lambda _, u: jax.tree_util.tree_map(
+        ...             lambda u, b, a: u + b - a, u, b, operator(u))
+        ...         return jax.lax.fori_loop(0, max_steps, step, b)
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def loss(w, backward):
+        ...     return deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), backward=backward).value.sum()
+        >>> ours = jax.grad(lambda w: loss(w, Implicit(solver=Richardson(max_steps=50))))(0.5)
+        >>> default = jax.grad(lambda w: loss(w, Implicit()))(0.5)
+        >>> bool(jnp.allclose(ours, default, rtol=1e-4))
+        True
     """
 
     tol: float | None = None
@@ -42,7 +58,7 @@ class LinearSolver:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        configuration_class(cls)
+        _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
         if cls.solve is LinearSolver.solve:
@@ -74,13 +90,22 @@ class LinearSolver:
             ValueError: a value outside its range.
 
         Example:
+            >>> from deqlab.backward import GMRES
             >>> GMRES(restart=10).replace(max_steps=300)
             GMRES(tol=None, max_steps=300, restart=10)
         """
-        return replace_settings(self, changes)
+        return _replace_settings(self, changes)
 
     def resolved_tol(self, dtype) -> float:
-        """``tol``, or the default of ``dtype``."""
+        """``tol``, or the default of ``dtype``.
+
+        Args:
+            dtype: the dtype of the adjoint (:func:`deqlab.precision.default_tol` gives the
+                default for it).
+
+        Returns:
+            ``tol`` as a float where it is set, else the default of ``dtype``.
+        """
         return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
 
     def solve(self, operator: Callable[[Any], Any], b: Any, *, tol: float, max_steps: int) -> Any:
@@ -109,7 +134,7 @@ class GMRES(LinearSolver):
     defaults. The linear system is solved for the whole batch at once (its samples are coupled
     only through GMRES's inner products); each sample's residual is checked afterwards.
 
-    Args:
+    Attributes:
         restart: Krylov subspace size between restarts (>= 1).
         tol, max_steps: as for :class:`LinearSolver`.
 
@@ -117,7 +142,15 @@ class GMRES(LinearSolver):
         ValueError: a setting outside its range (the message names it and the valid range).
 
     Example:
-        >>> fixed_point(f, z0, x, backward=Implicit(solver=GMRES(restart=30), max_steps=300))
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> from deqlab.backward import GMRES, Implicit
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def loss(w, backward):
+        ...     return deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), backward=backward).value.sum()
+        >>> krylov = jax.grad(lambda w: loss(w, Implicit(solver=GMRES(restart=30), max_steps=300)))(0.5)
+        >>> fixed = jax.grad(lambda w: loss(w, Implicit()))(0.5)   # the adjoint by Anderson
+        >>> bool(jnp.allclose(krylov, fixed, rtol=1e-4))
+        True
     """
 
     restart: int = 20
@@ -164,6 +197,7 @@ def get_adjoint_solver(solver: Any = "anderson", *, name: str = "solver",
         TypeError: a setting the solver does not have.
 
     Example:
+        >>> from deqlab.backward import GMRES, get_adjoint_solver
         >>> get_adjoint_solver("gmres", max_steps=300) == GMRES(max_steps=300)
         True
     """

@@ -15,7 +15,7 @@ __all__ = ["Phantom", "JacobianFree"]
 class Phantom(Backward):
     """Phantom gradient (Geng et al. 2021): ``steps`` damped steps from z*, differentiated.
 
-    Args:
+    Attributes:
         steps: number of steps k (>= 1).
         damping: step fraction in (0, 1].
 
@@ -23,7 +23,18 @@ class Phantom(Backward):
         ValueError: a setting outside its range (the message names it and the valid range).
 
     Example:
-        >>> deqlab.fixed_point(f, z0, w, x, backward=Phantom(steps=5, damping=0.5))
+        An approximation of the implicit gradient (003 Eq. 8), within a few percent here:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def grad(backward, solver=deqlab.Anderson()):
+        ...     loss = lambda w: deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), solver=solver,
+        ...                                         backward=backward).value.sum()
+        ...     return jax.grad(loss)(0.5)
+        >>> from deqlab.backward import Implicit, Phantom
+        >>> phantom, implicit = grad(Phantom(steps=5, damping=0.5)), grad(Implicit())
+        >>> bool(abs(phantom - implicit) < 0.1 * abs(implicit))
+        True
     """
 
     steps: int = 5
@@ -53,13 +64,27 @@ class JacobianFree(Phantom):
     error against the implicit gradient is of the order of ``||J_f||`` (the first Neumann term
     dropped); Fung et al. show it is still a descent direction when f is a contraction.
 
-    No settings (``steps`` and ``damping`` are fixed at 1).
+    Attributes:
+        steps: 1, fixed (inherited from :class:`Phantom`).
+        damping: 1.0, fixed.
 
     Raises:
         ValueError: ``steps`` or ``damping`` given another value (use :class:`Phantom`).
 
     Example:
-        >>> deqlab.fixed_point(f, z0, w, x, backward=JacobianFree())
+        Cruder than :class:`Phantom` (about 10% off the implicit gradient here, where
+        ``||J_f(z*)||`` is about 0.1), but one vector-Jacobian product:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def grad(backward, solver=deqlab.Anderson()):
+        ...     loss = lambda w: deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), solver=solver,
+        ...                                         backward=backward).value.sum()
+        ...     return jax.grad(loss)(0.5)
+        >>> from deqlab.backward import Implicit, JacobianFree
+        >>> jfb, implicit = grad(JacobianFree()), grad(Implicit())
+        >>> bool(abs(jfb - implicit) < 0.2 * abs(implicit))
+        True
     """
 
     steps: int = 1

@@ -32,6 +32,7 @@ def get_backward(backward: Any) -> Backward:
             the names).
 
     Example:
+        >>> from deqlab.backward import Phantom, get_backward
         >>> get_backward("phantom") == Phantom()
         True
     """

@@ -26,7 +26,7 @@ class SHINE(Backward):
     updates along the forward path: Ramzi et al. add extra "outer-problem" updates (OPA) to
     improve it in the direction of ``g``; we do not.
 
-    Args:
+    Attributes:
         refine: adjoint fixed-point steps after the estimate (>= 0).
 
     Raises:
@@ -34,7 +34,21 @@ class SHINE(Backward):
             ``inverse_jacobian_transpose``.
 
     Example:
-        >>> deqlab.fixed_point(f, z0, w, x, solver=deqlab.Broyden(m=8), backward=SHINE(refine=2))
+        Broyden's estimate alone, then refined by two adjoint steps, against the implicit
+        gradient (003 Eq. 8):
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> f = lambda z, w, x: jnp.tanh(w * z + x)
+        >>> def grad(backward, solver=deqlab.Anderson()):
+        ...     loss = lambda w: deqlab.fixed_point(f, jnp.zeros(3), w, jnp.ones(3), solver=solver,
+        ...                                         backward=backward).value.sum()
+        ...     return jax.grad(loss)(0.5)
+        >>> from deqlab.backward import SHINE, Implicit
+        >>> implicit = grad(Implicit())
+        >>> shine = grad(SHINE(), solver=deqlab.Broyden(m=8))
+        >>> refined = grad(SHINE(refine=2), solver=deqlab.Broyden(m=8))
+        >>> bool(abs(shine - implicit) < 1e-2 * abs(implicit)), bool(abs(refined - implicit) < 1e-3 * abs(implicit))
+        (True, True)
     """
 
     refine: int = 0

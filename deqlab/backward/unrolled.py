@@ -32,6 +32,7 @@ class Unrolled(Backward):
             ceil(sqrt(max_steps)) steps) or an integer >= 1, the block size in steps (capped at
             the solver's ``max_steps``; a block size that does not divide ``max_steps`` leaves a
             shorter last block).
+        name: ``"unrolled"``, the mode's name in :data:`BACKWARDS` (a class attribute).
 
     Raises:
         ValueError: ``checkpoint`` outside its range (the message names it and the valid values).

@@ -27,7 +27,7 @@ class Anderson(Solver):
     m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample (f(z_i) and
     g_i) and the m x m matrix H, whatever ``max_steps`` is.
 
-    Args:
+    Attributes:
         m: history size (>= 1; m = 1 is damped Picard).
         ridge: Tikhonov regularisation of the scaled mixing problem (>= 0).
         damping: mixing parameter beta in (0, 1].
@@ -37,7 +37,16 @@ class Anderson(Solver):
         ValueError: a setting outside its range (the message names it and the valid range).
 
     Example:
-        >>> sol = deqlab.solve(f, z0, x, solver=Anderson(m=6, tol=1e-6, max_steps=300), batch_axis=0)
+        A slowly contracting map (rate 0.95 near z* = 0), where acceleration pays:
+
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import Anderson, Picard
+        >>> f = lambda z, x: 0.95 * jnp.tanh(z) + x
+        >>> z0, x = jnp.zeros((4, 8)), jnp.full((4, 8), 0.01)
+        >>> fast = deqlab.solve(f, z0, x, solver=Anderson(m=6, tol=1e-5, max_steps=300), batch_axis=0)
+        >>> slow = deqlab.solve(f, z0, x, solver=Picard(tol=1e-5, max_steps=300), batch_axis=0)
+        >>> bool(fast.converged.all()), bool(fast.stats.steps.max() < slow.stats.steps.min())
+        (True, True)
     """
 
     m: int = 5

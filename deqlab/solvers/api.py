@@ -12,11 +12,11 @@ from deqlab import precision as precision_module
 from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw, signal
 from deqlab.solvers.base import Solver
 from deqlab.solvers.flatten import Flattener
-from deqlab.solvers.loop import check_checkpoint, run
-from deqlab.solvers.registry import get_solver, removed_settings
+from deqlab.solvers.loop import _run, check_checkpoint
+from deqlab.solvers.registry import _removed_settings, get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats
 
-__all__ = ["solve", "check_problem", "check_init_state"]
+__all__ = ["solve", "check_problem"]
 
 
 def solve(
@@ -115,7 +115,7 @@ def solve(
         True
     """
     removed_throw(throw, "solve")
-    removed_settings("solve", solver, tol=tol, max_steps=max_steps, stop=stop)
+    _removed_settings("solve", solver, tol=tol, max_steps=max_steps, stop=stop)
     check_policy(on_failure, "solve")
     if not isinstance(has_aux, bool):
         raise checks.fail("has_aux", "True or False", has_aux, "solve")
@@ -125,7 +125,7 @@ def solve(
     if checkpoint is not None and not unrolled:
         raise checks.fail("checkpoint", "None unless unrolled=True (it checkpoints the unrolled scan)",
                           checkpoint, "solve")
-    check_init_state(init_state, "solve")
+    _check_init_state(init_state, "solve")
     config = get_solver(solver)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
@@ -147,7 +147,7 @@ def solve(
     return solution
 
 
-def check_init_state(init_state, where):
+def _check_init_state(init_state, where):
     """``init_state`` must be None or a :class:`SolverState` (a hint for a whole ``Solution``)."""
     if init_state is None or isinstance(init_state, SolverState):
         return
@@ -183,7 +183,7 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
                 f"`init_state` holds the history of another solver than {type(config).__name__}."
             )
         z0_flat, history = init_state.z.astype(z0_flat.dtype), init_state.history
-    value, result, stats, state = run(config, resolved_tol, func, z0_flat, unrolled, history, checkpoint)
+    value, result, stats, state = _run(config, resolved_tol, func, z0_flat, unrolled, history, checkpoint)
     aux = None
     nfe = stats["nfe"]
     if has_aux:
@@ -226,7 +226,14 @@ def check_problem(f: Callable[..., Any], z0: Any, args: tuple, has_aux: bool = F
             shape or a non-floating dtype than ``z0``, or a concrete input holds NaN or inf.
 
     Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers import check_problem
         >>> check_problem(lambda z, x: jnp.tanh(z + x), jnp.zeros(3), (jnp.ones(3),))   # passes
+        >>> try:
+        ...     check_problem(lambda z, x: jnp.tanh(z + x), jnp.zeros(3), (jnp.ones(4),))
+        ... except ValueError as error:   # z + x: shapes (3,) and (4,) do not broadcast
+        ...     print(str(error).split(":")[0])
+        `f` could not be evaluated as f(z0, *args)
     """
     if not callable(f):
         raise ValueError(f"`f` must be callable as f(z, *args), got {type(f).__name__}.")

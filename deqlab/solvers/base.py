@@ -11,8 +11,7 @@ import jax
 from deqlab import checks
 from deqlab import precision as precision_module
 
-__all__ = ["Solver", "STOPPING_RULES", "RATE_LIMIT", "RATE_WINDOW", "RATE_ESTIMATES", "configuration_class",
-           "replace_settings"]
+__all__ = ["Solver", "STOPPING_RULES", "RATE_LIMIT", "RATE_WINDOW", "RATE_ESTIMATES"]
 
 
 
@@ -63,7 +62,10 @@ class Solver:
     - :attr:`freeze_state`: whether a sample's state stops changing when the sample stops.
     - ``__post_init__``: validate the subclass's own fields (call ``super().__post_init__()``).
 
-    Args:
+    The settings below are the dataclass fields, so the constructor's keyword arguments (a
+    subclass adds its own); the hooks above are class attributes, not settings.
+
+    Attributes:
         tol: tolerance of the stopping rule (> 0); None: the default of the iterate's dtype
             (:func:`deqlab.precision.default_tol`).
         max_steps: iteration limit (>= 1).
@@ -81,33 +83,41 @@ class Solver:
             message names the class and the missing methods).
 
     Example:
-        A damped fixed-point iteration (003 Eq. 5 with a step of one half) in four lines::
+        A damped fixed-point iteration (003 Eq. 5 with a step of one half) in a few lines:
 
-            class Damped(deqlab.Solver):
-                def init(self, z, fz):
-                    return ()
-
-                def propose(self, z, fz, state):
-                    return 0.5 * z + 0.5 * fz, state
-
-            sol = deqlab.solve(f, z0, *args, solver=Damped(tol=1e-6, max_steps=500), batch_axis=0)
-            sol.result, sol.stats.steps   # per-sample codes and step counts, as for Picard
+        >>> import jax.numpy as jnp, deqlab
+        >>> class Damped(deqlab.Solver):
+        ...     def init(self, z, fz):
+        ...         return ()
+        ...     def propose(self, z, fz, state):
+        ...         return 0.5 * z + 0.5 * fz, state
+        >>> f = lambda z, x: 0.5 * jnp.tanh(z) + x
+        >>> sol = deqlab.solve(f, jnp.zeros((2, 3)), jnp.ones((2, 3)),
+        ...                    solver=Damped(tol=1e-5, max_steps=500), batch_axis=0)
+        >>> sol.converged.tolist()   # per-sample codes and step counts, as for Picard
+        [True, True]
+        >>> bool(jnp.allclose(sol.value, f(sol.value, 1.0), atol=1e-4))
+        True
 
         A subclass with settings declares them as annotated class attributes, validated in
-        ``__post_init__``::
+        ``__post_init__``:
 
-            class Relaxed(deqlab.Solver):
-                beta: float = 0.5
-
-                def __post_init__(self):
-                    super().__post_init__()
-                    deqlab.checks.unit_interval(self.beta, "beta", "Relaxed")
-
-                def init(self, z, fz):
-                    return ()
-
-                def propose(self, z, fz, state):
-                    return z + self.beta * (fz - z), state
+        >>> class Relaxed(deqlab.Solver):
+        ...     beta: float = 0.5
+        ...     def __post_init__(self):
+        ...         super().__post_init__()
+        ...         deqlab.checks.unit_interval(self.beta, "beta", "Relaxed")
+        ...     def init(self, z, fz):
+        ...         return ()
+        ...     def propose(self, z, fz, state):
+        ...         return z + self.beta * (fz - z), state
+        >>> Relaxed(beta=0.8, tol=1e-4).beta
+        0.8
+        >>> try:
+        ...     Relaxed(beta=2.0)
+        ... except ValueError:
+        ...     print("beta outside (0, 1]")
+        beta outside (0, 1]
     """
 
     tol: float | None = None
@@ -155,7 +165,7 @@ class Solver:
         for flag in ("steps_past_convergence", "freeze_state"):
             if not isinstance(getattr(cls, flag), bool):
                 raise checks.fail(flag, "True or False", getattr(cls, flag), where)
-        configuration_class(cls)
+        _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
         missing = [m for m in ("init", "propose") if getattr(cls, m) is getattr(Solver, m)]
@@ -199,14 +209,28 @@ class Solver:
             ValueError: a value outside its range, as the constructor raises it.
 
         Example:
+            >>> import deqlab
             >>> strict = deqlab.Anderson(m=5).replace(tol=1e-8, max_steps=500)
             >>> strict.m, strict.tol, strict.max_steps
             (5, 1e-08, 500)
         """
-        return replace_settings(self, changes)
+        return _replace_settings(self, changes)
 
     def resolved_tol(self, dtype) -> float:
-        """The tolerance of a solve in ``dtype``: ``tol``, or the dtype's default."""
+        """The tolerance of a solve in ``dtype``: ``tol``, or the dtype's default.
+
+        Args:
+            dtype: the dtype of the iterate (:func:`deqlab.precision.default_tol` gives the
+                default for it).
+
+        Returns:
+            ``tol`` as a float where it is set, else the default of ``dtype``.
+
+        Example:
+            >>> import jax.numpy as jnp, deqlab
+            >>> deqlab.Anderson().resolved_tol(jnp.float32), deqlab.Anderson(tol=1e-3).resolved_tol(jnp.float32)
+            (1e-05, 0.001)
+        """
         return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
 
     def init(self, z: jax.Array, fz: jax.Array) -> Any:
@@ -273,7 +297,7 @@ class Solver:
 dataclasses.dataclass(frozen=True, kw_only=True)(Solver)
 
 
-def replace_settings(config: Any, changes: dict) -> Any:
+def _replace_settings(config: Any, changes: dict) -> Any:
     """``dataclasses.replace(config, **changes)`` with a TypeError naming an unknown setting and the
     valid ones (the constructor's validation runs on the copy)."""
     fields = [field.name for field in dataclasses.fields(config)]
@@ -285,7 +309,7 @@ def replace_settings(config: Any, changes: dict) -> Any:
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def configuration_class(cls):
+def _configuration_class(cls):
     """Make ``cls`` a frozen keyword-only dataclass and a pytree whose fields are all static
     (metadata): it has no leaves, is hashable, and can be passed to ``jax.jit``-ed functions."""
     dataclasses.dataclass(frozen=True, kw_only=True)(cls)

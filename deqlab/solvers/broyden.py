@@ -28,8 +28,12 @@ class BroydenState(NamedTuple):
         direction: the next direction ``B g``.
 
     Example:
-        >>> sol = deqlab.solve(f, z0, x, solver=Broyden(m=4))
-        >>> sol.state.history.us.shape   # (1, 4, D) without a batch axis
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import Broyden
+        >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3),
+        ...                    solver=Broyden(m=4))
+        >>> sol.state.history.us.shape   # (1, m, D): one row without a batch axis
+        (1, 4, 3)
     """
 
     us: jax.Array
@@ -54,7 +58,7 @@ class Broyden(Solver):
     Each step costs two products with the low-rank part (B g for the next step and B^T dz for the
     update): B dg is recovered as B g_new - B g_old, B g_old being the previous step's direction.
 
-    Args:
+    Attributes:
         m: history size (number of rank-one pairs kept, >= 1).
         step: step length alpha of 003 Eq. 6, in (0, 1].
         tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
@@ -68,8 +72,19 @@ class Broyden(Solver):
     when it stops, so B is each sample's estimate at its own equilibrium.
 
     Example:
-        >>> sol = deqlab.solve(f, z0, x, solver=Broyden(m=8, tol=1e-6), batch_axis=0)
-        >>> Broyden(m=8).inverse_jacobian_transpose(sol.state.history, g, steps=sol.stats.steps)
+        On the affine map f(z) = z / 2 + x the secant update of 003 Eq. 10 recovers
+        ``(J_f - I)^{-1} = -2`` exactly after one step, and the second step lands on z* = 2 x:
+
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import Broyden
+        >>> broyden = Broyden(m=8, tol=1e-5)
+        >>> sol = deqlab.solve(lambda z, x: 0.5 * z + x, jnp.zeros((2, 1)), jnp.ones((2, 1)),
+        ...                    solver=broyden, batch_axis=0)
+        >>> sol.stats.steps.tolist(), [f"{v:.3f}" for v in sol.value[:, 0].tolist()]
+        ([2, 2], ['2.000', '2.000'])
+        >>> estimate = broyden.inverse_jacobian(sol.state.history, jnp.ones((2, 1)), steps=sol.stats.steps)
+        >>> [f"{v:.3f}" for v in estimate[:, 0].tolist()]
+        ['-2.000', '-2.000']
     """
 
     m: int = 8
@@ -133,9 +148,19 @@ class Broyden(Solver):
     def inverse_jacobian_transpose(self, state: BroydenState, x: jax.Array,
                                    steps: jax.Array | None = None,
                                    start: BroydenState | None = None) -> jax.Array:
-        """``B^T x`` for the estimate of :meth:`inverse_jacobian` (same arguments). With ``x`` a
-        loss gradient g, ``-B^T g`` approximates the adjoint ``(I - J_f^T)^{-1} g`` of 003 Eq. 11
-        (SHINE, Ramzi et al. 2022)."""
+        """``B^T x`` for the estimate of :meth:`inverse_jacobian`. With ``x`` a loss gradient g,
+        ``-B^T g`` approximates the adjoint ``(I - J_f^T)^{-1} g`` of 003 Eq. 11 (SHINE, Ramzi et
+        al. 2022).
+
+        Args:
+            state: ``SolverState.history`` of a Broyden solve (flattened rows).
+            x: shape ``(B, D)``, as the solve's flattened iterates.
+            steps: see :meth:`pairs_in_use`.
+            start: see :meth:`pairs_in_use`.
+
+        Returns:
+            ``B^T x``, shape and dtype of ``x``.
+        """
         return self._apply_transpose(state.us, state.vs, self.pairs_in_use(state, steps, start), x)
 
     @staticmethod

@@ -37,9 +37,17 @@ class Flattener:
             number per sample.
 
     Example:
-        >>> flat = Flattener({"a": jnp.zeros((4, 2)), "b": jnp.zeros((4, 3))}, batch_axis=0)
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers import Flattener
+        >>> tree = {"a": jnp.zeros((4, 2)), "b": jnp.ones((4, 3))}
+        >>> flat = Flattener(tree, batch_axis=0)
         >>> flat.batch, flat.dim
         (4, 5)
+        >>> rows = flat.flatten(tree)
+        >>> rows.shape, rows[0].tolist()
+        ((4, 5), [0.0, 0.0, 1.0, 1.0, 1.0])
+        >>> flat.unflatten(rows)["b"].shape
+        (4, 3)
     """
 
     def __init__(self, tree, batch_axis, name="z0"):
@@ -93,6 +101,14 @@ class Flattener:
         return (shape[axis],) + tuple(s for i, s in enumerate(shape) if i != axis)
 
     def flatten(self, tree):
+        """The ``(B, D)`` rows of a pytree with the recorded structure.
+
+        Args:
+            tree: a pytree with the structure and leaf shapes of the one recorded.
+
+        Returns:
+            Shape ``(B, D)``, the common dtype; row b holds sample b's entries, leaf by leaf.
+        """
         leaves = jax.tree_util.tree_leaves(tree)
         cols = []
         for leaf in leaves:
@@ -104,6 +120,14 @@ class Flattener:
         return jnp.concatenate(cols, axis=1)
 
     def unflatten(self, flat):
+        """The pytree of ``(B, D)`` rows: the inverse of :meth:`flatten`.
+
+        Args:
+            flat: shape ``(B, D)``.
+
+        Returns:
+            A pytree with the recorded structure, leaf shapes and leaf dtypes.
+        """
         leaves, start = [], 0
         for shape, size, dtype in zip(self.shapes, self.sizes, self.dtypes):
             block = flat[:, start : start + size]
@@ -118,7 +142,14 @@ class Flattener:
         return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
     def per_sample(self, x):
-        """Drop the batch axis of per-sample statistics when the problem has none."""
+        """Drop the batch axis of per-sample statistics when the problem has none.
+
+        Args:
+            x: per-sample values, batch last (shape ``(..., B)``).
+
+        Returns:
+            ``x`` without its last axis when ``batch_axis`` is None (then B = 1), else ``x``.
+        """
         return x[..., 0] if self.batch_axis is None else x
 
 
@@ -136,7 +167,12 @@ def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
         Shape ``(B,)``, in at least float32.
 
     Example:
-        >>> relative_residual(jnp.ones((1, 4)), jnp.zeros((1, 4)))   # about 1: z is far from f(z)
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers import relative_residual
+        >>> fz = jnp.array([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+        >>> z = jnp.array([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.98]])
+        >>> [f"{r:.3f}" for r in relative_residual(fz, z).tolist()]   # far from f(z); near it
+        ['1.000', '0.010']
     """
     fz, z = jax.lax.stop_gradient((fz, z))
     eps = jnp.finfo(z.dtype).eps
@@ -147,7 +183,20 @@ def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
 
 def row_norm(x: jax.Array) -> jax.Array:
     """2-norm of each row of a ``(B, D)`` array, accumulated in at least float32: the per-sample
-    norm of every solver and of the loop."""
+    norm of every solver and of the loop.
+
+    Args:
+        x: shape ``(B, D)``, any floating dtype.
+
+    Returns:
+        Shape ``(B,)``, in the working dtype of ``x`` (float32 for 16-bit inputs).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers.flatten import row_norm
+        >>> row_norm(jnp.array([[3.0, 4.0], [0.0, 1.0]], jnp.float16)).tolist()
+        [5.0, 1.0]
+    """
     work = precision_module.working_dtype(x.dtype)
     return jnp.sqrt(jnp.sum(jnp.square(x.astype(work)), axis=-1))
 

@@ -16,7 +16,7 @@ from deqlab.solvers.base import RATE_LIMIT, RATE_WINDOW
 from deqlab.solvers.flatten import relative_residual, row_norm
 from deqlab.solvers.solution import SolverState
 
-__all__ = ["run"]
+__all__: list[str] = []  # the loop is internal: solve is its entry point
 
 #: ``checkpoint="sqrt"``: blocks of ceil(sqrt(max_steps)) steps (the memory-optimal block size).
 CHECKPOINT_SQRT = "sqrt"
@@ -88,7 +88,7 @@ def _where_batch(mask, new, old):
     return jax.tree_util.tree_map(select, new, old)
 
 
-def run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=None):
+def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=None):
     """The shared iteration loop on (B, D) arrays.
 
     ``unrolled=True`` uses ``lax.scan`` over exactly ``max_steps`` (frozen samples are masked), so

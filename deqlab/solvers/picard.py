@@ -11,7 +11,7 @@ __all__ = ["Picard"]
 class Picard(Solver):
     """Damped Picard iteration z <- (1 - damping) z + damping f(z) (003 Eq. 5 for damping=1).
 
-    Args:
+    Attributes:
         damping: step fraction in (0, 1]; 1 is plain fixed-point iteration.
         tol, max_steps, divergence_factor: see :mod:`deqlab.solvers`.
         stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (:mod:`deqlab.solvers`).
@@ -27,8 +27,14 @@ class Picard(Solver):
         ValueError: a setting outside its range (the message names it and the valid range).
 
     Example:
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import Picard
         >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3),
-        ...                    solver=Picard(damping=0.8, tol=1e-6))
+        ...                    solver=Picard(damping=0.8, tol=1e-5))
+        >>> bool(sol.converged), int(sol.stats.steps) < 30
+        (True, True)
+        >>> print(f"{float(sol.value[0]):.2f}")   # z* = 0.5 tanh(z*) + 1
+        1.45
     """
 
     damping: float = 1.0
@@ -50,6 +56,13 @@ class Picard(Solver):
 
     def error_bound_factor(self, q):
         """Banach's bound for the stepped value: within ``q / (1 - q)`` of its step
-        ``damping ||f(z) - z||`` from z (the damped map contracting at rate q)."""
+        ``damping ||f(z) - z||`` from z (the damped map contracting at rate q).
+
+        Args:
+            q: per-sample rate estimates in [0, 0.999), shape ``(B,)``.
+
+        Returns:
+            ``damping q / (1 - q)``, shape ``(B,)``.
+        """
         return q * float(self.damping) / (1.0 - q)
 

@@ -10,7 +10,7 @@ from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden
 from deqlab.solvers.picard import Picard
 
-__all__ = ["SOLVERS", "get_solver", "removed_settings"]
+__all__ = ["SOLVERS", "get_solver"]
 
 #: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"``.
 SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
@@ -37,6 +37,8 @@ def get_solver(solver: str | Solver = "anderson", *, name: str = "solver", **set
         TypeError: a setting the solver does not have.
 
     Example:
+        >>> import deqlab
+        >>> from deqlab.solvers import get_solver
         >>> get_solver("broyden", tol=1e-6) == deqlab.Broyden(tol=1e-6)
         True
         >>> get_solver(deqlab.Broyden(m=4), max_steps=50) == deqlab.Broyden(m=4, max_steps=50)
@@ -56,7 +58,7 @@ def get_solver(solver: str | Solver = "anderson", *, name: str = "solver", **set
 _SETTING_NOUNS = {"tol": "tolerances", "max_steps": "step limits", "stop": "stopping rules"}
 
 
-def removed_settings(where: str, solver: Any, classes: dict | None = None, **given: Any) -> None:
+def _removed_settings(where: str, solver: Any, classes: dict | None = None, **given: Any) -> None:
     """A TypeError for solver settings passed to a call (``solve(tol=...)``): since deqlab 0.7
     they live on the solver object only.
 

@@ -31,9 +31,15 @@ class SolveStats(NamedTuple):
             the rate estimate was unreliable and the residual rule decided); None otherwise.
 
     Example:
-        >>> sol = deqlab.solve(f, z0, x, solver=deqlab.Anderson(tol=1e-6), batch_axis=0)
-        >>> sol.stats.steps, sol.stats.best_residual   # per sample
-        >>> sol.stats.residual_trace.mean(axis=1)      # the batch's mean residual after each step
+        >>> import jax.numpy as jnp, deqlab
+        >>> f = lambda z, x: 0.5 * jnp.tanh(z) + x
+        >>> x = jnp.array([[0.0], [1.0], [2.0]])   # three samples of one number each
+        >>> sol = deqlab.solve(f, jnp.zeros((3, 1)), x, solver=deqlab.Anderson(tol=1e-5, max_steps=50),
+        ...                    batch_axis=0)
+        >>> sol.stats.steps.shape, sol.stats.residual_trace.shape   # per sample; one row per step
+        ((3,), (51, 3))
+        >>> bool(jnp.all(sol.stats.best_residual <= sol.stats.tol))
+        True
     """
 
     steps: jax.Array
@@ -57,8 +63,15 @@ class SolverState(NamedTuple):
         history: the solver's state (:meth:`Solver.init`), e.g. a :class:`BroydenState`.
 
     Example:
-        >>> first = deqlab.solve(f, z0, x, solver=deqlab.Anderson(max_steps=10), on_failure="ignore")
-        >>> more = deqlab.solve(f, z0, x, solver=deqlab.Anderson(max_steps=90), init_state=first.state)
+        >>> import jax.numpy as jnp, deqlab
+        >>> f = lambda z, x: 0.9 * jnp.tanh(z) + x
+        >>> z0, x = jnp.zeros(4), jnp.linspace(-1.0, 1.0, 4)
+        >>> first = deqlab.solve(f, z0, x, solver=deqlab.Picard(max_steps=3), on_failure="ignore")
+        >>> bool(first.converged)
+        False
+        >>> more = deqlab.solve(f, z0, x, solver=deqlab.Picard(max_steps=300), init_state=first.state)
+        >>> bool(more.converged)
+        True
     """
 
     z: jax.Array
@@ -76,8 +89,12 @@ class Solution(NamedTuple):
         aux: with ``has_aux=True``, the auxiliary output of ``f`` at ``value``; else None.
 
     Example:
+        >>> import jax.numpy as jnp, deqlab
         >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3))
-        >>> sol.value, bool(sol.converged), int(sol.stats.steps)
+        >>> bool(sol.converged), int(sol.stats.nfe) <= 20
+        (True, True)
+        >>> print(" ".join(f"{v:.2f}" for v in sol.value.tolist()))   # z* = 0.5 tanh(z*) + 1
+        1.45 1.45 1.45
     """
 
     value: Any
@@ -88,7 +105,7 @@ class Solution(NamedTuple):
 
     @property
     def converged(self) -> jax.Array:
-        """Boolean per sample: did it reach the tolerance?"""
+        """Boolean per sample: did it reach the tolerance? (``result == Result.SUCCESS``)"""
         return self.result == Result.SUCCESS
 
 
@@ -104,8 +121,16 @@ def raise_if_failed(solution: Solution, what: str = "solve") -> None:
         ValueError: ``solution`` holds tracers (inside ``jit``: use ``on_failure="raise"``).
 
     Example:
-        >>> sol = deqlab.solve(f, z0, x, on_failure="ignore")
-        >>> raise_if_failed(sol)   # SolverError naming the samples that did not converge, if any
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import SolverError, raise_if_failed
+        >>> f = lambda z, x: 0.9 * jnp.tanh(z) + x
+        >>> sol = deqlab.solve(f, jnp.zeros(2), jnp.ones(2), solver=deqlab.Picard(max_steps=2),
+        ...                    on_failure="ignore")
+        >>> try:
+        ...     raise_if_failed(sol)
+        ... except SolverError:
+        ...     print("not converged after", int(sol.stats.steps), "steps")
+        not converged after 2 steps
     """
     if checks.is_traced(solution.result):
         raise ValueError("raise_if_failed needs concrete values: inside jit, pass on_failure='raise' "
