@@ -15,11 +15,15 @@ steps of an RNN to the iterations of an equilibrium model; the code of 003 (locu
 ``VariationalHidDropout``) resets its masks once per training step and shares each mask over the
 positions of the sequence, and torchdeq ships it as ``VariationalDropout``.
 
-A fixed mask keeps a fixed point but changes the map's Lipschitz constant: a mask that
-multiplies a linear layer's input by values in ``{0, 1/(1-p)}`` multiplies that layer's bound by
-at most ``1/(1-p)`` (its kept part of W is no larger than W). A cell that contracts with margin,
-``Lip(f) < 1 - p``, still contracts with every mask; near the edge of stability dropout can push
-it over.
+A fixed mask keeps a fixed point but changes the map's Lipschitz constant. A mask ``m`` with
+entries in ``{0, 1/(1-p)}`` has operator norm at most ``1/(1-p)``, so a map whose *input* is masked,
+``z -> f(m * z)`` (``TanhCell``: ``tanh(W (m * z) + U x + b)``), has ``Lip <= Lip(f) / (1-p)``: a
+map that contracts with margin, ``Lip(f) < 1 - p``, still contracts with every mask. A mask
+*inside* the map gives no such bound from ``Lip(f)`` alone: for ``f = g2(m * g1(z))`` only the
+product bound ``Lip(g2) Lip(g1) / (1-p)`` follows, one factor ``1/(1-p)`` per mask on a path
+(``TransformerCell`` has three, the first in front of a LayerNorm, whose Lipschitz constant
+depends on the scale of its input). Near the edge of stability dropout can push a cell over;
+check the converged fraction (``deqlab.nn.DEQ`` reports it).
 
 Train / evaluation follows the NNX convention: :class:`WeightTiedDropout` has a ``deterministic``
 attribute, so ``model.eval()`` switches it off (masks of ones, the undropped map exactly) and
