@@ -33,7 +33,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip help
+.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -52,6 +52,7 @@ help:
 	@echo "make colab-edition  after make book: the executed notebooks for Colab into $(COLAB), glue values,"
 	@echo "              references and admonitions written out as Markdown (.ci/colab_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
+	@echo "make dry-runs compile each full-scale training step on the CPU; rewrite book/_data/dry_runs.json"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
 install: $(STAMP)
@@ -166,6 +167,10 @@ COLAB ?= _build/colab
 colab-edition: install
 	rm -rf $(COLAB)
 	$(BIN)/python .ci/colab_edition.py --out $(COLAB)
+
+# what a full run needs (devices, memory, hours), from the compiled steps: the pages include it
+dry-runs: install
+	$(BIN)/python -m deqlab.lab.experiments.dry_run --write book/_data/dry_runs.json
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')
