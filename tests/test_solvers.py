@@ -432,7 +432,7 @@ def test_half_precision_iterates(name, dtype):
 
 @pytest.mark.float64
 @pytest.mark.slow
-def test_default_tolerance_follows_the_dtype_and_unreachable_ones_warn_once():
+def test_default_tolerance_follows_the_dtype_and_unreachable_ones_warn_once(monkeypatch):
     f = lambda z: 0.5 * jnp.tanh(z) + 0.3  # noqa: E731
     assert float(solve(f, jnp.zeros(2)).stats.tol) == pytest.approx(1e-10)
     assert float(solve(f, jnp.zeros(2, jnp.float32)).stats.tol) == pytest.approx(1e-5)
@@ -441,6 +441,8 @@ def test_default_tolerance_follows_the_dtype_and_unreachable_ones_warn_once():
     n = 256
     w = ensembles.sample("orthogonal", jax.random.PRNGKey(23), n, 0.5, jnp.float32)
     x = jax.random.normal(jax.random.PRNGKey(24), (n,), jnp.float32)
+    # The warning comes once per (dtype, tol) and process: forget earlier tests' (and examples') warnings.
+    monkeypatch.setattr(precision, "_warned_tols", set())
     with pytest.warns(precision.PrecisionWarning, match=r"tol=1e-09 is below what float32 can reach"):
         sol = solve(lambda z: jnp.tanh(w @ z + x), jnp.zeros(n, jnp.float32), solver=deqlab.Anderson(tol=1e-9, max_steps=200))
     assert not bool(sol.converged)  # and indeed it cannot
