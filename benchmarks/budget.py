@@ -17,8 +17,10 @@ evaluation-time budget different from training's) compiled once per value.
   the whole sweep, compilations included, and the number of compilations; test accuracy and mean
   steps at each budget (equal in (a) and (b), checked).
 * **(B) steady state**: one call at the same settings, (a) against (b), both compiled, in
-  interleaved rounds: the cost of carrying the budget as a traced value (an extra comparison per
-  step), ratio per round.
+  interleaved rounds, ratio per round (``nn.DEQ`` carries a budget in both: in (b) its own
+  settings, constants at compile time); and ``deqlab.fixed_point`` on the same cell with a traced
+  ``Budget`` against ``budget=None`` (no per-step comparison with a limit): the cost of the
+  budget itself.
 * **(C) chapter 5 language model** (``deqlab.nn.LanguageModel`` over a ``TransformerCell``,
   width 32, 4 heads, Broyden, cap 40, untrained; 8 sequences of 128 tokens): the same sweep over
   ``max_steps`` in {2, 4, 8, 16, 32, 40}, (a) against (b).
@@ -128,6 +130,29 @@ def chapter0(size: str, repeats: int) -> dict:
           f"static {1e3 * statistics.median(times['static']):.2f} ms; ratio per round median {med:.3f} "
           f"(quartiles {q1:.3f} - {q3:.3f}), {repeats} rounds")
     results["steady"] = (float(med), float(q1), float(q3))
+
+    # nn.DEQ always carries a budget (its own settings when none is given); against the solve
+    # without one (budget=None: the limit a compile-time constant, no per-step comparison):
+    graphdef, state = nnx.split(model.deq.cell)
+
+    def cell_map(z, state, x):
+        return nnx.merge(graphdef, state)(z, x)
+
+    def solve(state, x, budget):
+        z0 = jnp.zeros((x.shape[0], model.deq.cell.width), x.dtype)
+        return deqlab.fixed_point(cell_map, z0, state, x, solver=base, batch_axis=0, on_failure="ignore",
+                                  budget=budget).value
+
+    without = jax.jit(lambda state, x: solve(state, x, None))
+    with_budget = jax.jit(lambda state, x, k: solve(state, x, deqlab.solvers.Budget(k, jnp.float32(1e-3))))
+    times = common.interleaved_times({"budget": (with_budget, (state, x_test, jnp.int32(100))),
+                                      "none": (without, (state, x_test))}, repeats)
+    ratios = np.array(times["budget"]) / np.array(times["none"])
+    q1, med, q3 = np.quantile(ratios, [0.25, 0.5, 0.75])
+    print(f"   fixed_point with a traced Budget {1e3 * statistics.median(times['budget']):.2f} ms, without "
+          f"(budget=None) {1e3 * statistics.median(times['none']):.2f} ms; ratio per round median {med:.3f} "
+          f"(quartiles {q1:.3f} - {q3:.3f})")
+    results["overhead"] = (float(med), float(q1), float(q3))
     return results
 
 
@@ -178,15 +203,23 @@ def measure(args) -> dict:
     print(f"HEADLINE budget: ch0 max_steps sweep of {len(STEPS[args.size])} values: "
           f"{steps['traced_compilations']} vs {steps['static_compilations']} compilations, sweep time "
           f"{steps['traced_s'] / steps['static_s']:.2f}x; tol sweep {ch0['tol']['traced_s'] / ch0['tol']['static_s']:.2f}x; "
-          f"steady-state call {ch0['steady'][0]:.2f}x; ch5 LM sweep {ch5['traced_s'] / ch5['static_s']:.2f}x "
+          f"steady-state call {ch0['steady'][0]:.2f}x (fixed_point with / without a budget "
+          f"{ch0['overhead'][0]:.2f}x); ch5 LM sweep {ch5['traced_s'] / ch5['static_s']:.2f}x "
           f"({ch5['traced_compilations']} vs {ch5['static_compilations']} compilations)")
     return {"ch0": ch0, "ch5": ch5}
 
 
 def main(argv=None) -> dict:
     args = common.parse_args(__doc__.splitlines()[0], argv)
-    with common.jax_session():
-        return measure(args)
+    # compilation time is part of what is measured: no persistent cache (JAX_COMPILATION_CACHE_DIR)
+    # may serve the static sweep's compilations from an earlier run
+    previous = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        with common.jax_session():
+            return measure(args)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", previous)
 
 
 if __name__ == "__main__":

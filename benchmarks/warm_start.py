@@ -37,7 +37,6 @@ import statistics
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
