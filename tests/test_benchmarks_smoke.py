@@ -7,7 +7,17 @@ out; `make test` and CI run them)."""
 import jax
 import pytest
 
-from benchmarks import common, dropout, forward, gradient, memory, scaling, unrolled_checkpoint
+from benchmarks import (
+    budget,
+    common,
+    dropout,
+    forward,
+    gradient,
+    memory,
+    scaling,
+    unrolled_checkpoint,
+    warm_start,
+)
 
 
 @pytest.mark.slow
@@ -130,3 +140,24 @@ def test_limit_steps_finds_the_fewest_plain_steps():
     assert error <= 1e-5 and steps >= 2
     z = common.limit_fn(case, steps - 1)(case.args)
     assert common.max_abs_error(z, case.reference) > 1e-5
+
+
+@pytest.mark.slow
+def test_warm_start_benchmark_tiny():
+    out = warm_start.main(["--size", "tiny"])
+    run = out["ch0"]["run"]
+    # the first epoch has nothing cached: both copies solve the same problems from zeros
+    assert run["train_steps"]["cold"][0] == run["train_steps"]["warm"][0]
+    # a repeat with unchanged parameters starts at the equilibrium: no step
+    assert out["ch0"]["inference"]["warm_steps"] == 0.0 and out["ch0"]["inference"]["warm_nfe"] == 1
+    assert set(out["ch5"]) == {1e-2, 1e-3}
+
+
+@pytest.mark.slow
+def test_budget_benchmark_tiny():
+    out = budget.main(["--size", "tiny"])
+    for setting, values in (("max_steps", budget.STEPS["tiny"]), ("tol", budget.TOLS["tiny"])):
+        assert out["ch0"][setting]["traced_compilations"] == 1
+        assert out["ch0"][setting]["static_compilations"] == len(values)
+    assert out["ch5"]["traced_compilations"] == 1
+    assert out["ch5"]["static_compilations"] == len(budget.LM_STEPS["tiny"])

@@ -50,6 +50,8 @@ MODULES = (
     "deqlab.nonlinearities",
     "deqlab.nn",
     "deqlab.nn.deq",
+    "deqlab.nn.cache",
+    "deqlab.solvers.budget",
     "deqlab.nn.cells",
     "deqlab.nn.lm",
     "deqlab.nn.transformer",

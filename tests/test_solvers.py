@@ -8,9 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import dataclasses
-import warnings
-
 import deqlab
 from deqlab import ensembles, precision, solvers
 from deqlab.solvers import (

@@ -16,6 +16,7 @@ from deqlab.backward.shine import SHINE
 from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw
 from deqlab.solvers import Flattener, Solution, check_problem, get_solver
 from deqlab.solvers.api import _check_init_state
+from deqlab.solvers.budget import check_budget
 from deqlab.solvers.registry import _removed_settings
 
 __all__ = ["fixed_point"]
@@ -53,6 +54,7 @@ def fixed_point(
     has_aux: bool = False,
     precision: Any = None,
     init_state: Any = None,
+    budget: Any = None,
     tol: Any = NOT_GIVEN,
     max_steps: Any = NOT_GIVEN,
     throw: Any = NOT_GIVEN,
@@ -71,6 +73,11 @@ def fixed_point(
             :func:`deqlab.solvers.solve` (the solver object holds ``tol`` and ``max_steps``;
             ``precision`` None: what the solver's tolerance needs, for the forward solve and the
             adjoint products alike).
+        budget: a :class:`deqlab.solvers.Budget`: the forward solve's iteration limit (at most the
+            solver's ``max_steps``) and tolerance for this call, traced (changing them does not
+            compile again, :mod:`deqlab.solvers.budget`); None: the solver's. The backward
+            mode's own solves keep their static settings (an implicit adjoint solve: the
+            solver's ``max_steps`` and ``tol``, or ``Implicit(max_steps=..., tol=...)``).
         backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`,
             :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), one of their
             names for the defaults, or an instance of your own :class:`Backward` subclass.
@@ -143,13 +150,14 @@ def fixed_point(
                           "inverse_jacobian_transpose method works)", type(config).__name__,
                           "fixed_point")
     _check_init_state(init_state, "fixed_point")
+    check_budget(budget, "fixed_point")
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer
     # transformation, from a host callback inside it (_signal).
     inside = _eager.is_traced((z0, args, init_state))
     sol = _eager.cached_call(
-        _fixed_point_traced, f, (z0, args, init_state),
+        _fixed_point_traced, f, (z0, args, init_state, budget),
         dict(mode=mode, config=config, batch_axis=batch_axis, has_aux=has_aux, precision=precision,
              on_failure=on_failure, signal=inside),
     )
@@ -158,7 +166,7 @@ def fixed_point(
     return sol
 
 
-def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, has_aux, precision, on_failure,
+def _fixed_point_traced(f, z0, args, init_state, budget, *, mode, config, batch_axis, has_aux, precision, on_failure,
                         signal):
     """The computation of :func:`fixed_point` (run under its cached jit, see ``deqlab._eager``);
     ``signal``: report forward failures here (under an outer transformation)."""
@@ -173,7 +181,7 @@ def _fixed_point_traced(f, z0, args, init_state, *, mode, config, batch_axis, ha
 
     problem = Problem(f=step_map, z0=z0, args=tuple(args), solver=config, batch_axis=batch_axis,
                       precision=precision, init_state=init_state, tol=resolved_tol, dtype=probe.dtype,
-                      on_failure=on_failure)
+                      on_failure=on_failure, budget=budget)
     sol = mode.solve(problem)
 
     if signal:

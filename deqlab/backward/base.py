@@ -52,6 +52,8 @@ class Problem:
         tol: the forward tolerance; dtype: the dtype of the solve.
         on_failure: the caller's policy (:mod:`deqlab.failures`); :func:`fixed_point` applies it
             to the forward result, a mode applies it to solves of its own (an adjoint solve).
+        budget: the forward solve's :class:`deqlab.solvers.Budget` (traced iteration limit and
+            tolerance), or None: the solver's settings.
 
     Example:
         A mode's ``solve`` reads it; this one backpropagates through the forward iterations (as
@@ -81,6 +83,7 @@ class Problem:
     tol: float
     dtype: Any
     on_failure: str = "warn"
+    budget: Any = None
 
     @property
     def level(self):
@@ -88,15 +91,16 @@ class Problem:
         return _matmul_level(self.precision, self.tol, self.dtype)
 
     def forward(self, z0: Any = None, args: tuple | None = None, *, init_state: Any = _SAME,
-                **options) -> Solution:
+                budget: Any = _SAME, **options) -> Solution:
         """:func:`deqlab.solvers.solve` of this problem, with the problem's solver and options.
 
-        A mode that wraps the solve in ``jax.custom_vjp`` passes ``init_state`` in as a primal
-        input (never through a closure: it may be traced).
+        A mode that wraps the solve in ``jax.custom_vjp`` passes ``init_state`` and ``budget`` in
+        as primal inputs (never through a closure: they may be traced).
 
         Args:
             z0, args: replace the problem's where given.
             init_state: replaces the problem's where given (None: a cold start).
+            budget: replaces the problem's where given (None: the solver's settings).
             **options: further arguments of :func:`deqlab.solvers.solve`, e.g. ``unrolled=True``
                 (``on_failure`` defaults to ``"ignore"``: :func:`fixed_point` reports the
                 forward solve).
@@ -107,9 +111,10 @@ class Problem:
         z0 = self.z0 if z0 is None else z0
         args = self.args if args is None else args
         init_state = self.init_state if init_state is _SAME else init_state
+        budget = self.budget if budget is _SAME else budget
         options.setdefault("on_failure", "ignore")  # fixed_point reports the forward solve
         return solve(self.f, z0, *args, solver=self.solver, batch_axis=self.batch_axis,
-                     precision=self.precision, init_state=init_state, **options)
+                     precision=self.precision, init_state=init_state, budget=budget, **options)
 
 
 

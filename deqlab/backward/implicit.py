@@ -96,15 +96,15 @@ def _implicit(problem, mode):
     f = problem.f
 
     @jax.custom_vjp
-    def equilibrium(z0, args, init_state):
-        return problem.forward(z0, args, init_state=init_state)
+    def equilibrium(z0, args, init_state, budget):
+        return problem.forward(z0, args, init_state=init_state, budget=budget)
 
-    def equilibrium_fwd(z0, args, init_state):
-        sol = problem.forward(z0, args, init_state=init_state)
-        return sol, (sol.value, z0, args, init_state)
+    def equilibrium_fwd(z0, args, init_state, budget):
+        sol = problem.forward(z0, args, init_state=init_state, budget=budget)
+        return sol, (sol.value, z0, args, init_state, budget)
 
     def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, init_state = residuals
+        z_star, z0, args, init_state, budget = residuals
         adjoint = adjoint_solve(f, z_star, args, cotangent.value, on_failure="ignore", **backward_options)
         report("adjoint", problem.on_failure, adjoint.result, adjoint.stats.best_residual)
         u = adjoint.value
@@ -114,9 +114,9 @@ def _implicit(problem, mode):
         with precision_module.matmul_precision(level):
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
-        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state)
+        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state), zero_cotangent(budget)
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(problem.z0, problem.args, problem.init_state)
+    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget)
 
 

@@ -75,19 +75,19 @@ def _shine(problem, mode):
     f = problem.f
 
     @jax.custom_vjp
-    def equilibrium(z0, args, init_state):
-        return problem.forward(z0, args, init_state=init_state)
+    def equilibrium(z0, args, init_state, budget):
+        return problem.forward(z0, args, init_state=init_state, budget=budget)
 
-    def equilibrium_fwd(z0, args, init_state):
-        sol = problem.forward(z0, args, init_state=init_state)
+    def equilibrium_fwd(z0, args, init_state, budget):
+        sol = problem.forward(z0, args, init_state=init_state, budget=budget)
         # The solver's state is frozen per sample when it stops (Solver.freeze_state); its steps,
         # counted from the warm start's own pairs, tell how many of the shared buffer's pairs
         # belong to each sample's estimate.
         start = None if init_state is None else init_state.history
-        return sol, (sol.value, z0, args, init_state, sol.state.history, sol.stats.steps, start)
+        return sol, (sol.value, z0, args, init_state, budget, sol.state.history, sol.stats.steps, start)
 
     def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, init_state, history, steps, start = residuals
+        z_star, z0, args, init_state, budget, history, steps, start = residuals
         flattener = Flattener(z_star, problem.batch_axis)
         g_flat = flattener.flatten(cotangent.value)
         u = flattener.unflatten(-config.inverse_jacobian_transpose(history, g_flat, steps=steps, start=start))
@@ -97,9 +97,9 @@ def _shine(problem, mode):
                 u = jax.tree_util.tree_map(jnp.add, cotangent.value, vjp_z(u)[0])
             _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
         (args_bar,) = vjp_args(u)
-        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state)
+        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state), zero_cotangent(budget)
 
     equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(problem.z0, problem.args, problem.init_state)
+    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget)
 
 

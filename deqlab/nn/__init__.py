@@ -2,6 +2,7 @@
 the equilibrium sequence models of 003 §4 (transformer and trellis cells, a language model and its
 data-parallel training step)."""
 
+from deqlab.nn.cache import FixedPointCache
 from deqlab.nn.cells import ResNetCell, TanhCell
 from deqlab.nn.deq import DEQ, SOLVER_STATS, capture_solver_stats
 from deqlab.nn.dropout import WeightTiedDropout
@@ -23,7 +24,7 @@ from deqlab.nn.transformer import TransformerCell
 from deqlab.nn.trellis import TrellisCell
 
 __all__ = [
-    "DEQ", "SOLVER_STATS", "capture_solver_stats", "TanhCell", "ResNetCell",
+    "DEQ", "SOLVER_STATS", "capture_solver_stats", "FixedPointCache", "TanhCell", "ResNetCell",
     "TransformerCell", "TrellisCell", "WeightTiedDropout", "EquilibriumBlock", "LanguageModel", "unroll", "solver_stats",
     "lm_loss", "train_step", "eval_step", "train", "data_mesh", "shard_batch", "replicate", "STAT_NAMES",
 ]

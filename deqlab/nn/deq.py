@@ -13,7 +13,8 @@ from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward import fixed_point, get_backward
 from deqlab.failures import check_policy
-from deqlab.solvers import Solution, get_solver, solve
+from deqlab.solvers import Solution, get_solver, make_budget, solve
+from deqlab.solvers.api import _check_init_state
 
 __all__ = ["DEQ", "SOLVER_STATS", "capture_solver_stats"]
 
@@ -48,7 +49,8 @@ class DEQ(nnx.Module):
             a tolerance that is None in the end follows the solve's dtype (float32 1e-5, float64
             1e-10; :func:`deqlab.precision.default_tol`). ``layer.solver`` is the object every
             call uses.
-        max_steps: a convenience for the solver's iteration limit, as ``tol``.
+        max_steps: a convenience for the solver's iteration limit, as ``tol``. It is also the
+            cap of a call's budget (``layer(x, max_steps=k)``, below).
         backward: how the gradient is computed, a name (the mode with its defaults) or an object:
 
             * ``"implicit"`` (default) / :class:`deqlab.backward.Implicit`: solve the adjoint
@@ -77,10 +79,18 @@ class DEQ(nnx.Module):
         correction: number ``K`` of fixed-point-correction iterates (Bai, Geng, Savani & Kolter
             2022, "Deep equilibrium optical flow estimation"); 0 (default): none.
         correction_stride: forward-solver steps between two correction iterates (>= 1).
+        eval_max_steps: the iteration limit in evaluation mode (``layer.eval()``, a model's
+            ``model.eval()``); it may exceed ``max_steps``. None: the training one.
+        eval_tol: the tolerance in evaluation mode (> 0); None: the training one.
+        deterministic: start in evaluation mode (``eval_max_steps`` / ``eval_tol``); flax's
+            ``train()`` / ``eval()`` switch it (as they do :class:`deqlab.nn.WeightTiedDropout`).
 
     Attributes:
         cell: the cell (a copy with ``param_dtype`` parameters when that was given).
-        solver: the forward solver object.
+        solver: the forward solver object (training mode).
+        eval_max_steps, eval_tol: the evaluation-mode settings (None: the solver's);
+            :attr:`eval_solver` is the solver they make.
+        deterministic: whether the layer is in evaluation mode.
         backward: the backward object.
         on_failure: the failure policy.
         batch_axis: the batch axis, or None.
@@ -88,8 +98,27 @@ class DEQ(nnx.Module):
     Raises:
         ValueError: ``cell`` is not a callable ``nnx.Module`` with an integer ``width >= 1``, or
             ``solver``, ``backward``, ``on_failure``, ``batch_axis``, ``precision``, ``dtype``,
-            ``param_dtype``, ``correction`` or ``correction_stride`` is not valid (the message names
-            the argument and its valid values).
+            ``param_dtype``, ``correction``, ``correction_stride``, ``eval_max_steps``, ``eval_tol``
+            or ``deterministic`` is not valid (the message names the argument and its valid values).
+
+    **A budget per call.** ``layer(x, max_steps=k, tol=t)`` solves with the iteration limit ``k``
+    and the tolerance ``t`` for this call only. Both are traced values
+    (:class:`deqlab.solvers.Budget`): inside a jitted step that takes them as arguments, new
+    values do not compile again, and the result equals that of a layer built with
+    ``max_steps=k, tol=t``. The layer's own ``max_steps`` (in evaluation mode ``eval_max_steps``)
+    is the cap: ``k`` must lie in ``[1, cap]`` (a concrete value outside raises; a traced one is
+    clipped), because the cap sizes the residual trace and an unrolled backward pass's scan,
+    which runs ``cap`` steps masked past ``k``. The budget is the forward solve's: the backward
+    pass's own solves keep their settings (an implicit adjoint solve, the layer's ``max_steps``
+    and ``tol``, or ``backward=Implicit(max_steps=..., tol=...)``). The matmul precision follows
+    the layer's static ``tol`` (``precision="highest"`` for a tighter call on a TPU).
+
+    **Warm starts.** ``layer(x, z0)`` starts the solve at ``z0``, e.g. the previous equilibrium of
+    the same samples (the last epoch's, kept in a :class:`deqlab.nn.FixedPointCache` by sample
+    index, or the previous output at inference); ``init_state=sol.state`` also continues a
+    solver's history (``return_solution=True`` gives ``sol``). Both are inputs without gradient
+    (``stop_gradient``): the implicit gradient does not depend on the start (003 Theorem 1), and
+    the unrolled one then differentiates the iterations from it.
 
     **Fixed-point correction.** With ``correction=K``, ``layer(x, return_iterates=True)`` also
     returns ``K`` intermediate states, stacked on a new leading axis: the forward solver's own
@@ -132,7 +161,8 @@ class DEQ(nnx.Module):
                  max_steps: int | None = None, backward: Any = "implicit", on_failure: str = "warn",
                  batch_axis: int | None = 0,
                  precision: Any = None, dtype: Any = None, param_dtype: Any = None, correction: int = 0,
-                 correction_stride: int = 2):
+                 correction_stride: int = 2, eval_max_steps: int | None = None, eval_tol: float | None = None,
+                 deterministic: bool = False):
         where = "nn.DEQ"
         if not isinstance(cell, nnx.Module) or not callable(cell):
             raise checks.fail("cell", "an nnx.Module called as cell(z, x)", type(cell).__name__, where)
@@ -143,6 +173,12 @@ class DEQ(nnx.Module):
             checks.integer(batch_axis, "batch_axis", where)
         self.cell = cell
         self.solver = get_solver(solver, tol=tol, max_steps=max_steps)
+        self.eval_max_steps = None if eval_max_steps is None else checks.positive_int(
+            eval_max_steps, "eval_max_steps", where)
+        self.eval_tol = None if eval_tol is None else checks.positive_number(eval_tol, "eval_tol", where)
+        if not isinstance(deterministic, bool):
+            raise checks.fail("deterministic", "True or False", deterministic, where)
+        self.deterministic = deterministic
         self.backward = get_backward(backward)
         self.on_failure = check_policy(on_failure, where)
         self.batch_axis = batch_axis
@@ -155,6 +191,14 @@ class DEQ(nnx.Module):
             self.cell = cell = nnx.clone(cell)  # the caller's cell keeps its own dtypes
             params = nnx.state(cell, nnx.Param)
             nnx.update(cell, jax.tree_util.tree_map(lambda p: p.astype(param_dtype), params))
+
+    @property
+    def eval_solver(self):
+        """The forward solver in evaluation mode: :attr:`solver` with ``eval_max_steps`` and
+        ``eval_tol`` where they are given."""
+        settings = {name: value for name, value in (("max_steps", self.eval_max_steps), ("tol", self.eval_tol))
+                    if value is not None}
+        return self.solver.replace(**settings)
 
     def _check_input(self, x, z0):
         where = "nn.DEQ"
@@ -192,14 +236,23 @@ class DEQ(nnx.Module):
             raise ValueError(f"{where}: `z0` must have shape {expected} (x's batch, the cell's width), "
                              f"got {tuple(jnp.shape(z0))}.")
 
-    def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, masks: Any = None,
+    def __call__(self, x: jax.Array, z0: jax.Array | None = None, *, max_steps: Any = None,
+                 tol: Any = None, init_state: Any = None, masks: Any = None,
                  return_solution: bool = False, return_iterates: bool = False):
         """The equilibrium ``z*`` of the cell for the input ``x``.
 
         Args:
             x: the input, a real floating array whose last axis is the cell's ``in_features`` (with a
                 batch axis ``batch_axis`` when the layer has one); it must be finite.
-            z0: the starting point, of shape ``x.shape[:-1] + (cell.width,)``; None: zeros.
+            z0: the starting point, of shape ``x.shape[:-1] + (cell.width,)``; None: zeros. A warm
+                start (an earlier equilibrium), taken without gradient.
+            max_steps: this call's iteration limit, an integer in ``[1, cap]`` (the cap: the
+                layer's ``max_steps``, in evaluation mode ``eval_max_steps``) or an integer scalar
+                array (traced: no recompilation for new values); None: the cap.
+            tol: this call's tolerance, a number > 0 or a floating scalar array (traced); None:
+                the layer's (in evaluation mode ``eval_tol``).
+            init_state: ``sol.state`` of an earlier call on the same samples (with
+                ``return_solution=True``) to continue its solver history; taken without gradient.
             masks: weight-tied dropout masks for the whole solve (``cell.dropout_masks(z0.shape)``
                 gives their form); None: a cell with dropout draws fresh ones now (none in
                 evaluation mode), a cell without it runs undropped. Given masks are used whatever
@@ -214,16 +267,26 @@ class DEQ(nnx.Module):
 
         Raises:
             ValueError: ``x`` is not a finite real floating array of the expected shape, ``z0`` has
-                the wrong shape, ``masks`` are given to a cell without dropout, or
-                ``return_iterates`` is asked of a layer without ``correction``.
+                the wrong shape, ``max_steps`` or ``tol`` is out of range (named, with the range),
+                ``init_state`` is not a solver state, ``masks`` are given to a cell without
+                dropout, or ``return_iterates`` is asked of a layer without ``correction``.
         """
         if return_iterates and self.correction == 0:
             raise ValueError("nn.DEQ: `return_iterates=True` needs a layer built with correction >= 1 "
                              f"(the number of correction iterates), got correction={self.correction}.")
         self._check_input(x, z0)
+        _check_init_state(init_state, "nn.DEQ")
         dtype = self.dtype or x.dtype
         x = x.astype(dtype)
-        z0 = jnp.zeros(x.shape[:-1] + (self.cell.width,), dtype) if z0 is None else jnp.asarray(z0, dtype)
+        # a warm start is a constant of the solve: no gradient flows to it (the implicit gradient
+        # ignores it anyway; an unrolled one would otherwise reach into the previous step's graph)
+        z0 = (jnp.zeros(x.shape[:-1] + (self.cell.width,), dtype) if z0 is None
+              else jax.lax.stop_gradient(jnp.asarray(z0, dtype)))
+        init_state = jax.lax.stop_gradient(init_state)
+        solver = self.eval_solver if self.deterministic else self.solver
+        # Always a budget (the mode's own settings when none is given): a call with and one
+        # without max_steps / tol share one compiled computation.
+        budget = make_budget(solver, dtype, max_steps=max_steps, tol=tol, where="nn.DEQ")
         draw_masks = getattr(self.cell, "dropout_masks", None)
         if masks is None and draw_masks is not None:
             # once per forward call, outside the solver: every iteration sees the same masks
@@ -240,8 +303,9 @@ class DEQ(nnx.Module):
             return nnx.merge(graphdef, state)(z, x, *masks)
 
         sol: Solution = fixed_point(
-            cell_map, z0, state, x, *extra, solver=self.solver, backward=self.backward,
+            cell_map, z0, state, x, *extra, solver=solver, backward=self.backward,
             on_failure=self.on_failure, batch_axis=self.batch_axis, precision=self.precision,
+            init_state=init_state, budget=budget,
         )
         if _capturing.get():
             self._sow_stats(sol)

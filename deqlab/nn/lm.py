@@ -189,6 +189,8 @@ class EquilibriumBlock(nnx.Module):
         on_failure: of the :class:`deqlab.nn.DEQ`.
         batch_axis: the axis of independent sequences (0), or None for one sequence.
         precision: of the :class:`deqlab.nn.DEQ`.
+        eval_max_steps, eval_tol: of the :class:`deqlab.nn.DEQ`: its settings in evaluation mode
+            (``model.eval()``); None: the training ones.
 
     Attributes:
         deq: the :class:`deqlab.nn.DEQ` holding the cell.
@@ -211,7 +213,8 @@ class EquilibriumBlock(nnx.Module):
 
     def __init__(self, cell: nnx.Module, *, depth: int | None = None, solver: Any = "broyden",
                  tol: float | None = None, max_steps: int | None = None, backward: Any = "implicit",
-                 on_failure: str = "warn", batch_axis: int | None = 0, precision: Any = None):
+                 on_failure: str = "warn", batch_axis: int | None = 0, precision: Any = None,
+                 eval_max_steps: int | None = None, eval_tol: float | None = None):
         if depth is not None:
             checks.positive_int(depth, "depth", "nn.EquilibriumBlock")
         if not hasattr(cell, "readout"):
@@ -220,7 +223,8 @@ class EquilibriumBlock(nnx.Module):
         if max_steps is None and isinstance(solver, str):
             max_steps = PAPER_MAX_STEPS
         self.deq = DEQ(cell, solver=solver, tol=tol, max_steps=max_steps, backward=backward,
-                       on_failure=on_failure, batch_axis=batch_axis, precision=precision)
+                       on_failure=on_failure, batch_axis=batch_axis, precision=precision,
+                       eval_max_steps=eval_max_steps, eval_tol=eval_tol)
         self.depth = depth
         self.batch_axis = batch_axis
 
@@ -229,23 +233,39 @@ class EquilibriumBlock(nnx.Module):
         """The cell, whatever the mode (the parameters are the same)."""
         return self.deq.cell
 
-    def __call__(self, x: jax.Array, *, depth: int | None = None, z0: jax.Array | None = None):
+    def __call__(self, x: jax.Array, *, depth: int | None = None, z0: jax.Array | None = None,
+                 max_steps: Any = None, tol: Any = None, return_state: bool = False):
         """The cell's readout of z* (or of z[L]) and the solver statistics.
 
         Args:
             x: the injected sequence, ``(batch, T, in_features)``.
             depth: None: the block's own mode; an int L: unroll L layers for this call.
-            z0: the starting state; None: zeros.
+            z0: the starting state (a warm start, e.g. an earlier ``return_state`` output), of
+                shape ``(batch, T, cell.width)``; None: zeros.
+            max_steps, tol: this call's budget in equilibrium mode, traced values that do not
+                recompile (:class:`deqlab.nn.DEQ`); None: the block's settings.
+            return_state: also return the state z (z* or z[L]), to warm-start a later call.
 
         Returns:
-            ``(features, stats)``: ``cell.readout(z)`` and :func:`solver_stats`.
+            ``(features, stats)``: ``cell.readout(z)`` and :func:`solver_stats`; with
+            ``return_state`` also ``z``.
+
+        Raises:
+            ValueError: ``max_steps`` or ``tol`` given in unrolled mode (``depth`` set), or out of
+                range (as :class:`deqlab.nn.DEQ` raises it).
         """
         depth = self.depth if depth is None else depth
         if depth is None:
-            z, sol = self.deq(x, z0, return_solution=True)
-            return self.cell.readout(z), solver_stats(sol)
-        z, trace = unroll(self.cell, x, depth, z0=z0, batch_axis=self.batch_axis)
-        return self.cell.readout(z), solver_stats(trace=trace)
+            z, sol = self.deq(x, z0, max_steps=max_steps, tol=tol, return_solution=True)
+            out = (self.cell.readout(z), solver_stats(sol))
+        else:
+            if max_steps is not None or tol is not None:
+                raise ValueError(f"nn.EquilibriumBlock: `max_steps` and `tol` are the solver's budget, "
+                                 f"for the equilibrium mode (depth=None); this call unrolls depth={depth} "
+                                 "layers, which take neither.")
+            z, trace = unroll(self.cell, x, depth, z0=z0, batch_axis=self.batch_axis)
+            out = (self.cell.readout(z), solver_stats(trace=trace))
+        return out + (z,) if return_state else out
 
 
 class LanguageModel(nnx.Module):
@@ -267,6 +287,8 @@ class LanguageModel(nnx.Module):
         backward: of the :class:`EquilibriumBlock`.
         on_failure: of the :class:`EquilibriumBlock`.
         precision: of the :class:`EquilibriumBlock`.
+        eval_max_steps, eval_tol: of the :class:`EquilibriumBlock` (the solver's settings in
+            evaluation mode, ``model.eval()``).
         rngs: ``nnx.Rngs`` of the embedding and head.
 
     Attributes:
@@ -292,7 +314,7 @@ class LanguageModel(nnx.Module):
     def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
                  solver: Any = "broyden", tol: float | None = None, max_steps: int | None = None,
                  backward: Any = "implicit", on_failure: str = "warn", precision: Any = None,
-                 rngs: nnx.Rngs):
+                 eval_max_steps: int | None = None, eval_tol: float | None = None, rngs: nnx.Rngs):
         where = "nn.LanguageModel"
         # token ids are int32 under JAX's default configuration: a larger vocabulary cannot be indexed
         vocab_size = checks.integer(vocab_size, "vocab_size", where, minimum=1, maximum=MAX_VOCAB_SIZE)
@@ -306,22 +328,30 @@ class LanguageModel(nnx.Module):
         self.vocab_size = vocab_size
         self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs)
         self.block = EquilibriumBlock(cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
-                                      backward=backward, on_failure=on_failure, precision=precision)
+                                      backward=backward, on_failure=on_failure, precision=precision,
+                                      eval_max_steps=eval_max_steps, eval_tol=eval_tol)
         self.head = nnx.Linear(cell.features, vocab_size, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, *, depth: int | None = None):
+    def __call__(self, tokens: jax.Array, *, depth: int | None = None, z0: jax.Array | None = None,
+                 max_steps: Any = None, tol: Any = None, return_state: bool = False):
         """Logits of the next token at every position, and the solver statistics.
 
         Args:
             tokens: integer token ids, shape ``(batch, T)``.
             depth: None: the block's own mode; an int L: unroll L layers for this call.
+            z0: a warm start of the block's state, ``(batch, T, cell.width)`` (e.g. an earlier
+                call's ``return_state`` output); None: zeros.
+            max_steps, tol: this call's solver budget, traced values that do not recompile
+                (:class:`deqlab.nn.DEQ`); None: the model's settings.
+            return_state: also return the block's state z, to warm-start a later call.
 
         Returns:
-            ``(logits, stats)``: logits ``(batch, T, vocab_size)`` and :func:`solver_stats`.
+            ``(logits, stats)``: logits ``(batch, T, vocab_size)`` and :func:`solver_stats`; with
+            ``return_state`` also ``z``.
 
         Raises:
-            ValueError: ``tokens`` is not an integer array of shape (batch, T), or a concrete id is
-                outside ``[0, vocab_size)``.
+            ValueError: ``tokens`` is not an integer array of shape (batch, T), a concrete id is
+                outside ``[0, vocab_size)``, or the budget is invalid (:class:`EquilibriumBlock`).
         """
         tokens = _token_ids(tokens, self.vocab_size, "tokens", "nn.LanguageModel")
         # Traced ids cannot be checked: an id outside [0, vocab_size) embeds as NaN (not as a
@@ -330,9 +360,11 @@ class LanguageModel(nnx.Module):
         valid = (tokens >= 0) & (tokens < self.vocab_size)
         embedded = self.embed(jnp.clip(tokens, 0, self.vocab_size - 1))
         embedded = jnp.where(valid[..., None], embedded, jnp.asarray(jnp.nan, embedded.dtype))
-        features, stats = self.block(embedded, depth=depth)
+        features, stats, z = self.block(embedded, depth=depth, z0=z0, max_steps=max_steps, tol=tol,
+                                        return_state=True)
         logits = self.head(features)
-        return jnp.where(valid[..., None], logits, jnp.asarray(jnp.nan, logits.dtype)), stats
+        logits = jnp.where(valid[..., None], logits, jnp.asarray(jnp.nan, logits.dtype))
+        return (logits, stats, z) if return_state else (logits, stats)
 
 
 def _token_ids(tokens: Any, vocab_size: int, name: str, where: str) -> jax.Array:

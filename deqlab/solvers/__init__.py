@@ -100,7 +100,8 @@ Failure is reported, never hidden
 # The package is one module per idea: solution.py (what a solve returns), base.py (the Solver
 # class and its hooks), picard.py, anderson.py, broyden.py, history.py (their shared buffers),
 # flatten.py (pytrees to (B, D) rows and the per-sample norms), loop.py (the shared iteration),
-# registry.py (solvers by name), api.py (solve and the problem checks).
+# registry.py (solvers by name), budget.py (per-call traced limits), api.py (solve and the
+# problem checks).
 
 from deqlab.failures import Result as Result  # noqa: F401  (importable from here too)
 from deqlab.failures import SolverError as SolverError  # noqa: F401
@@ -114,6 +115,7 @@ from deqlab.solvers.base import RATE_WINDOW as RATE_WINDOW  # noqa: F401
 from deqlab.solvers.base import STOPPING_RULES as STOPPING_RULES  # noqa: F401
 from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden, BroydenState
+from deqlab.solvers.budget import Budget, make_budget
 from deqlab.solvers.flatten import Flattener, relative_residual
 from deqlab.solvers.picard import Picard
 from deqlab.solvers.registry import get_solver
@@ -145,4 +147,6 @@ __all__ = [
     "get_solver",
     "solve",
     "relative_residual",
+    "Budget",
+    "make_budget",
 ]

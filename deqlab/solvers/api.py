@@ -11,6 +11,7 @@ from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw, signal
 from deqlab.solvers.base import Solver
+from deqlab.solvers.budget import Budget, check_budget, limits
 from deqlab.solvers.flatten import Flattener
 from deqlab.solvers.loop import _run, check_checkpoint
 from deqlab.solvers.registry import _removed_settings, get_solver
@@ -31,6 +32,7 @@ def solve(
     has_aux: bool = False,
     precision: Any = None,
     init_state: SolverState | None = None,
+    budget: Budget | None = None,
     tol: Any = NOT_GIVEN,
     max_steps: Any = NOT_GIVEN,
     stop: Any = NOT_GIVEN,
@@ -73,6 +75,9 @@ def solve(
             it matters on TPUs and TF32 GPUs only, see :mod:`deqlab.precision`).
         init_state: ``Solution.state`` of an earlier solve of the same problem, to continue it
             (its iterate replaces ``z0``'s values; ``z0`` still gives the structure).
+        budget: a :class:`~deqlab.solvers.budget.Budget`: this call's iteration limit (at most
+            the solver's ``max_steps``, the cap) and tolerance as traced values, so that changing
+            them does not compile again (:mod:`deqlab.solvers.budget`); None: the solver's.
         tol, max_steps, stop: removed in deqlab 0.7 (they live on the solver object:
             ``solver=Anderson(tol=1e-6)`` or ``solver.replace(tol=1e-6)``); given, they raise a
             TypeError that says so.
@@ -126,6 +131,7 @@ def solve(
         raise checks.fail("checkpoint", "None unless unrolled=True (it checkpoints the unrolled scan)",
                           checkpoint, "solve")
     _check_init_state(init_state, "solve")
+    check_budget(budget, "solve")
     config = get_solver(solver)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")
@@ -137,7 +143,7 @@ def solve(
     # f is traced, in _solve_traced, once per compilation.
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     solution = _eager.cached_call(
-        _solve_traced, f, (z0, args, init_state),
+        _solve_traced, f, (z0, args, init_state, budget),
         dict(config=config, batch_axis=batch_axis, unrolled=unrolled, checkpoint=checkpoint, has_aux=has_aux,
              precision=precision),
     )
@@ -156,7 +162,7 @@ def _check_init_state(init_state, where):
                      f"(a deqlab.solvers.SolverState) or None, got {type(init_state).__name__}{hint}.")
 
 
-def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_aux, precision,
+def _solve_traced(f, z0, args, init_state, budget, *, config, batch_axis, unrolled, has_aux, precision,
                   checkpoint=None):
     """The computation of :func:`solve` (run under its cached jit, see ``deqlab._eager``)."""
     flattener = Flattener(z0, batch_axis)
@@ -183,7 +189,8 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
                 f"`init_state` holds the history of another solver than {type(config).__name__}."
             )
         z0_flat, history = init_state.z.astype(z0_flat.dtype), init_state.history
-    value, result, stats, state = _run(config, resolved_tol, func, z0_flat, unrolled, history, checkpoint)
+    step_limit, tol = limits(budget, config, resolved_tol, flattener.dtype)
+    value, result, stats, state = _run(config, tol, func, z0_flat, unrolled, history, checkpoint, step_limit)
     aux = None
     nfe = stats["nfe"]
     if has_aux:
@@ -199,7 +206,7 @@ def _solve_traced(f, z0, args, init_state, *, config, batch_axis, unrolled, has_
             residual_trace=flattener.per_sample(stats["trace"]),
             best_residual=flattener.per_sample(stats["best_res"]),
             residual=flattener.per_sample(stats["res"]),
-            tol=jnp.asarray(resolved_tol, precision_module.working_dtype(flattener.dtype)),
+            tol=jnp.asarray(tol, precision_module.working_dtype(flattener.dtype)),
             error_estimate=None if stats["err"] is None else flattener.per_sample(stats["err"]),
         ),
         state=state,

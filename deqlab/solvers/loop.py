@@ -88,7 +88,7 @@ def _where_batch(mask, new, old):
     return jax.tree_util.tree_map(select, new, old)
 
 
-def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=None):
+def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=None, step_limit=None):
     """The shared iteration loop on (B, D) arrays.
 
     ``unrolled=True`` uses ``lax.scan`` over exactly ``max_steps`` (frozen samples are masked), so
@@ -99,6 +99,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     ``init_history`` continues a solver history from an earlier solve (``SolverState.history``).
     With ``config.check_every = k > 1`` (and not unrolled) the loop takes k steps per check: the
     first k - 1 are bare solver steps, the k-th is judged (see :mod:`deqlab.solvers`).
+    ``tol`` may be a traced scalar; ``step_limit`` (a traced int32 scalar in ``[1, max_steps]``,
+    :mod:`deqlab.solvers.budget`) stops the iteration before ``config.max_steps``, which still sizes
+    the trace and the scan of an unrolled solve (whose steps past the limit are masked).
     """
     dtype = z0_flat.dtype
     work = precision_module.working_dtype(dtype)
@@ -167,6 +170,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         f_norm = row_norm(jax.lax.stop_gradient(fz_prop))
         finite = jnp.isfinite(diff_norm) & jnp.isfinite(f_norm)
         active = carry["active"]
+        if step_limit is not None:
+            # a budget below the cap: the steps past it change nothing (unrolled: masked)
+            active = active & (carry["step"] + span <= step_limit)
         accept = active & finite
         z = jnp.where(accept[:, None], z_prop, carry["z"])
         fz = jnp.where(accept[:, None], fz_prop, carry["fz"])
@@ -265,6 +271,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             z, fz, state = bare(z, fz, state)
         return judged(carry, z, fz, state, every)
 
+    limit = config.max_steps if step_limit is None else step_limit
     block = checkpoint_block(checkpoint, config.max_steps) if unrolled else None
     if unrolled and block is None:
         final, _ = jax.lax.scan(lambda c, _: (body(c), None), carry0, None, length=config.max_steps)
@@ -289,10 +296,10 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         if every > 1:
             # Whole chunks while they fit, then single judged steps up to max_steps.
             final = jax.lax.while_loop(
-                lambda c: jnp.any(c["active"]) & (c["step"] + every <= config.max_steps), chunk, final)
+                lambda c: jnp.any(c["active"]) & (c["step"] + every <= limit), chunk, final)
 
         def cond(carry):
-            return jnp.any(carry["active"]) & (carry["step"] < config.max_steps)
+            return jnp.any(carry["active"]) & (carry["step"] < limit)
 
         final = jax.lax.while_loop(cond, body, final)
 

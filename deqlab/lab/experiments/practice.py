@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -43,6 +44,8 @@ __all__ = [
     "DigitsClassifier",
     "train_digits",
     "train_linear_digits",
+    "warm_start_training",
+    "accuracy_against_budget",
 ]
 
 
@@ -311,3 +314,142 @@ def train_linear_digits(*, epochs: int = 200, learning_rate: float = 0.05,
     _, (loss, train_acc, test_acc) = jax.lax.scan(epoch, (params, opt_state), None, length=epochs)
     return {"loss": [float(v) for v in loss], "train_accuracy": [float(v) for v in train_acc],
             "test_accuracy": [float(v) for v in test_acc]}
+
+
+def warm_start_training(*, epochs: int = 2, batch_size: int = 32, learning_rate: float = 3e-3,
+                        clip_norm: float | None = 1.0, seed: int = 0, timed: bool = False,
+                        **model_options: Any) -> dict[str, Any]:
+    """Train two copies of :class:`DigitsClassifier` in lockstep, one cold-started, one warm-started.
+
+    Both start from the same parameters and see the same batches in the same order. The cold copy
+    solves every batch from ``z0 = 0``; the warm copy starts each sample at its equilibrium of the
+    previous epoch, kept in a :class:`deqlab.nn.FixedPointCache` by sample index (looked up and
+    updated inside its jitted step). After each epoch both evaluate the test set: the cold copy
+    from zeros, the warm copy from its previous evaluation's equilibria (the test samples' own
+    cache), and, once more, from the equilibria it has just computed (a repeat with the same
+    parameters, the limit of a warm start).
+
+    Args:
+        epochs, batch_size, learning_rate, clip_norm, seed: of the run (Adam, constant rate).
+        timed: also record the wall time of every training step and evaluation (the two copies'
+            calls alternate, so load from other processes hits both alike).
+        **model_options: of :class:`DigitsClassifier` (``width``, ``scale``, ``solver``, ``tol``,
+            ``max_steps``, ...).
+
+    Returns:
+        A dict with, per epoch, the mean forward solver steps per sample of the training steps
+        (``train_steps``: ``{"cold": [...], "warm": [...]}``) and of the test evaluations
+        (``eval_steps``, with ``"repeat"``), the forward evaluations of f per epoch
+        (``train_nfe``), the test accuracies (``test_accuracy``), the two trained models
+        (``models``) and, with ``timed``, the step times in seconds (``train_times``,
+        ``eval_times``).
+    """
+    from deqlab.nn import FixedPointCache
+
+    x_train, y_train, x_test, y_test = _digits()
+    models = {name: DigitsClassifier(rngs=nnx.Rngs(seed), **model_options) for name in ("cold", "warm")}
+    tx = optax.adam(learning_rate)
+    if clip_norm is not None:
+        tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
+    optimizers = {name: nnx.Optimizer(m, tx, wrt=nnx.Param) for name, m in models.items()}
+    width = models["cold"].deq.cell.width
+
+    def update(model, optimizer, x, y, z0):
+        def loss_fn(model):
+            z, sol = model.deq(x, z0, return_solution=True)
+            loss = optax.softmax_cross_entropy_with_integer_labels(model.readout(z), y).mean()
+            return loss, (z, sol.stats.steps, sol.stats.nfe)
+
+        (_, (z, steps, nfe)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        optimizer.update(model, grads)
+        return z, jnp.mean(steps), nfe
+
+    @nnx.jit
+    def cold_step(model, optimizer, x, y):
+        return update(model, optimizer, x, y, None)[1:]
+
+    @nnx.jit
+    def warm_step(model, optimizer, cache, indices, x, y):
+        z, steps, nfe = update(model, optimizer, x, y, cache.lookup(indices))
+        return steps, nfe, cache.update(indices, z)
+
+    @nnx.jit
+    def evaluate(model, x, y, z0):
+        z, sol = model.deq(x, z0, return_solution=True)
+        return jnp.mean(jnp.argmax(model.readout(z), -1) == y), z, jnp.mean(sol.stats.steps)
+
+    def clock(fn, *args):
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        return out, time.perf_counter() - start
+
+    cache = FixedPointCache.create(len(x_train), (width,))
+    z_test_zero = jnp.zeros((len(x_test), width), jnp.float32)
+    z_test_warm = z_test_zero
+    rng = np.random.default_rng(seed)
+    n_batches = len(x_train) // batch_size
+    names = ("cold", "warm")
+    out = {"train_steps": {n: [] for n in names}, "train_nfe": {n: [] for n in names},
+           "eval_steps": {n: [] for n in names + ("repeat",)}, "test_accuracy": {n: [] for n in names},
+           "train_times": {n: [] for n in names}, "eval_times": {n: [] for n in names + ("repeat",)}}
+    for _ in range(epochs):
+        order = rng.permutation(len(x_train))
+        sums = {n: np.zeros(2) for n in names}
+        for i in range(n_batches):
+            idx = order[i * batch_size:(i + 1) * batch_size]
+            x, y = x_train[idx], y_train[idx]
+            (steps, nfe), t_cold = clock(cold_step, models["cold"], optimizers["cold"], x, y)
+            sums["cold"] += [float(steps), int(nfe)]
+            (steps, nfe, cache), t_warm = clock(warm_step, models["warm"], optimizers["warm"], cache,
+                                                jnp.asarray(idx), x, y)
+            sums["warm"] += [float(steps), int(nfe)]
+            if timed:
+                out["train_times"]["cold"].append(t_cold)
+                out["train_times"]["warm"].append(t_warm)
+        for n in names:
+            out["train_steps"][n].append(sums[n][0] / n_batches)
+            out["train_nfe"][n].append(int(sums[n][1]))
+        (acc, _, steps), t_cold = clock(evaluate, models["cold"], x_test, y_test, z_test_zero)
+        out["test_accuracy"]["cold"].append(float(acc))
+        out["eval_steps"]["cold"].append(float(steps))
+        (acc, z_test_warm, steps), t_warm = clock(evaluate, models["warm"], x_test, y_test, z_test_warm)
+        out["test_accuracy"]["warm"].append(float(acc))
+        out["eval_steps"]["warm"].append(float(steps))
+        (_, _, steps), t_repeat = clock(evaluate, models["warm"], x_test, y_test, z_test_warm)
+        out["eval_steps"]["repeat"].append(float(steps))
+        if timed:
+            for n, t in zip(names + ("repeat",), (t_cold, t_warm, t_repeat)):
+                out["eval_times"][n].append(t)
+    if not timed:
+        del out["train_times"], out["eval_times"]
+    out["models"] = models
+    return out
+
+
+def accuracy_against_budget(model: DigitsClassifier, budgets: Sequence[int]) -> dict[str, list]:
+    """Test accuracy and mean solver steps of a trained :class:`DigitsClassifier` at each forward
+    iteration limit of ``budgets``, from one compiled function (the limit is a traced argument of
+    ``model.deq``, :class:`deqlab.solvers.Budget`).
+
+    Returns:
+        ``{"budget", "accuracy", "steps", "compilations"}``: lists over ``budgets``, and how many
+        times the evaluation was traced (1).
+    """
+    _, _, x_test, y_test = _digits()
+    model = nnx.clone(model)
+    model.deq.on_failure = "ignore"  # small budgets stop short of the tolerance: that is the point
+    traces = []
+
+    @nnx.jit
+    def evaluate(model, x, y, max_steps):
+        traces.append(1)  # once per trace
+        z, sol = model.deq(x, max_steps=max_steps, return_solution=True)
+        return jnp.mean(jnp.argmax(model.readout(z), -1) == y), jnp.mean(sol.stats.steps)
+
+    out = {"budget": list(budgets), "accuracy": [], "steps": []}
+    for k in budgets:
+        acc, steps = evaluate(model, x_test, y_test, k)
+        out["accuracy"].append(float(acc))
+        out["steps"].append(float(steps))
+    out["compilations"] = len(traces)
+    return out
