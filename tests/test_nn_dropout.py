@@ -19,6 +19,9 @@ from flax import nnx
 from deqlab.nn import DEQ, ResNetCell, TanhCell, TransformerCell, TrellisCell, WeightTiedDropout, unroll
 from deqlab.nn.dropout import iterate_with_dropout
 
+# Fixed points checked to 1e-10 and gradients against finite differences: float64 (tests/conftest.py).
+pytestmark = pytest.mark.float64
+
 RATE = 0.2
 
 
