@@ -75,7 +75,7 @@ def fixed_point(
             adjoint products alike).
         budget: a :class:`deqlab.solvers.Budget`: the forward solve's iteration limit (at most the
             solver's ``max_steps``) and tolerance for this call, traced (changing them does not
-            compile again, :mod:`deqlab.solvers.budget`); None: the solver's. The backward
+            compile again, :class:`deqlab.solvers.Budget`); None: the solver's. The backward
             mode's own solves keep their static settings (an implicit adjoint solve: the
             solver's ``max_steps`` and ``tol``, or ``Implicit(max_steps=..., tol=...)``).
         backward: :class:`Implicit` (default), :class:`Unrolled`, :class:`Phantom`,

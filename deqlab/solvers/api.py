@@ -75,9 +75,9 @@ def solve(
             it matters on TPUs and TF32 GPUs only, see :mod:`deqlab.precision`).
         init_state: ``Solution.state`` of an earlier solve of the same problem, to continue it
             (its iterate replaces ``z0``'s values; ``z0`` still gives the structure).
-        budget: a :class:`~deqlab.solvers.budget.Budget`: this call's iteration limit (at most
+        budget: a :class:`~deqlab.solvers.Budget`: this call's iteration limit (at most
             the solver's ``max_steps``, the cap) and tolerance as traced values, so that changing
-            them does not compile again (:mod:`deqlab.solvers.budget`); None: the solver's.
+            them does not compile again (:class:`deqlab.solvers.Budget`); None: the solver's.
         tol, max_steps, stop: removed in deqlab 0.7 (they live on the solver object:
             ``solver=Anderson(tol=1e-6)`` or ``solver.replace(tol=1e-6)``); given, they raise a
             TypeError that says so.
