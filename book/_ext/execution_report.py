@@ -101,10 +101,10 @@ def setup(app):  # pragma: no cover - exercised by the book build
             env.note_dependency(str(root / REPORTS / "tests.xml"))
             if found is None:
                 note = nodes.note()
-                note += nodes.paragraph(text=(
+                note += nodes.paragraph("", "", *_with_code(
                     "No test run is recorded in this build: the report is written by `make test` "
-                    "(into _build/reports/), and this site was built without it. Run `make test` "
-                    "and then `make book`."))
+                    "(into `_build/reports/`), and this site was built without it. Run `make test` "
+                    "and then `make book`.", nodes))
                 return [note]
             runs, info = found
             by_path = {run.path: run for run in runs}
@@ -136,14 +136,24 @@ def setup(app):  # pragma: no cover - exercised by the book build
             started = info.get("started", "an unrecorded time")
             workers = info.get("workers", "?")
             version = info.get("deqlab", "?")
-            summary = nodes.paragraph(text=(
+            summary = nodes.paragraph("", "", *_with_code(
                 f"From the `make test` run started {started} (deqlab {version}, scale {scale}, "
                 f"{workers} pytest workers; times are each notebook's own wall time, run "
-                f"{workers} at a time beside the unit tests)."))
+                f"{workers} at a time beside the unit tests).", nodes))
             return [summary, table]
 
     app.add_directive("execution-report", ExecutionReport)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+def _with_code(text: str, nodes) -> list:
+    """Docutils nodes for ``text`` whose `backticked` spans are inline code (a directive's
+    paragraph is not parsed as Markdown, so the backticks would otherwise reach the page)."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:
+        raise ValueError(f"unbalanced backticks in {text!r}")
+    return [nodes.literal(text=part) if odd else nodes.Text(part)
+            for odd, part in ((i % 2 == 1, p) for i, p in enumerate(parts)) if part]
 
 
 def _toc_position(env):

@@ -72,3 +72,14 @@ def test_make_test_writes_the_report_files():
     assert "$(REPORTS)/run.json" in makefile
     assert "execution_report: book/_ext" in (ROOT / "_config.yml").read_text()
     assert "```{execution-report}" in (ROOT / "book" / "execution.md").read_text()
+
+
+def test_backticked_spans_become_inline_code_not_literal_backticks():
+    from docutils import nodes
+
+    parts = report._with_code("From the `make test` run (into `_build/reports/`).", nodes)
+    assert [type(p).__name__ for p in parts] == ["Text", "literal", "Text", "literal", "Text"]
+    assert [p.astext() for p in parts] == ["From the ", "make test", " run (into ", "_build/reports/", ")."]
+    assert "`" not in "".join(p.astext() for p in parts)
+    with pytest.raises(ValueError, match="unbalanced"):
+        report._with_code("a `b", nodes)
