@@ -62,3 +62,12 @@ def test_is_a_table_object_and_empty_rows():
     t = table([], ["a", "b"])
     assert isinstance(t, Table) and re.search(r"<tbody>\s*</tbody>", t._repr_html_())
     assert "table_open" in _md_tokens(t._repr_markdown_())
+
+
+def test_markdown_keeps_norm_bars_and_absolute_values_inside_maths():
+    # A pipe table unescapes \| before the maths is parsed: a norm written \| must reach the maths
+    # as a norm, and the bars of an absolute value must not split the cell.
+    t = table([(r"$\|K\|$", "$|z|$")], ["norm", "absolute value"])
+    cells = [tok.content for tok in MarkdownIt("commonmark").enable("table").parse(t._repr_markdown_())
+             if tok.type == "inline"]
+    assert cells == ["norm", "absolute value", r"$\Vert K\Vert $", "$|z|$"]

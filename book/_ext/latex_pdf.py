@@ -259,9 +259,51 @@ class LongTables(SphinxPostTransform):
             table["classes"] = [c for c in table["classes"] if c != "colwidths-auto"] + ["longtable", "colwidths-given"]
 
 
+_SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.S)
+
+
+class SolutionLabels(SphinxPostTransform):
+    """For LaTeX: a hidden solution's ``<details><summary>Solution</summary>`` becomes a bold
+    "Solution." paragraph (the LaTeX writer drops raw HTML, which would print the answer straight
+    after its exercise, unmarked); the closing ``</details>`` is dropped as before."""
+
+    default_priority = 200
+    builders = ("latex",)
+
+    def run(self, **kwargs: Any) -> None:
+        for raw in list(self.document.findall(nodes.raw)):
+            if "html" not in raw.get("format", "").split():
+                continue
+            found = _SUMMARY.search(raw.astext())
+            if found is None:
+                continue
+            label = re.sub(r"<[^>]+>", "", found.group(1)).strip() or "Solution"
+            raw.replace_self(nodes.paragraph("", "", nodes.strong(text=label.rstrip(".") + ".")))
+
+
+class UnfoldDropdowns(SphinxPostTransform):
+    """For LaTeX: a ``dropdown`` admonition (a collapsed block on the site: verification, what a
+    full run needs) is printed as its title in bold followed by its content, not as a box. A box
+    cannot break inside a table, so a long table in one ran into the page's footer."""
+
+    default_priority = 200
+    builders = ("latex",)
+
+    def run(self, **kwargs: Any) -> None:
+        for box in list(self.document.findall(nodes.admonition)):
+            if "dropdown" not in box.get("classes", []):
+                continue
+            titles = [child for child in box.children if isinstance(child, nodes.title)]
+            body = [child for child in box.children if not isinstance(child, nodes.title)]
+            heading = nodes.paragraph("", "", nodes.strong("", "", *titles[0].children)) if titles else None
+            box.replace_self(([heading] if heading is not None else []) + body)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", _add_macros)
     app.add_post_transform(ExplorerFallback)
     app.add_post_transform(BreakableInlineCode)
     app.add_post_transform(LongTables)
+    app.add_post_transform(SolutionLabels)
+    app.add_post_transform(UnfoldDropdowns)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -222,6 +222,22 @@ Equation {{eq}}`eq-sample` again. Characters from outputs: ± ≈ √ ≥ ≫ δ
 |---|-------|
 | 1 | 0.5 ± 0.1 |
 
+:::{{admonition}} Verification
+:class: dropdown
+
+| check | value |
+|---|---|
+| folded | no |
+:::
+
+An exercise.
+
+<details><summary>Solution</summary>
+
+The answer.
+
+</details>
+
 ```python
 result = {{"a_very_long_name_that_does_not_fit": [0.123456789, 0.223456789, 0.323456789, 0.423456789, 0.523456789, 0.623456789]}}
 ```
@@ -241,7 +257,15 @@ def _write_explorer_page(path: Path) -> None:
     cell = nbformat.v4.new_code_cell("explorer.slider(...)", execution_count=1, outputs=[
         nbformat.v4.new_output("execute_result", data={"text/html": widget.html, "text/plain": repr(widget)},
                                execution_count=1)])
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Explorer page"), cell])
+    from deqlab.lab.experiments import table
+
+    results = table([("Gaussian", 0.5), ("GOE", 0.25)], ["ensemble", r"$\|J\|_2$"], [None, ".2f"],
+                    caption=r"Norms $\|J\|_2$ per ensemble.")
+    table_cell = nbformat.v4.new_code_cell("results", execution_count=2, outputs=[
+        nbformat.v4.new_output("execute_result", data={"text/html": results._repr_html_(),
+                                                       "text/markdown": results._repr_markdown_(),
+                                                       "text/plain": repr(results)}, execution_count=2)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Explorer page"), cell, table_cell])
     nb.metadata["mystnb"] = {"execution_mode": "off"}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
@@ -283,6 +307,15 @@ def test_sample_document_compiles(tmp_path):
     frames = re.findall(r"\\sphinxincludegraphics\[[^]]*\]\{\{([0-9a-f]{16})\}\.png\}", tex)
     assert len(set(frames)) == 3, frames
     assert "Frames 1, 3, 5 of 5. Interactive explorer: 5 precomputed frames" in tex
+    # a hidden solution keeps its label; a deqlab table (its Markdown, parsed as MyST) is a table
+    # with its maths, not a paragraph of pipes and dollars
+    assert "\\sphinxstylestrong{Solution.}" in tex and "The answer." in tex
+    # a dropdown (collapsed on the site) is printed unfolded: its title in bold, no box
+    assert "\\sphinxstylestrong{Verification}" in tex and "folded" in tex
+    assert "sphinxadmonition" not in tex.split("Verification")[0].rsplit("Sample page", 1)[-1]
+    assert "| ensemble |" not in tex and "$\\|J" not in tex
+    assert re.search(r"\\begin\{(longtable|tabulary|tabular)\}", tex.split("Explorer page")[-1])
+    assert "\\(\\Vert J\\Vert _2\\)" in tex
 
 
 def _run_sample_test_without_tex(tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess:

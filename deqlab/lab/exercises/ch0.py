@@ -144,15 +144,16 @@ def check_residual(my_residual: Callable[..., Any]) -> Report:
     z, fz = jnp.asarray(z, jnp.float32), jnp.asarray(fz, jnp.float32)
     name = "relative residual per row: max relative difference"
     try:
-        mine = jnp.asarray(my_residual(fz, z), jnp.float64)
+        # compared in NumPy float64: jnp.float64 would warn (and truncate) without jax_enable_x64
+        mine = np.asarray(my_residual(fz, z), np.float64)
     except Exception as error:  # noqa: BLE001
         return Report("check_residual(my_residual)", (_crashed(name, error, "call it as my_residual(fz, z)."),))
-    theirs = jnp.asarray(relative_residual(fz, z), jnp.float64)
+    theirs = np.asarray(relative_residual(fz, z), np.float64)
     if mine.shape != theirs.shape:
         error, note = math.inf, f"shape {mine.shape}, expected {theirs.shape} (one number per row)"
     else:
-        error, note = float(jnp.max(jnp.abs(mine - theirs) / jnp.maximum(theirs, 1e-30))), ""
-        if not bool(jnp.isfinite(mine[-1])):
+        error, note = float(np.max(np.abs(mine - theirs) / np.maximum(theirs, 1e-30))), ""
+        if not bool(np.isfinite(mine[-1])):
             error, note = math.inf, "the row with f(z) = z = 0 gave a non-finite residual"
     return Report("check_residual(my_residual)", (Check(
         name, error, 1e-5, note=note,

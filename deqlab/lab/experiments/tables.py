@@ -53,7 +53,9 @@ def _html_cell(text: str) -> str:
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("\n", " ").replace("|", r"\|")
+    # A pipe table unescapes ``\|`` before the maths is parsed, so TeX's norm bars ``\|`` become
+    # ``\Vert`` first; every remaining ``|`` is escaped so that it does not split the cell.
+    return text.replace("\n", " ").replace("\\|", "\\Vert ").replace("|", r"\|")
 
 
 class Table:
