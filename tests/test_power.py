@@ -127,6 +127,8 @@ def test_claims_from_raw_drops_failed_seeds_and_keeps_the_sources():
     (lambda: power.seeds_to_resolve(0.5, float("inf"), paired=True), "sd"),
     (lambda: power.seeds_to_resolve(0.5, 1.0, paired=True, z=0.0), "z"),
     (lambda: power.standard_error(1.0, 1, paired=True), "n"),
+    (lambda: power.sign_test_seeds(0.0), "net_share"),
+    (lambda: power.sign_test_seeds(1.5), "net_share"),
     (lambda: power.detectable_effect(1.0, 2.5, paired=True), "n"),
     (lambda: power.power_of_z_test(0.5, 1.0, 1, paired=True), "n"),
     (lambda: power.analyse_claim("c", [1.0], [2.0], paper_effect=None, paper_source="", measure=""), "a"),
@@ -146,3 +148,15 @@ def test_claims_from_raw_drops_failed_seeds_and_keeps_the_sources():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=f"`{name}` must be"):
         call()
+
+
+def test_sign_test_seeds_is_the_smallest_resolving_count():
+    from scipy.stats import binomtest
+
+    assert power.sign_test_seeds(1.0) == 6  # all positive: two-sided exact p = 2^(1-n) < 0.05 from n = 6
+    for share in (1.0, 0.6, 0.3):
+        n = power.sign_test_seeds(share)
+        positive = math.ceil(n * (1 + share) / 2 - 1e-12)
+        assert binomtest(positive, n, 0.5).pvalue < 0.05
+    # and at share 1 one seed fewer does not reject: p = 2 * 2^-5 = 0.0625
+    assert binomtest(5, 5, 0.5).pvalue >= 0.05

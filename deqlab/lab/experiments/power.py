@@ -36,7 +36,8 @@ import numpy as np
 
 from deqlab import checks
 
-__all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "power_of_z_test", "analyse_claim",
+__all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "power_of_z_test", "sign_test_seeds",
+           "analyse_claim",
            "PAPER_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "main"]
 
 _WHERE = "experiments.power"
@@ -164,6 +165,42 @@ def power_of_z_test(effect: float, sd: float, n: int, *, paired: bool, z: float 
     shift = abs(effect) / standard_error(sd, n, paired=paired)
     z = _z(z, where)
     return float(ndtr(shift - z) + ndtr(-shift - z))
+
+
+def sign_test_seeds(net_share: float, *, confidence: float = 0.95, max_seeds: int = 10_000) -> int | None:
+    """Fewest seeds at which the exact sign test resolves a given net share of positive seeds.
+
+    For counts and other per-seed signs the pages use :func:`deqlab.lab.stats.sign_test` (an exact
+    binomial test over the seeds). With ``n`` seeds, none tied, of which a share ``(1 + s) / 2`` are
+    positive (``positive = ceil(n (1 + s) / 2)``), the test resolves the direction when the lower
+    end of its interval of the net share is above 0. This returns the smallest such ``n``.
+
+    Args:
+        net_share: ``s = (positive - negative) / seeds``, in (0, 1].
+        confidence: the level of the sign test's interval, in (0, 1).
+        max_seeds: search limit, an integer >= 2.
+
+    Returns:
+        The smallest ``n`` (>= 1), or None if none up to ``max_seeds`` resolves it.
+
+    Raises:
+        ValueError: naming ``net_share`` (not in (0, 1]), ``confidence`` or ``max_seeds``.
+
+    Example:
+        >>> sign_test_seeds(1.0)     # every seed positive: 6 seeds (2 * 2**-6 < 0.05 < 2 * 2**-5)
+        6
+    """
+    from deqlab.lab import stats
+
+    where = f"{_WHERE}.sign_test_seeds"
+    s = checks.number(net_share, "net_share", where, lower=0.0, upper=1.0, lower_open=True)
+    max_seeds = checks.integer(max_seeds, "max_seeds", where, minimum=2)
+    for n in range(1, max_seeds + 1):
+        positive = min(n, math.ceil(n * (1.0 + s) / 2.0 - 1e-12))
+        signs = np.r_[np.ones(positive), -np.ones(n - positive)]
+        if stats.sign_test(signs, confidence)["lo"] > 0:
+            return n
+    return None
 
 
 def _per_seed(values: Any, name: str, where: str) -> np.ndarray:
@@ -332,6 +369,10 @@ PAPER_EFFECTS: dict[str, dict[str, Any]] = {
     "004_fig6_epoch5": {"effect": -6.57 - (-6.64), "paper_sd": (0.02, 0.01), "seeds": 70, "source": (
         "004 App. F Table 1, 4-channel hyperspectral row: epoch 5: kGLM -6.64 +- 0.02, random -6.57 +- 0.01 "
         "(70 runs); effect 0.07")},
+    "001_fig6": {"effect": None, "seeds": 10, "source": (
+        "001 Fig. 6 is a plot only and the stored text gives no rate ('they have a higher chance of diverging, "
+        "and generally converge more slowly'; Table 1 caption 'less stable learning than GOE and orthogonal'): "
+        "sized with the quick net share of seeds")},
     "remedies": {"effect": None, "seeds": 8, "source": (
         "no paper of /work/shared/papers (000-004) ranks the remedies (Jacobian regularisation is Bai, Koltun "
         "& Kolter 2021, not stored): sized with the quick effect")},
@@ -399,6 +440,20 @@ def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]
             add("ch5p6", key, f"001 Table 1: {text}", a, b,
                 f"log test perplexity (nats per token), {worse.split('@')[0]} minus {better.split('@')[0]}",
                 dropped=dropped)
+    for c in raw.get("ch5p6", {}).get("page_claims", []):
+        if c["kind"] != "001" or not c["method"].startswith("exact sign tests"):
+            continue
+        share = float(c["estimate"])
+        records.append({
+            "claim": f"001 Fig. 6: {c['claim']}", "page": raw["ch5p6"]["page"], "measure": c["measure"],
+            "paper_effect": None, "paper_source": PAPER_EFFECTS["001_fig6"]["source"], "paired": True,
+            "seeds_now": int(c["n_seeds"]), "quick_effect": share, "quick_sd": None, "quick_lo": c["lo"],
+            "quick_hi": c["hi"], "verdict_at_quick": c["verdict"], "resolved_at_quick": c["verdict"] == "holds",
+            "effect_used": share, "effect_basis": "quick net share of seeds (exact sign test, the page's)",
+            "seeds_needed": sign_test_seeds(share) if share > 0 else None, "paper_seeds": 10,
+            "note": ("seeds for the exact sign test to resolve this net share with no ties (ties lower the "
+                     "share; the page needs both comparisons, this is the weaker): " + c["detail"])
+            if share > 0 else "net share <= 0 at quick scale: nothing to size; " + c["detail"]})
     if "ch4p4" in raw:
         curves = raw["ch4p4"]["test_error_curve"]
         last = raw["ch4p4"]["settings"]["epochs"]

@@ -56,9 +56,12 @@ def collect_ensemble_study() -> dict[str, Any]:
     rows = es.per_seed_rows(units)
     ppl = {f"{e}@{v:g}": _floats([next(r["test_perplexity"] for r in rows if (r["ensemble"], r["sqrt_v"], r["seed"])
                                        == (e, v, s)) for s in seeds]) for e in es.ENSEMBLES for v in es.SQRT_V}
+    # the page's own tests of 001 §4.3 (count claims on Fig. 6's trajectories among them)
+    keys = ("claim", "source", "kind", "method", "measure", "estimate", "lo", "hi", "n_seeds", "detail", "verdict")
+    claims = [{k: c[k] for k in keys} for c in es.check_claims(rows)]
     return {"page": "book/ch5_transformers/06_ensemble_study.ipynb", "driver": "sequence.ensemble_study.run_study",
             "settings": {**{k: v for k, v in config.items()}, "seeds": seeds}, "seconds": seconds,
-            "test_perplexity": ppl}
+            "test_perplexity": ppl, "page_claims": claims}
 
 
 def collect_seq2seq() -> dict[str, Any]:
