@@ -160,3 +160,12 @@ def test_sign_test_seeds_is_the_smallest_resolving_count():
         assert binomtest(positive, n, 0.5).pvalue < 0.05
     # and at share 1 one seed fewer does not reject: p = 2 * 2^-5 = 0.0625
     assert binomtest(5, 5, 0.5).pvalue >= 0.05
+
+
+def test_claim_record_says_when_the_quick_scale_lacks_a_resolvable_paper_effect():
+    rng = np.random.default_rng(6)
+    b = rng.normal(0.0, 1.0, 10)
+    a = b + rng.normal(0.0, 0.01, 10)  # no effect, tiny spread: a paper effect of 1 would be resolved
+    r = power.analyse_claim("a above b", a, b, paper_effect=1.0, paper_source="test", measure="units")
+    assert r["verdict_at_quick"] == "not resolved" and r["seeds_needed"] == 2
+    assert "absent at the quick scale" in r["note"]

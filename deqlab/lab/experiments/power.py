@@ -307,6 +307,10 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         agrees = bool(np.sign(quick_effect) == np.sign(paper_effect))
         if not agrees:
             notes.append("the quick effect has the opposite sign or is zero: sized with the paper's effect")
+        if verdict != "holds" and abs(paper_effect) >= z * quick_se:
+            notes.append(f"the quick study would resolve the paper's effect ({z:g} se = {z * quick_se:.3g} <= "
+                         f"{abs(paper_effect):.3g}) but measures {quick_effect:.3g}: the effect is absent at the "
+                         "quick scale, which more seeds do not change")
     else:
         effect_used, agrees = quick_effect, None
         basis = ("quick (no paper number)" if quick_effect > 0 else
