@@ -457,7 +457,8 @@ def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]
             "seeds_needed": sign_test_seeds(share) if share > 0 else None, "paper_seeds": 10,
             "note": ("seeds for the exact sign test to resolve this net share with no ties (ties lower the "
                      "share; the page needs both comparisons, this is the weaker): " + c["detail"])
-            if share > 0 else "net share <= 0 at quick scale: nothing to size; " + c["detail"]})
+            if share > 0 else (f"net share <= 0 at quick scale: nothing to size (even with every seed agreeing the "
+                               f"exact sign test needs {sign_test_seeds(1.0)} seeds); " + c["detail"])})
     if "ch4p4" in raw:
         curves = raw["ch4p4"]["test_error_curve"]
         last = raw["ch4p4"]["settings"]["epochs"]
@@ -544,7 +545,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                        "machine": {"platform": platform.platform(), "processor": platform.machine(),
                                    "cpus": os.cpu_count(), "python": platform.python_version()},
                        "wall_time_s": {k: round(v["seconds"], 1) for k, v in raw.items()},
-                       "analysis_wall_time_s": round(time.perf_counter() - start, 1),
+                       # this invocation: the collection of the pages not read back from --raw, and the analysis
+                       "script_wall_time_s": round(time.perf_counter() - start, 1),
                        "environment": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "DEQLAB_SCALE")}},
         "method": {"z": 2.0, "rule": "resolved when |mean difference| >= z * se; paired: se = sd(d)/sqrt(n); "
                                      "unpaired: se = sd*sqrt(2/n); units = seeds",
