@@ -33,7 +33,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs help
+.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs power-analysis help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -53,6 +53,7 @@ help:
 	@echo "              references and admonitions written out as Markdown (.ci/colab_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make dry-runs compile each full-scale training step on the CPU; rewrite book/_data/dry_runs.json"
+	@echo "make power-analysis run the pages' quick experiments; seeds needed per claim -> book/_data/power_analysis.json"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
 install: $(STAMP)
@@ -171,6 +172,10 @@ colab-edition: install
 # what a full run needs (devices, memory, hours), from the compiled steps: the pages include it
 dry-runs: install
 	$(BIN)/python -m deqlab.lab.experiments.dry_run --write book/_data/dry_runs.json
+
+power-analysis: install
+	rm -f .power_raw.json
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m deqlab.lab.experiments.power
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')

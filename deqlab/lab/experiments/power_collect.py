@@ -1,0 +1,170 @@
+"""Per-seed quick-scale numbers for :mod:`deqlab.lab.experiments.power`, from the pages' own drivers.
+
+Each ``collect_*`` function calls the experiment driver that its page calls, with the page's quick
+settings (copied from the notebook's settings cell, named in the docstring), and returns a JSON-able
+dict: ``settings``, ``seconds`` (wall time) and the per-seed arrays the power analysis needs.
+Where a page's grid holds cells that the claim does not compare, only the claim's cells are run
+(the drivers run every cell independently, so the numbers are those the page gets).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["collect_training", "collect_ensemble_study", "collect_seq2seq", "collect_denoising",
+           "collect_stabilisation", "COLLECTORS"]
+
+
+def _floats(values) -> list[float]:
+    return [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+
+
+def collect_training() -> dict[str, Any]:
+    """ch3 p5 (book/ch3_nonlinear/05_training.ipynb, grid cell): 001 Fig. 5's ensembles at the quick
+    scale, the cells of the claim (Gaussian and orthogonal at sqrt(V) >= 1 of the quick grid)."""
+    from deqlab.lab.experiments.nonlinear import training
+
+    settings = dict(dataset="digits", width=32, epochs=5, batch_size=64, tol=1e-4, max_steps=40,
+                    solver="anderson", learning_rate=1e-2)
+    seeds, scales, families = list(range(5)), [1.0, 1.5, 2.0], ("gaussian", "orthogonal")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="deqlab-power-ch3p5-") as d:
+        rows = training.run_training_sweep(f"{d}/grid", families=families, scales=scales, seeds=seeds,
+                                           progress=False, **settings)
+    seconds = time.perf_counter() - start
+    errors = {f"{f}@{v:g}": _floats([next(r["test_error"] for r in rows if (r["family"], r["scale"], r["seed"])
+                                          == (f, v, s)) for s in seeds]) for f in families for v in scales}
+    return {"page": "book/ch3_nonlinear/05_training.ipynb", "driver": "nonlinear.training.run_training_sweep",
+            "settings": {**settings, "seeds": seeds, "scales": scales, "families": list(families)},
+            "seconds": seconds, "test_error": errors}
+
+
+def collect_ensemble_study() -> dict[str, Any]:
+    """ch5 p6 (book/ch5_transformers/06_ensemble_study.ipynb): the quick study, 10 seeds x 9 configurations."""
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+
+    config = es.study_config("quick")
+    seeds = list(range(10))
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="deqlab-power-ch5p6-") as d:
+        units = es.run_study(d, config, seeds=seeds, progress=False)
+    seconds = time.perf_counter() - start
+    rows = es.per_seed_rows(units)
+    ppl = {f"{e}@{v:g}": _floats([next(r["test_perplexity"] for r in rows if (r["ensemble"], r["sqrt_v"], r["seed"])
+                                       == (e, v, s)) for s in seeds]) for e in es.ENSEMBLES for v in es.SQRT_V}
+    # the page's own tests of 001 §4.3 (count claims on Fig. 6's trajectories among them)
+    keys = ("claim", "source", "kind", "method", "measure", "estimate", "lo", "hi", "n_seeds", "detail", "verdict")
+    claims = [{k: c[k] for k in keys} for c in es.check_claims(rows)]
+    return {"page": "book/ch5_transformers/06_ensemble_study.ipynb", "driver": "sequence.ensemble_study.run_study",
+            "settings": {**{k: v for k, v in config.items()}, "seeds": seeds}, "seconds": seconds,
+            "test_perplexity": ppl, "page_claims": claims}
+
+
+def collect_seq2seq() -> dict[str, Any]:
+    """ch4 p4 (book/ch4_kglm/04_seq2seq.ipynb, sweep cell): 004 Fig. 5a's three units, 8 seeds."""
+    from deqlab.lab.experiments.kglm import seq2seq as s2s
+
+    settings = dict(epochs=30, train_size=400, test_size=200, max_steps=40)
+    seeds = list(range(8))
+    C = s2s.DEFAULT_C
+    units = [("random", 1.0), ("naive", C), ("informed", C)]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="deqlab-power-ch4p4-") as d:
+        rows = s2s.run_seq2seq_sweep(f"{d}/sweep", units, seeds=seeds, chunk=None, progress=False, **settings)
+    seconds = time.perf_counter() - start
+    curves = {scheme: [_floats(next(r["test_error_curve"] for r in rows if (r["scheme"], r["seed"]) == (scheme, s)))
+                       for s in seeds] for scheme, _ in units}
+    return {"page": "book/ch4_kglm/04_seq2seq.ipynb", "driver": "kglm.seq2seq.run_seq2seq_sweep",
+            "settings": {**settings, "seeds": seeds, "C": C}, "seconds": seconds, "test_error_curve": curves}
+
+
+def collect_denoising() -> dict[str, Any]:
+    """ch4 p5 (book/ch4_kglm/05_denoising.ipynb, sweep cell): 004 Fig. 6's grid at the quick scale
+    (5 variances, 5 C, 5 seeds), and :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s
+    best grid points."""
+    from deqlab.lab.experiments.kglm import denoising as dn
+
+    sizes = dict(image_size=16, train_size=96, test_size=64)
+    options = dict(epochs=5, batch_size=16, max_steps=15, tol=1e-3, learning_rate=1e-3)
+    seeds = list(range(5))
+    variances = (np.logspace(-3, 0, 5) ** 2).tolist()
+    cs = np.logspace(-2, 1, 5).tolist()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="deqlab-power-ch4p5-") as d:
+        rows = dn.run_denoising_sweep(f"{d}/grid", variances=variances, cs=cs, seeds=seeds, dataset="image_patches",
+                                      progress=False, **sizes, **options)
+    seconds = time.perf_counter() - start
+    per_epoch = []
+    for epoch in range(options["epochs"] + 1):
+        c = dn.compare_schemes(rows, epoch)
+        pick = {scheme: c[f"{scheme}_scale"] for scheme in dn.SCHEMES}
+        per_epoch.append({"epoch": epoch, "kglm_scale": pick["kglm"], "random_scale": pick["random"],
+                          "ratio_of_medians": c["ratio"], "p_value": c["p_value"],
+                          **{scheme: _floats([next(r["test_mse_curve"][epoch] for r in rows
+                                                   if (r["scheme"], r["scale"], r["seed"]) == (scheme, pick[scheme], s))
+                                              for s in seeds]) for scheme in dn.SCHEMES}})
+    return {"page": "book/ch4_kglm/05_denoising.ipynb", "driver": "kglm.denoising.run_denoising_sweep",
+            "settings": {**sizes, **options, "seeds": seeds, "variances": variances, "cs": cs,
+                         "dataset": "image_patches"}, "seconds": seconds, "best_cells": per_epoch}
+
+
+def collect_stabilisation() -> dict[str, Any]:
+    """ch3 p6 (book/ch3_nonlinear/06_stabilisation.ipynb, sweep cell): every remedy at the quick scales
+    (1.5, 2.5), 3 seeds, Gaussian W0; the per-seed last-epoch solver steps, radius and test error."""
+    from deqlab.lab.experiments.nonlinear import stabilisation
+
+    options = dict(width=32, epochs=4, batch_size=64, tol=1e-4, max_steps=40)
+    seeds, scales = list(range(3)), [1.5, 2.5]
+    remedies = list(stabilisation.REMEDIES)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="deqlab-power-ch3p6-") as d:
+        rows = stabilisation.run_stabilisation_sweep(f"{d}/sweep", remedies=remedies, scales=scales, seeds=seeds,
+                                                     family="gaussian", dataset="digits", progress=False, **options)
+    seconds = time.perf_counter() - start
+    out = {}
+    for r in rows:
+        res = r["result"]
+        out[f"{r['remedy']}@{r['scale']:g}"] = {
+            "steps_last": _floats(np.asarray(res["steps_curve"], float)[:, -1]),
+            "radius_last": _floats(np.asarray(res["radius_curve"], float)[:, -1]),
+            "test_error": _floats(res["test_error"])}
+    return {"page": "book/ch3_nonlinear/06_stabilisation.ipynb",
+            "driver": "nonlinear.stabilisation.run_stabilisation_sweep",
+            "settings": {**options, "seeds": seeds, "scales": scales, "remedies": remedies, "family": "gaussian",
+                         "dataset": "digits"}, "seconds": seconds, "cells": out}
+
+
+COLLECTORS = {"ch3p5": collect_training, "ch5p6": collect_ensemble_study, "ch4p4": collect_seq2seq,
+              "ch4p5": collect_denoising, "ch3p6": collect_stabilisation}
+"""Page key -> collector, run one at a time by :func:`deqlab.lab.experiments.power.main`."""
+
+
+def collect_all(path: str, keys=None) -> dict[str, Any]:
+    """Run the collectors (``keys``, default all) one at a time, writing ``path`` (JSON) after each,
+    and reusing the entries already in ``path``."""
+    import json
+    import os
+
+    raw = {}
+    if os.path.exists(path):
+        with open(path) as fh:
+            raw = json.load(fh)
+    for key in keys or COLLECTORS:
+        if key in raw:
+            continue
+        print(f"[power] collecting {key} ...", flush=True)
+        raw[key] = COLLECTORS[key]()
+        print(f"[power] {key}: {raw[key]['seconds']:.0f} s", flush=True)
+        with open(path, "w") as fh:
+            json.dump(raw, fh)
+    return raw
+
+
+if __name__ == "__main__":
+    import sys
+
+    collect_all(sys.argv[1], sys.argv[2:] or None)
