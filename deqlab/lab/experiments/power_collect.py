@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["collect_training", "collect_ensemble_study", "collect_seq2seq", "collect_denoising",
-           "collect_stabilisation", "COLLECTORS"]
+           "collect_stabilisation", "collect_all", "COLLECTORS"]
 
 
 def _floats(values) -> list[float]:
@@ -144,10 +144,29 @@ COLLECTORS = {"ch3p5": collect_training, "ch5p6": collect_ensemble_study, "ch4p4
 
 
 def collect_all(path: str, keys=None) -> dict[str, Any]:
-    """Run the collectors (``keys``, default all) one at a time, writing ``path`` (JSON) after each,
-    and reusing the entries already in ``path``."""
+    """Run the collectors one at a time, writing ``path`` (JSON) after each, so an interrupted run
+    resumes where it stopped.
+
+    Args:
+        path: The JSON file of raw per-seed results; entries already in it are reused.
+        keys: Names from :data:`COLLECTORS` to run (default: all of them).
+
+    Returns:
+        The raw results by collector name, as written to ``path``.
+
+    Raises:
+        ValueError: A name in ``keys`` is not a collector.
+
+    Example:
+        >>> sorted(COLLECTORS)[:2]
+        ['ch3p5', 'ch3p6']
+    """
     import json
     import os
+
+    unknown = sorted(set(keys or ()) - set(COLLECTORS))
+    if unknown:
+        raise ValueError(f"collect_all: keys must be among {sorted(COLLECTORS)}, got {unknown}")
 
     raw = {}
     if os.path.exists(path):
