@@ -299,6 +299,28 @@ class UnfoldDropdowns(SphinxPostTransform):
             box.replace_self(([heading] if heading is not None else []) + body)
 
 
+class AppendixPart(SphinxPostTransform):
+    """For LaTeX: the chapters of the part named by ``deqlab_latex_appendix_part`` (the
+    table of contents' unnumbered "Reference" part: notation, errata, API, ...) are appendices,
+    lettered A, B, ... as a printed book's back matter, not chapters 6-12 after the five theory
+    and experiment chapters. Runs after sphinx-jupyterbook-latex made the parts (priority 700)."""
+
+    default_priority = 800
+    builders = ("latex",)
+
+    def run(self, **kwargs: Any) -> None:
+        caption = self.app.config.deqlab_latex_appendix_part
+        if not caption:
+            return
+        for part in self.document.findall(addnodes.start_of_file):
+            if part.get("docname") != caption or not part.children:
+                continue
+            section = part.children[0]
+            index = next((i for i, child in enumerate(section.children) if isinstance(child, nodes.title)), -1)
+            section.insert(index + 1, nodes.raw("", "\\appendix\n", format="latex"))
+            return
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", _add_macros)
     app.add_post_transform(ExplorerFallback)
@@ -306,4 +328,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_post_transform(LongTables)
     app.add_post_transform(SolutionLabels)
     app.add_post_transform(UnfoldDropdowns)
+    app.add_config_value("deqlab_latex_appendix_part", "", "env", [str])
+    app.add_post_transform(AppendixPart)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

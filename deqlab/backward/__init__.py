@@ -69,7 +69,10 @@ from deqlab.backward.shine import SHINE
 from deqlab.backward.unrolled import Unrolled
 from deqlab.failures import FAILURE_POLICIES
 
-#: The backward modes by name (each name is a shortcut for the mode with its defaults).
+#: The backward modes by name: ``"implicit"``, ``"unrolled"``, ``"phantom"``, ``"jacobian_free"``,
+#: ``"shine"`` (each name is a shortcut for the mode with its defaults).
+#:
+#: :meta hide-value:
 BACKWARDS = _registry.BACKWARDS
 #: Adjoint linear solvers by name: ``"gmres"`` (a shortcut for ``GMRES()``).
 LINEAR_SOLVERS = _linear.LINEAR_SOLVERS

@@ -123,6 +123,8 @@ from deqlab.solvers.solution import Solution, SolverState, SolveStats, raise_if_
 
 #: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"`` (each name is a
 #: shortcut for the solver with its defaults).
+#:
+#: :meta hide-value:
 SOLVERS = _registry.SOLVERS
 #: How ``stop="error"`` estimates the contraction rate q (see :attr:`Solver.rate_estimate`).
 RATE_ESTIMATES = _base.RATE_ESTIMATES

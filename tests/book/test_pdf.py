@@ -279,7 +279,11 @@ def test_sample_document_compiles(tmp_path):
     config = dict(CONFIG)
     config["only_build_toc_files"] = True
     (book / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (book / "_toc.yml").write_text("format: jb-book\nroot: sample\nchapters:\n  - file: explorer\n")
+    (book / "_toc.yml").write_text(
+        "format: jb-book\nroot: sample\nparts:\n  - caption: Main\n    chapters:\n      - file: explorer\n"
+        f"  - caption: {CONFIG['sphinx']['config']['deqlab_latex_appendix_part']}\n"
+        "    numbered: false\n    chapters:\n      - file: back\n")
+    (book / "back.md").write_text("# Back matter\n\nNotation and errata would be here.\n")
     _write_explorer_page(book / "explorer.ipynb")
     (book / "book").symlink_to(ROOT / "book")  # _ext, _latex, references.bib, _static
     uses = " + ".join(f"\\{name}" + "{x}" * (0 if isinstance(v, str) else v[1]) for name, v in MACROS.items())
@@ -310,6 +314,9 @@ def test_sample_document_compiles(tmp_path):
     # a hidden solution keeps its label; a deqlab table (its Markdown, parsed as MyST) is a table
     # with its maths, not a paragraph of pipes and dollars
     assert "\\sphinxstylestrong{Solution.}" in tex and "The answer." in tex
+    # the unnumbered Reference part of the table of contents is the back matter: appendices
+    assert re.search(r"\\part\{Reference\}\s*\\appendix\s*(\\sphinxstepscope\s*)?\\chapter\{Back matter\}", tex), \
+        tex[tex.find("\\part{Reference}") - 200:][:600]
     # a dropdown (collapsed on the site) is printed unfolded: its title in bold, no box
     assert "\\sphinxstylestrong{Verification}" in tex and "folded" in tex
     assert "sphinxadmonition" not in tex.split("Verification")[0].rsplit("Sample page", 1)[-1]

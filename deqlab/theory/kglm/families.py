@@ -399,7 +399,10 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "poisson": poisson,
     "spin": spin,
 }
-"""Families by name, with default parameters (``binomial`` needs its number of trials)."""
+"""Families by name, with default parameters (``binomial`` needs its number of trials).
+
+:meta hide-value:
+"""
 
 
 def log_cosh_prior(scale: float) -> Callable[[Array], Array]:

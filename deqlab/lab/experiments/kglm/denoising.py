@@ -115,13 +115,23 @@ NOISE_STD = 0.2
 authors' code (module notes)."""
 
 PAPER_VARIANCES = tuple(float(v) for v in np.logspace(-3, 0, 25))
-"""004 §4 as printed: random initialisation, filter-weight "variances" ``logspace(1e-3, 1, 25)``."""
+"""004 §4 as printed: random initialisation, filter-weight "variances" ``logspace(1e-3, 1, 25)``.
+
+:meta hide-value:
+"""
 
 PAPER_CODE_VARIANCES = tuple(float(s) ** 2 for s in np.logspace(-3, 0, 25))
-"""The same grid as the authors' code uses it, as standard deviations: variances ``1e-6 ... 1``."""
+"""The same grid as the authors' code uses it, as standard deviations: variances ``1e-6 ... 1``
+(25 values, ``logspace(-3, 0, 25) ** 2``).
+
+:meta hide-value:
+"""
 
 PAPER_CS = tuple(float(c) for c in np.logspace(-2, 1, 25))
-"""004 §4: kGLM initialisation, ``C = ||K|| / lam`` in ``logspace(1e-2, 10, 25)``."""
+"""004 §4: kGLM initialisation, ``C = ||K|| / lam`` in ``logspace(1e-2, 10, 25)``.
+
+:meta hide-value:
+"""
 
 RADIUS = 3
 """004 App. F: truncation radius ``r_1 = r_2 = 3`` (7 x 7 filters)."""

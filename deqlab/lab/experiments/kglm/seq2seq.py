@@ -121,7 +121,10 @@ TANH_FAMILY = dataclasses.replace(
     valid_observation=lambda y: np.ones(np.shape(y), bool))
 """The ``spin`` family (``A = log 2 cosh``, ``A' = tanh``, 004 App. C.2) with real-valued
 observations, ``T(y) = y``: the kGLM whose DEQ is 004 §4's ``tanh(W1 z + W2 Y)``. Its objective
-(004 Eq. 5) is strictly convex for any real ``Y``, so the MAP and Thm. 3 hold as for ``y = +-1``."""
+(004 Eq. 5) is strictly convex for any real ``Y``, so the MAP and Thm. 3 hold as for ``y = +-1``.
+
+:meta hide-value:
+"""
 
 _DEFAULTS = dict(epochs=400, train_size=20000, test_size=2000, batch_size=None, learning_rate=1e-3,
                  freeze_epochs=10, normalise=True, solver="anderson", tol=1e-3, max_steps=40)
