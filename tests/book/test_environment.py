@@ -247,10 +247,15 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     assert re.search(r"-m pytest -n \$\(JOBS\) tests\b", recipes["unit-all"])
     for name in ("test", "unit-all"):
         assert " -m " not in recipes[name].replace("python -m pytest", ""), f"make {name} deselects tests"
-    # CI: `make test` runs everything; the floor environment runs every unit test too.
-    floor = [line for line in _ci().splitlines() if ".venv-floor/bin/python -m pytest" in line]
-    assert len(floor) == 1 and " tests " in floor[0]
-    assert " -m " not in floor[0].replace("python -m pytest", ""), floor[0]
+    # CI: `make test` runs everything; the floor environment runs every unit test too, in two
+    # passes that together select everything: `-m "not float64"` (with the notebooks), then
+    # `-m float64` with x64 on from the start.
+    block = _ci().split("begin floor-test", 1)[1].split("\nend", 1)[0].replace("\\\n", " ")
+    floor = [line for line in block.splitlines() if ".venv-floor/bin/python -m pytest" in line]
+    assert len(floor) == 2 and all(" tests book " in line for line in floor), floor
+    selections = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in floor]
+    assert selections == [['"not float64"'], ["float64"]], selections
+    assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
     assert 'pytest -n 2 tests -m "not slow"' in _readme()
 
 
