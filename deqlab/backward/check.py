@@ -83,15 +83,17 @@ def check_gradients(
             malformed problem (as :func:`fixed_point`).
 
     Example:
-        In float64 (``jax.enable_x64`` here, for this block only):
+        In float64 (finite differences in float32 are too coarse to compare with); the last
+        line switches x64 off again:
 
         >>> import jax, jax.numpy as jnp
         >>> from deqlab.backward import check_gradients
-        >>> with jax.enable_x64(True):
-        ...     w = 0.15 * jax.random.normal(jax.random.key(0), (4, 4), jnp.float64)
-        ...     errors = check_gradients(lambda z, w, x: jnp.tanh(w @ z + x), jnp.zeros(4), w, jnp.ones(4))
-        >>> errors["implicit_vs_unrolled"] < 1e-8, errors["implicit_vs_fd"] < 1e-5
+        >>> jax.config.update("jax_enable_x64", True)
+        >>> w = 0.15 * jax.random.normal(jax.random.key(0), (4, 4), jnp.float64)
+        >>> errors = check_gradients(lambda z, w, x: jnp.tanh(w @ z + x), jnp.zeros(4), w, jnp.ones(4))
+        >>> bool(errors["implicit_vs_unrolled"] < 1e-8), bool(errors["implicit_vs_fd"] < 1e-5)
         (True, True)
+        >>> jax.config.update("jax_enable_x64", False)
     """
     if loss is None:
         loss = lambda z: sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(z))  # noqa: E731
