@@ -179,6 +179,7 @@ def test_bad_inputs_are_named(shape, dtype, message):
         layer(jnp.ones((5, 3)), jnp.zeros((5, 7)))
 
 
+@pytest.mark.float64  # its fixed point is checked to 1e-10
 def test_unbatched_layer_solves_one_sample():
     cell = TanhCell(8, 3, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (3,))
