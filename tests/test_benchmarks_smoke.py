@@ -5,6 +5,7 @@ benchmark takes 10-40 s even at its tiny size: those tests are marked slow (`mak
 out; `make test` and CI run them)."""
 
 import jax
+import numpy as np
 import pytest
 
 from benchmarks import (
@@ -15,6 +16,7 @@ from benchmarks import (
     gradient,
     memory,
     scaling,
+    stopping,
     unrolled_checkpoint,
     warm_start,
 )
@@ -91,6 +93,17 @@ def test_scaling_benchmark_tiny():
         assert row["converged"] and row["error"] <= 1e-5
         assert 1 <= row["NFE"] <= scaling.MAX_STEPS + 1 and row["ms"] > 0
     assert set(out["exponents"]) == {"time_N", "nfe_N", "time_B", "nfe_B"}
+
+
+@pytest.mark.slow
+def test_stopping_benchmark_tiny():
+    out = stopping.main(["--size", "tiny", "--repeats", "1", "--no-peers"])
+    rows = {row["config"]: row for row in out["rows"]}
+    assert set(rows) == {stopping.LIMIT} | set(stopping.configs())
+    # The limit is the fewest plain steps within the target; every solver converges on this
+    # contraction and reports finite errors and times (no timing is asserted).
+    assert rows[stopping.LIMIT]["error"] <= stopping.TOL and rows[stopping.LIMIT]["steps"] == out["limit_steps"]
+    assert all(row["converged"] == 1.0 and np.isfinite(row["error"]) and row["ms"] > 0 for row in rows.values())
 
 
 @pytest.mark.slow

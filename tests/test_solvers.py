@@ -507,8 +507,8 @@ def per_sample_linear_map(z, a, b):
 
 @pytest.mark.float64
 @pytest.mark.parametrize("name", SOLVER_NAMES)
-@pytest.mark.parametrize("tol", [1e-4, 1e-8])
-def test_error_rule_delivers_tol_on_linear_maps_of_known_rate(name, tol):
+@pytest.mark.parametrize("tol,every", [(1e-4, 1), (1e-8, 1), (1e-8, "auto")])
+def test_error_rule_delivers_tol_on_linear_maps_of_known_rate(name, tol, every):
     # One batch, one map per sample: spectral norms q = 0.5, 0.9, 0.99, 0.995, three spectra each,
     # inputs at scales 0.1 and 10. Every sample's max-abs error against the exact solution,
     # relative to max(1, max|z*|) (absolute below 1, relative above), is within tol, and the
@@ -519,7 +519,8 @@ def test_error_rule_delivers_tol_on_linear_maps_of_known_rate(name, tol):
     scales = np.repeat([0.1, 10.0], len(maps))[:, None]
     b = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (len(a), n))) * scales
     exact = np.stack([np.linalg.solve(np.eye(n) - ai, bi) for ai, bi in zip(a, b)])
-    sol = solve(per_sample_linear_map, jnp.zeros_like(b), a, b, solver=get_solver(name, tol=tol, stop="error", max_steps=8000), batch_axis=0)
+    sol = solve(per_sample_linear_map, jnp.zeros_like(b), a, b,
+                solver=get_solver(name, tol=tol, stop="error", max_steps=8000, check_every=every), batch_axis=0)
     error = np.max(np.abs(np.asarray(sol.value) - exact), axis=1) / np.maximum(1.0, np.max(np.abs(exact), axis=1))
     assert bool(jnp.all(sol.converged))
     assert np.all(np.isfinite(np.asarray(sol.stats.error_estimate)))
@@ -636,10 +637,72 @@ def test_check_every_judges_every_kth_step_with_the_same_contract(name, every):
     assert float(jnp.max(jnp.abs(bad.value))) <= 3.0
 
 
+@pytest.mark.float64
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+@pytest.mark.parametrize("rule", list(solvers.STOPPING_RULES))
+def test_check_every_auto_judges_where_the_slowest_sample_is_predicted_to_stop(name, rule):
+    # The same iterates as check_every=1, judged at predicted steps: every sample converges, no
+    # later than AUTO_MAX_SPAN - 1 steps after it would at check_every=1 (runs are capped); Picard,
+    # whose residual falls monotonically on this contraction, stops no earlier either. The slowest
+    # sample sets the runs, so it stops within a few steps of its check_every=1 step. The step
+    # limit is never passed, and failures are still reported.
+    from deqlab.solvers.loop import AUTO_MAX_SPAN
+
+    w, u, x = tanh_case(seed=1, n=32, batch=5, scale=0.9)
+    settings = dict(tol=1e-9, max_steps=400, stop=rule)
+    base = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=get_solver(name, **settings), batch_axis=0)
+    sol = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=get_solver(name, check_every="auto", **settings),
+                batch_axis=0)
+    steps, base_steps = np.asarray(sol.stats.steps), np.asarray(base.stats.steps)
+    assert bool(jnp.all(sol.converged)) and bool(jnp.all(base.converged))
+    assert np.all(steps < base_steps + AUTO_MAX_SPAN), (steps, base_steps)
+    if name == "picard":
+        assert np.all(steps >= base_steps), (steps, base_steps)
+    assert steps.max() <= base_steps.max() + 4, (steps, base_steps)
+    assert int(sol.stats.nfe) == int(np.max(steps)) + 1
+    if rule == "residual":
+        assert np.all(np.asarray(sol.stats.best_residual) <= 1e-9)
+    np.testing.assert_allclose(np.asarray(sol.value), np.asarray(base.value), atol=1e-7)
+    for limit in (1, 7, 23):
+        short = solve(tanh_map, jnp.zeros_like(x), w, u, x,
+                      solver=get_solver(name, tol=1e-14, max_steps=limit, check_every="auto"), batch_axis=0)
+        assert np.all(np.asarray(short.result) == Result.MAX_STEPS_REACHED)
+        assert np.all(np.asarray(short.stats.steps) == limit)
+    nan_map = lambda z: jnp.where(jnp.abs(z) > 3.0, jnp.nan, z + 1.0)  # noqa: E731
+    bad = solve(nan_map, jnp.zeros(2), solver=get_solver(name, tol=1e-8, max_steps=40, check_every="auto"))
+    assert int(bad.result) != Result.SUCCESS and bool(jnp.all(jnp.isfinite(bad.value)))
+    assert float(jnp.max(jnp.abs(bad.value))) <= 3.0
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+def test_check_every_auto_under_jit_vmap_and_grad(name):
+    # A traced run length inside while_loop: the solve composes with jit, vmap and the implicit
+    # gradient, and agrees with check_every=1 to the tolerance.
+    w, u, x = tanh_case(seed=4, n=16, batch=4, scale=0.8)
+    solver = get_solver(name, tol=1e-6, max_steps=300)
+
+    def loss(w, every):
+        z = deqlab.fixed_point(tanh_map, jnp.zeros_like(x), w, u, x, solver=solver.replace(check_every=every),
+                               batch_axis=0).value
+        return jnp.sum(z ** 2)
+
+    grad_auto = jax.jit(jax.grad(lambda w: loss(w, "auto")))(w)
+    grad_one = jax.grad(lambda w: loss(w, 1))(w)
+    np.testing.assert_allclose(np.asarray(grad_auto), np.asarray(grad_one), rtol=2e-3, atol=2e-4)
+    mapped = jax.vmap(lambda xi: solve(tanh_map, jnp.zeros(16), w, u, xi,
+                                       solver=solver.replace(check_every="auto")).value)(x)
+    batched = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=solver.replace(check_every="auto"), batch_axis=0)
+    assert bool(jnp.all(batched.converged))
+    np.testing.assert_allclose(np.asarray(mapped), np.asarray(batched.value), atol=5e-5)
+
+
 @pytest.mark.parametrize(
     "argument,make",
     [
         ("stop", lambda: Picard(stop="relative")),
+        ("check_every", lambda: Picard(check_every="sometimes")),
+        ("check_every", lambda: Anderson(check_every=2.5)),
         ("safety", lambda: Anderson(safety=0.5)),
         ("check_every", lambda: Broyden(check_every=0)),
         ("stop", lambda: solve(lambda z: 0.5 * z, jnp.zeros(2), solver=deqlab.Anderson(stop="bogus"))),

@@ -70,6 +70,23 @@ Checks every k steps (``check_every``)
     at judged steps (a non-finite iterate inside a chunk is rejected at its end). ``unrolled``
     solves judge every step.
 
+    ``check_every="auto"`` chooses the runs of bare steps as it goes. At each judged step every
+    active sample's measure (its error estimate, or its relative residual where the residual
+    rule decides) has fallen by some factor r per step since the last judged step; at that rate
+    it meets ``tol`` after log(tol / measure) / log(r) more steps. f is evaluated on the whole
+    batch until its slowest sample stops, so the next run is the largest of these predictions:
+    the slowest sample is judged when it should stop, and a faster one later than it could have
+    been (its count of steps says so; its value, the later iterate, is no worse on a
+    contraction). Where the measure falls steadily (Picard on a contraction) that is at most
+    ``AUTO_MAX_SPAN - 1`` (15) steps late; an accelerated solver's measure can rise between judged
+    steps, and such a sample runs on until it meets ``tol`` again. A run is at most twice the
+    previous one and at most 15 steps, so a prediction that is too long costs at most that.
+    Measured by ``benchmarks/stopping.py`` (tanh DEQ, N = 384, batch 96, float32, tol 1e-5;
+    time relative to plain iteration for the fewest steps that reach the accuracy): Picard's
+    residual rule 1.06x -> 0.95x, Anderson's 1.40x -> 1.19x, Picard's error rule 1.78x -> 1.52x;
+    Broyden's error rule is slower with it (3.04x -> 3.41x: its estimate stops falling between
+    judged steps).
+
 Batches
     With ``batch_axis=k`` the k-th axis of every leaf indexes independent samples. Each sample is
     judged on its own (the batch is not judged by its worst member): a sample that has converged,

@@ -74,7 +74,8 @@ class Solver:
         stop: ``"residual"`` (relative residual <= tol) or ``"error"`` (estimated error of the
             returned value <= tol), see :mod:`deqlab.solvers`.
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
-        check_every: judge convergence every this many steps (>= 1; :mod:`deqlab.solvers`).
+        check_every: judge convergence every this many steps (>= 1), or ``"auto"``: at the step
+            where the slowest sample is predicted to meet ``tol`` (:mod:`deqlab.solvers`).
 
     Raises:
         ValueError: a setting outside its range (the message names it and the valid range), or a
@@ -125,7 +126,7 @@ class Solver:
     divergence_factor: float = 1e4
     stop: str = "residual"
     safety: float = 1.5
-    check_every: int = 1
+    check_every: int | str = 1
 
     #: Short name of the solver (the built-ins are in :data:`SOLVERS` under it).
     name: ClassVar[str] = "solver"
@@ -189,7 +190,10 @@ class Solver:
         if self.stop not in STOPPING_RULES:
             raise checks.fail("stop", f"one of {list(STOPPING_RULES)}", self.stop, where)
         checks.number(self.safety, "safety", where, lower=1.0)
-        checks.positive_int(self.check_every, "check_every", where)
+        if not (isinstance(self.check_every, str) and self.check_every == "auto"):
+            if isinstance(self.check_every, str):
+                raise checks.fail("check_every", "'auto' or an integer >= 1", self.check_every, where)
+            checks.positive_int(self.check_every, "check_every", where)
 
     def replace(self, **changes: Any) -> Solver:
         """A copy of this solver with some settings changed, validated like the constructor.

@@ -21,6 +21,10 @@ __all__: list[str] = []  # the loop is internal: solve is its entry point
 #: ``checkpoint="sqrt"``: blocks of ceil(sqrt(max_steps)) steps (the memory-optimal block size).
 CHECKPOINT_SQRT = "sqrt"
 
+#: ``check_every="auto"``: the longest run of steps between two judged ones. Each run is at most
+#: twice the previous one, so a prediction that is too long costs at most this many extra steps.
+AUTO_MAX_SPAN = 16
+
 
 def check_checkpoint(checkpoint, where):
     """Validate the ``checkpoint`` option of an unrolled loop (see :func:`checkpoint_block`).
@@ -150,6 +154,15 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         carry0["abs"] = abs0
         carry0["err"] = jnp.full(res0.shape, jnp.inf, work)
 
+    every = 1 if unrolled else config.check_every
+    auto = every == "auto"
+    if auto:
+        # What each sample compares with tol at its last judged step (the error estimate where
+        # it is reliable, else the relative residual; negative for the residual, so that a
+        # switch between the two is never read as a decay), and the length of the next run.
+        carry0["measure"] = -res0.astype(work)
+        carry0["span"] = jnp.ones((), jnp.int32)
+
     residual_floor = jnp.finfo(dtype).eps * math.sqrt(z0_flat.shape[1])
     def bare(z, fz, state):
         """One solver step without any check: what the limit of plain iteration costs."""
@@ -200,7 +213,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
                 # A stationary iteration (Picard): successive residuals shrink by the contraction rate of the (damped) map,
                 # ||g_k|| / ||g_{k-1}||; over a span of k steps, its k-th root.
                 ratio = abs_prop / carry["abs"]
-                rate = ratio if span == 1 else ratio ** (1.0 / span)
+                rate = ratio if isinstance(span, int) and span == 1 else ratio ** (1.0 / jnp.asarray(span, work))
             else:
                 # Accelerated solvers (Anderson, Broyden): their residual ratios measure the
                 # acceleration, not f. The secant quotient ||f(z') - f(z)|| / ||z' - z|| of the last step measures how much
@@ -231,8 +244,13 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             meets = jnp.where(reliable, err_prop <= tol, res_prop <= tol)
             extra = dict(rates=rates, abs=jnp.where(accept, abs_prop, carry["abs"]),
                          err=jnp.where(accept, err_prop, carry["err"]))
+            measure = jnp.where(reliable, err_prop, -res_prop)
         else:
             meets = res_prop <= tol
+            measure = -res_prop
+        if auto:
+            extra["measure"] = jnp.where(accept, measure.astype(work), carry["measure"])
+            extra["span"] = carry["span"]
         converged = accept & meets
         diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry["best_abs"])
         result = carry["result"]
@@ -241,8 +259,14 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         result = jnp.where(diverged, Result.DIVERGED, result).astype(jnp.int32)
         step = carry["step"] + span
         steps = carry["steps"] + span * active.astype(jnp.int32)
-        rows = res[None, :] if span == 1 else jnp.broadcast_to(res[None, :], (span,) + res.shape)
-        trace = jax.lax.dynamic_update_slice(carry["trace"], rows, (step - span + 1, jnp.zeros_like(step)))
+        if isinstance(span, int):
+            rows = res[None, :] if span == 1 else jnp.broadcast_to(res[None, :], (span,) + res.shape)
+            trace = jax.lax.dynamic_update_slice(carry["trace"], rows, (step - span + 1, jnp.zeros_like(step)))
+        else:
+            # A run of traced length: its rows are written by a mask over the trace (judged steps
+            # are few under check_every="auto", so O(max_steps B) per judged step is cheap).
+            index = jnp.arange(carry["trace"].shape[0])[:, None]
+            trace = jnp.where((index > step - span) & (index <= step), res[None, :], carry["trace"])
         return dict(
             z=z,
             fz=fz,
@@ -263,7 +287,39 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     def body(carry):
         return judged(carry, carry["z"], carry["fz"], carry["state"], 1)
 
-    every = 1 if unrolled else min(config.check_every, config.max_steps)
+    def next_span(before, after, span):
+        """check_every="auto": the steps until the next judged one. Each active sample's measure
+        (what it compares with tol) fell by a factor r per step over the last run; at that rate it
+        meets tol after log(tol / measure) / log(r) more steps. f is evaluated on the whole batch
+        until its slowest sample stops, so the run is the largest of these predictions: the
+        slowest sample is judged when it is predicted to meet tol, and a faster one a few steps
+        after it could have stopped (its steps are counted, its value is the judged iterate, which
+        a contraction has only brought closer to z*). Samples without a prediction (a measure that
+        did not fall, a switch between residual and error estimate) do not set the run. The run
+        is at least 1, at most twice the last one and AUTO_MAX_SPAN, and never passes the limit."""
+        prev, now = before["measure"], after["measure"]
+        level, level_before = jnp.abs(now), jnp.abs(prev)
+        target = jnp.asarray(tol, work)
+        decay = (level / level_before) ** (1.0 / span.astype(work))
+        usable = (after["active"] & ((prev < 0) == (now < 0)) & jnp.isfinite(decay) & (decay > 0)
+                  & (decay < 1) & (level > target))
+        predicted = jnp.ceil(jnp.log(target / jnp.where(usable, level, 1.0))
+                             / jnp.log(jnp.where(usable, decay, 0.5)))
+        grow = jnp.minimum(2 * span, AUTO_MAX_SPAN).astype(work)
+        run = jnp.minimum(jnp.max(jnp.where(usable, predicted, 0.0)), grow)
+        return jnp.clip(run, 1, jnp.maximum(limit - after["step"], 1)).astype(jnp.int32)
+
+    def auto_chunk(carry):
+        span = carry["span"]
+        z, fz, state = jax.lax.fori_loop(
+            0, span - 1, lambda _, c: bare(*c), (carry["z"], carry["fz"], carry["state"]))
+        after = judged(carry, z, fz, state, span)
+        after["span"] = next_span(carry, after, span)
+
+        return after
+
+    if not auto:
+        every = min(every, config.max_steps)
 
     def chunk(carry):
         z, fz, state = carry["z"], carry["fz"], carry["state"]
@@ -293,7 +349,10 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             final, _ = steps(tail)(final, None)
     else:
         final = carry0
-        if every > 1:
+        if auto:
+            final = jax.lax.while_loop(
+                lambda c: jnp.any(c["active"]) & (c["step"] < limit), auto_chunk, final)
+        elif every > 1:
             # Whole chunks while they fit, then single judged steps up to max_steps.
             final = jax.lax.while_loop(
                 lambda c: jnp.any(c["active"]) & (c["step"] + every <= limit), chunk, final)

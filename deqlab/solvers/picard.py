@@ -16,7 +16,7 @@ class Picard(Solver):
         tol, max_steps, divergence_factor: see :mod:`deqlab.solvers`.
         stop: ``"residual"`` (default) or ``"error"``: what ``tol`` bounds (:mod:`deqlab.solvers`).
         safety: factor (>= 1) on the error estimate of ``stop="error"``.
-        check_every: judge convergence every this many steps (:mod:`deqlab.solvers`).
+        check_every: judge convergence every this many steps, or ``"auto"`` (:mod:`deqlab.solvers`).
 
     Hooks (see :class:`Solver`): ``rate_estimate = "residual_ratio"`` (a stationary iteration:
     its residual ratios tend to the damped map's rate), ``steps_past_convergence = True`` (a

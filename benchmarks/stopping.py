@@ -1,0 +1,119 @@
+"""Stopping rules at the accuracy a user asks for: delivered error and time against plain iteration.
+
+Run: ``python -m benchmarks.stopping [--size tiny|quick] [--repeats R] [--no-peers]``.
+
+Problem (issue 18/19, item 5): z = tanh(W z + U x + b), W Haar orthogonal at scale 1.3 (the
+map contracts only through tanh's saturation), N = 384, batch 96 (``tiny``: N = 32, batch 8),
+float32, reference fixed point in float64. A user passes ``tol=1e-5`` and nothing else. Each
+configuration is compiled once and timed in interleaved rounds in the same process (median), and
+reported with
+
+* the delivered error: max-abs error against the reference, worst sample of the batch;
+* the steps of the slowest sample (the batch is evaluated until it stops);
+* the time relative to the *limit*: plain iteration z <- f(z) for exactly the fewest steps at
+  which every sample is within 1e-5, with no check at all (what an oracle that knew the step
+  count would pay);
+* optimistix's ``FixedPointIteration(rtol=tol, atol=tol)`` at its default settings (``throw``
+  on), the fastest peer of ``benchmarks.forward``, where optimistix is installed.
+
+The configurations: each solver with its defaults (the residual rule, judged at every step), with
+``stop="error"`` (the error the user asked for), and each of those with ``check_every="auto"``
+(judged where the slowest sample is predicted to stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import jax
+import numpy as np
+
+if not __package__:  # run as `python benchmarks/stopping.py`: the repository root is not on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common
+
+SIZES = {"tiny": dict(width=32, batch=8, repeats=2), "quick": dict(width=384, batch=96, repeats=15)}
+TOL = 1e-5
+MAX_STEPS = 1000
+LIMIT = "limit (plain iteration, fewest steps)"
+
+
+def configs():
+    from deqlab import solvers
+
+    out = {}
+    for name, cls in (("picard", solvers.Picard), ("anderson", solvers.Anderson), ("broyden", solvers.Broyden)):
+        for stop in ("residual", "error"):
+            for every in (1, "auto"):
+                label = f"deqlab {name}" + ("" if stop == "residual" else " [error]") + (
+                    "" if every == 1 else " [check auto]")
+                out[label] = cls(tol=TOL, max_steps=MAX_STEPS, stop=stop, check_every=every)
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="quick")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--no-peers", action="store_true", help="skip optimistix even where installed")
+    args = parser.parse_args(argv)
+    size = SIZES[args.size]
+    repeats = args.repeats or size["repeats"]
+    import deqlab
+
+    peers = common.load_peers(disabled=args.no_peers)
+    case = common.tanh_case("tanh 1.3", width=size["width"], batch=size["batch"], ensemble="orthogonal", scale=1.3)
+    common.header(f"stopping rules at tol={TOL:g}", args.size)
+    print(f"   {case.note}, float32; iteration limit {MAX_STEPS}")
+    reference = np.asarray(case.reference, np.float64)
+    rows, timed = [], {}
+
+    def record(label, fn, steps_of):
+        compiled = jax.jit(fn).lower(case.args).compile()
+        value, stats = compiled(case.args)
+        error = float(np.max(np.abs(np.asarray(value, np.float64) - reference)))
+        rows.append(dict(config=label, error=error, **steps_of(stats)))
+        timed[label] = (compiled, (case.args,))
+
+    steps, limit_error = common.limit_steps(case, MAX_STEPS, TOL)
+    if limit_error > TOL:
+        raise RuntimeError(f"plain iteration does not reach {TOL:g} in {MAX_STEPS} steps")
+    record(LIMIT, lambda a: (common.limit_fn(case, steps)(a), None), lambda _: dict(steps=steps, converged=1.0))
+    for label, solver in configs().items():
+        def run(a, solver=solver):
+            sol = deqlab.solve(case.f, case.z0, *a, solver=solver, batch_axis=0, on_failure="ignore")
+            return sol.value, (sol.stats.steps, sol.result)
+
+        record(label, run, lambda s: dict(steps=int(np.max(s[0])), converged=float(np.mean(np.asarray(s[1]) == 0))))
+    if peers.optimistix is not None:
+        optx = peers.optimistix
+
+        def run_optx(a):
+            sol = optx.fixed_point(lambda y, a: case.f(y, *a), optx.FixedPointIteration(rtol=TOL, atol=TOL),
+                                   case.z0, a, max_steps=MAX_STEPS)
+            return sol.value, sol.stats["num_steps"]
+
+        record("optimistix FixedPointIteration", run_optx, lambda s: dict(steps=int(s), converged=1.0))
+    samples = common.interleaved_times(timed, repeats)
+    limit_ms = 1e3 * statistics.median(samples[LIMIT])
+    for row in rows:
+        row["ms"] = 1e3 * statistics.median(samples[row["config"]])
+        row["x limit"] = row["ms"] / limit_ms
+        row["within tol"] = row["error"] <= TOL
+    peer = next((row for row in rows if row["config"].startswith("optimistix")), None)
+    for row in rows:
+        row["x optimistix"] = row["ms"] / peer["ms"] if peer else float("nan")
+    print(f"{'config':42s} {'error':>9s} {'<=tol':>6s} {'steps':>6s} {'conv':>5s} {'ms':>8s} {'x limit':>8s} "
+          f"{'x optx':>7s}")
+    for row in rows:
+        print(f"{row['config']:42s} {row['error']:9.2e} {str(row['within tol']):>6s} {row['steps']:6d} "
+              f"{row['converged']:5.2f} {row['ms']:8.2f} {row['x limit']:8.2f} {row['x optimistix']:7.2f}")
+    return dict(rows=rows, limit_steps=steps)
+
+
+if __name__ == "__main__":
+    with common.jax_session():
+        main()
