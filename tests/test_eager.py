@@ -274,3 +274,58 @@ def test_a_global_read_through_a_helper_function_is_followed():
 
 def _helper(z):
     return _V @ z
+
+
+class _CountingCell:
+    """Built lazily (flax imported inside): a tanh cell whose __call__ counts its traces."""
+
+    n = 0
+
+    @classmethod
+    def make(cls, width=8, features=3, seed=0):
+        from flax import nnx
+
+        class Cell(nnx.Module):
+            def __init__(self, rngs):
+                self.width, self.in_features = width, features
+                self.recurrent = nnx.Linear(width, width, use_bias=False, rngs=rngs)
+                self.recurrent.kernel.value = 0.5 * self.recurrent.kernel.value / jnp.linalg.norm(
+                    self.recurrent.kernel.value, 2)
+                self.inject = nnx.Linear(features, width, rngs=rngs)
+
+            def __call__(self, z, x):
+                cls.n += 1
+                return jnp.tanh(self.recurrent(z) + self.inject(x))
+
+        return Cell(nnx.Rngs(seed))
+
+
+def test_second_eager_deq_call_and_gradient_do_not_retrace():
+    from flax import nnx
+
+    from deqlab.nn import DEQ
+
+    layer = DEQ(_CountingCell.make())
+    x = jax.random.normal(jax.random.key(1), (4, 3), F32)
+    first = layer(x)
+    traced = _CountingCell.n
+    assert traced >= 1
+    second = layer(x)
+    assert _CountingCell.n == traced  # the same cell structure and shapes: the compiled solve is reused
+    np.testing.assert_array_equal(first, second)
+    # New parameter values are arguments, not constants: no retrace, and the result follows them.
+    layer.cell.inject.bias.value = layer.cell.inject.bias.value + 1.0
+    moved = layer(x)
+    assert _CountingCell.n == traced
+    assert not np.allclose(moved, first)
+    expected = jnp.tanh(layer.cell.recurrent(moved) + layer.cell.inject(x))
+    np.testing.assert_allclose(moved, expected, atol=1e-4)
+
+    def loss(model, x):
+        return jnp.sum(model(x) ** 2)
+
+    nnx.grad(loss)(layer, x)
+    traced = _CountingCell.n
+    grads = nnx.grad(loss)(layer, x)
+    assert _CountingCell.n == traced
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))

@@ -27,6 +27,17 @@ SOLVER_STATS = "solver_stats"
 _capturing = contextvars.ContextVar("deqlab_capture_solver_stats", default=False)
 
 
+def _apply_cell(z, graphdef, state, x, *masks):
+    """The cell as a map of (z, its state, x): the ``f`` every call of :class:`DEQ` hands to the solver.
+
+    One module-level function, with the graph definition (a pytree without leaves: static) as an
+    argument rather than captured in a closure made per call: deqlab's internal jit is cached on
+    ``f`` and the static parts of its arguments (``deqlab._eager``), so an eager call of a layer
+    compiles once per cell structure and shapes, not on every call.
+    """
+    return nnx.merge(graphdef, state)(z, x, *masks)
+
+
 class DEQ(nnx.Module):
     """Deep equilibrium layer ``z* = cell(z*, x)``, differentiated implicitly (003 Eq. 11).
 
@@ -299,11 +310,8 @@ class DEQ(nnx.Module):
         # masks are constants of the map, not parameters: no gradient flows to them
         extra = () if masks is None else (jax.lax.stop_gradient(masks),)
 
-        def cell_map(z, state, x, *masks):
-            return nnx.merge(graphdef, state)(z, x, *masks)
-
         sol: Solution = fixed_point(
-            cell_map, z0, state, x, *extra, solver=solver, backward=self.backward,
+            _apply_cell, z0, graphdef, state, x, *extra, solver=solver, backward=self.backward,
             on_failure=self.on_failure, batch_axis=self.batch_axis, precision=self.precision,
             init_state=init_state, budget=budget,
         )
@@ -311,6 +319,9 @@ class DEQ(nnx.Module):
             self._sow_stats(sol)
         out = (sol.value, sol) if return_solution else (sol.value,)
         if return_iterates:
+            def cell_map(z, state, x, *masks):
+                return _apply_cell(z, graphdef, state, x, *masks)
+
             out = out + (self._correction_iterates(cell_map, z0, state, x, extra),)
         return out if len(out) > 1 else out[0]
 

@@ -229,12 +229,14 @@ def test_ci_runs_the_readme_test_command_after_install_and_lint():
                       "floor-test"]
     # the numbered list in the header comment of .ci/run names the same phases in the same order
     assert re.findall(r"^#\s+\d+\.\s+(\S+)", ci, re.MULTILINE) == phases
-    # README.md's set-up says `make test` is `pytest -n 2 tests book --nbmake --overwrite`
-    readme = _readme()
-    assert "`pytest -n 2 tests book --nbmake --overwrite`" in readme
+    # README.md's set-up says `make test` is `pytest -n 2 tests book -m "not float64" --nbmake
+    # --overwrite`, then the float64 pass
+    readme = " ".join(_readme().split())
+    assert '`pytest -n 2 tests book -m "not float64" --nbmake --overwrite`' in readme
+    assert "`JAX_ENABLE_X64=1 pytest -n 2 tests -m float64`" in readme
     assert _make_variable("JOBS") == "2"
     test = _make_recipes()["test"]
-    assert re.search(r"-m pytest -n \$\(JOBS\) tests book --nbmake\b", test), test
+    assert re.search(r'-m pytest -n \$\(JOBS\) tests book -m "not float64" --nbmake\b', test), test
     assert "--overwrite" in test
     assert "make lint" in readme and "`.ci/run`" in readme
 
@@ -245,11 +247,16 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     recipes = _make_recipes()
     assert '-m "not slow"' in recipes["unit"]
     assert re.search(r"-m pytest -n \$\(JOBS\) tests\b", recipes["unit-all"])
-    for name in ("test", "unit-all"):
-        assert " -m " not in recipes[name].replace("python -m pytest", ""), f"make {name} deselects tests"
-    # CI: `make test` runs everything; the floor environment runs every unit test too, in two
-    # passes that together select everything: `-m "not float64"` (with the notebooks), then
-    # `-m float64` with x64 on from the start.
+    assert " -m " not in recipes["unit-all"].replace("python -m pytest", ""), "make unit-all deselects tests"
+    # `make test` (CI's test phase) and the floor environment run every test in two passes that
+    # together select everything: `-m "not float64"` (with the notebooks), then `-m float64` with
+    # x64 on from the start; and `make test` fails when either pass fails.
+    passes = [line for line in recipes["test"].splitlines() if "python -m pytest" in line]
+    assert len(passes) == 2, passes
+    chosen = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in passes]
+    assert chosen == [['"not float64"'], ["float64"]], chosen
+    assert "--nbmake" in passes[0] and passes[1].lstrip().startswith("JAX_ENABLE_X64=1 "), passes
+    assert "$$status -eq 0" in recipes["test"] and "$$status64 -eq 0" in recipes["test"]
     block = _ci().split("begin floor-test", 1)[1].split("\nend", 1)[0].replace("\\\n", " ")
     floor = [line for line in block.splitlines() if ".venv-floor/bin/python -m pytest" in line]
     assert len(floor) == 2 and all(" tests book " in line for line in floor), floor
