@@ -283,6 +283,62 @@ def _seq2seq_steps():
                           "(train_size 20000)")
 
 
+# ch4_kglm/05_denoising: kglm.denoising on CIFAR-10 (3 x 32 x 32), batch 50, Anderson(m=5) to at most 30
+# steps, the 100 seeds of one scale in one vmapped program (the page's full configuration)
+_CIFAR_TRAIN = 50_000
+_DENOISING_SEEDS = 100
+
+
+def _denoising(batch=None, width=None):
+    from deqlab.lab.experiments.kglm import denoising as dn
+
+    batch = batch or 50
+    side = width or 32  # the image side (CIFAR-10: 32)
+    max_steps, memory = 30, 5
+    size = 2 * dn.RADIUS + 1
+    weights = {name: _sds((3, 3, size, size)) for name in dn.LAYERS}
+    tx = optax.scale_by_adam()
+    opt_state = jax.eval_shape(tx.init, weights)
+    images = _sds((batch, 3, side, side))
+
+    def step(weights, opt_state, noisy, clean):
+        # one step of denoising._program's epoch: the loss through the implicit solve, Adam's update
+        def loss(w):
+            out, _ = dn.denoise(w, noisy, tol=1e-3, max_steps=max_steps, anderson_m=memory)
+            return jnp.mean((out - clean) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(weights)
+        updates, opt_state = tx.update(grads, opt_state, weights)
+        updates = jax.tree_util.tree_map(lambda u: -1e-3 * u, updates)
+        return optax.apply_updates(weights, updates), opt_state, value
+
+    transfer = jax.eval_shape(lambda w: dn._transfer(w, side, side), weights["W1"])
+    state = _sds(images.shape)
+
+    def cell(t1, z, b):
+        return jax.nn.relu(dn._apply_transfer(t1, z) + b)
+
+    def cell_vjp(t1, z, b, v):
+        _, pullback = jax.vjp(lambda z: cell(t1, z, b), z)
+        return pullback(v)[0]
+
+    n = _DENOISING_SEEDS
+    return _Program(
+        jax.vmap(step), (_stack(weights, n), _stack(opt_state, n), _stack(images, n), _stack(images, n)),
+        _count(weights), jax.vmap(cell), _stack((transfer, state, state), n), jax.vmap(cell_vjp),
+        _stack((transfer, state, state, state), n), max_steps, max_steps, batch=batch, models_per_step=n)
+
+
+def _denoising_steps():
+    from deqlab.lab.experiments.kglm import denoising as dn
+
+    points = len(dn.PAPER_CODE_VARIANCES) + len(dn.PAPER_CS)
+    return points * 5 * (_CIFAR_TRAIN // 50), (
+        f"{points} scales ({len(dn.PAPER_CODE_VARIANCES)} variances, {len(dn.PAPER_CS)} values of C) x 5 epochs x "
+        f"(50000 // 50) batches; each step trains the {_DENOISING_SEEDS} seeds of a scale at once (test-set "
+        "evaluations not counted)")
+
+
 # ch5_transformers/02_copy_memory: the DEQ-Transformer of 003 Table 1 (14K parameters), T = 400, batch 64
 def _copy_memory(batch=None, width=None):
     from deqlab.lab.experiments.sequence import copy_memory as cm
@@ -356,6 +412,9 @@ EXPERIMENTS: dict[str, _Experiment] = {
     "seq2seq": _Experiment(
         "book/ch4_kglm/04_seq2seq.ipynb", "kGLM sequence-to-sequence DEQ, n = 100, full batch 20000, 10 seeds (004 §4)",
         _seq2seq, _seq2seq_steps),
+    "denoising": _Experiment(
+        "book/ch4_kglm/05_denoising.ipynb", "denoising DEQ with circular convolutions, CIFAR-10, batch 50, "
+        "100 seeds per program (004 §4, Fig. 6)", _denoising, _denoising_steps),
     "copy_memory": _Experiment(
         "book/ch5_transformers/02_copy_memory.ipynb", "DEQ-Transformer on copy memory, T = 400, 14K parameters "
         "(003 Table 1)", _copy_memory, _copy_memory_steps),
