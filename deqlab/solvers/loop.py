@@ -315,7 +315,6 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             0, span - 1, lambda _, c: bare(*c), (carry["z"], carry["fz"], carry["state"]))
         after = judged(carry, z, fz, state, span)
         after["span"] = next_span(carry, after, span)
-
         return after
 
     if not auto:
