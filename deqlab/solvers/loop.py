@@ -21,8 +21,9 @@ __all__: list[str] = []  # the loop is internal: solve is its entry point
 #: ``checkpoint="sqrt"``: blocks of ceil(sqrt(max_steps)) steps (the memory-optimal block size).
 CHECKPOINT_SQRT = "sqrt"
 
-#: ``check_every="auto"``: the longest run of steps between two judged ones. Each run is at most
-#: twice the previous one, so a prediction that is too long costs at most this many extra steps.
+#: ``check_every="auto"``: the longest run of steps between two judged ones (each run is also at
+#: most twice the previous one), so a prediction that is too long costs at most AUTO_MAX_SPAN - 1
+#: extra steps.
 AUTO_MAX_SPAN = 16
 
 
