@@ -602,11 +602,11 @@ def page_summary(report: dict[str, Any], provenance: dict[str, Any], device: dic
         f"| FLOPs of one step at the solvers' limits ({r['forward_budget']} forward, {r['backward_budget']} adjoint "
         f"iterations) | {_si(r['flops_step'])} |",
         f"| training steps | {r['steps']:,} ({r['steps_note']}) |",
-        f"| FLOPs of the run | {_si(r['flops_run'])} |",
+        f"| FLOPs of the run (at the limits: an upper bound) | {_si(r['flops_run'])} |",
         f"| memory of one step{state} | {peak} |",
         f"| devices needed by memory | {r['devices'] if r['devices'] is not None else 'not compiled'} |",
         f"| H100-hours at {device['utilisation']:.0%} of {_si(throughput / device['utilisation'], 'FLOP/s')} "
-        f"{r['dtype']} | {r['device_hours']:.3g} |",
+        f"{r['dtype']} (from the upper bound) | {r['device_hours']:.3g} |",
     ]
     note = (f"From `python -m deqlab.lab.experiments.dry_run --experiment {r['name']}`: the training step at the full "
             f"configuration's shapes, lowered and compiled on the CPU with jax {provenance['jax']} "
