@@ -249,3 +249,16 @@ def test_training_on_8_simulated_devices_matches_one_device():
     for name in nn.STAT_NAMES:  # statistics logged every step
         assert len(eight["log"][name]) == 3
     assert min(eight["log"]["converged_fraction"]) == 1.0
+
+
+
+def test_language_model_embedding_std_sets_the_embedding_scale():
+    # 1000 x 6 entries: the sample standard deviation's relative standard error is
+    # 1/sqrt(2 * 6000) = 0.9%, so 4% is over four standard errors
+    cell = _trellis()
+    default = nn.LanguageModel(1000, cell, rngs=nnx.Rngs(0))
+    unit = nn.LanguageModel(1000, _trellis(), embedding_std=1.0, rngs=nnx.Rngs(0))
+    assert unit.embed.embedding[...].size == 6000
+    assert float(jnp.std(unit.embed.embedding[...])) == pytest.approx(1.0, rel=0.04)
+    # the default is flax's nnx.Embed initialiser, 1/sqrt(in_features)
+    assert float(jnp.std(default.embed.embedding[...])) == pytest.approx(cell.in_features**-0.5, rel=0.04)

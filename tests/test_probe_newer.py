@@ -87,6 +87,8 @@ PROBES: list[Probe] = [
       valid=r"<= 2147483647"),
     E("lm-vocab-size-string", "nn", lambda: nn.LanguageModel("10", _trellis(), rngs=_rngs()), "vocab_size"),
     E("lm-cell-none", "nn", lambda: nn.LanguageModel(5, None, rngs=_rngs()), "cell", valid=r"must be a sequence cell"),
+    E("lm-embedding-std-zero", "nn", lambda: nn.LanguageModel(5, _trellis(), embedding_std=0.0, rngs=_rngs()),
+      "embedding_std"),
     E("lm-loss-target-negative", "nn", lambda: nn.lm_loss(_lm(), _tokens(0, 1), _tokens(0, -1)), "targets",
       valid=r"\[0, 5\)"),
     E("lm-loss-target-shape", "nn", lambda: nn.lm_loss(_lm(), _tokens(0, 1), _tokens(0)), "targets",

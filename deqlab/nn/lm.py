@@ -289,6 +289,13 @@ class LanguageModel(nnx.Module):
         precision: of the :class:`EquilibriumBlock`.
         eval_max_steps, eval_tol: of the :class:`EquilibriumBlock` (the solver's settings in
             evaluation mode, ``model.eval()``).
+        embedding_std: standard deviation of the embedding's entries at initialisation; None
+            (default): flax's ``nnx.Embed`` initialiser, 1/sqrt(in_features). The embedding is the
+            input x whose injection x W_x pins the equilibrium, so its scale against the state's
+            (z leaves a LayerNorm with unit variance) decides how contractive a transformer cell
+            is: with 1.0, the scale of Transformer-XL's embeddings (multiplied by sqrt(d)), the
+            DEQ-Transformer of the chapter 5 language-model page stays at its equilibrium through
+            training, where the default lets the Jacobian's spectral radius at z* grow past 1.
         rngs: ``nnx.Rngs`` of the embedding and head.
 
     Attributes:
@@ -298,8 +305,9 @@ class LanguageModel(nnx.Module):
         head: the ``nnx.Linear`` to the vocabulary.
 
     Raises:
-        ValueError: ``vocab_size`` is out of range, ``rngs`` is not an ``nnx.Rngs``, or ``cell``
-            is not a sequence cell with parameters, ``in_features`` and ``features``.
+        ValueError: ``vocab_size`` is out of range, ``embedding_std`` is not a positive number,
+            ``rngs`` is not an ``nnx.Rngs``, or ``cell`` is not a sequence cell with parameters,
+            ``in_features`` and ``features``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -314,7 +322,8 @@ class LanguageModel(nnx.Module):
     def __init__(self, vocab_size: int, cell: nnx.Module, *, depth: int | None = None,
                  solver: Any = "broyden", tol: float | None = None, max_steps: int | None = None,
                  backward: Any = "implicit", on_failure: str = "warn", precision: Any = None,
-                 eval_max_steps: int | None = None, eval_tol: float | None = None, rngs: nnx.Rngs):
+                 eval_max_steps: int | None = None, eval_tol: float | None = None,
+                 embedding_std: float | None = None, rngs: nnx.Rngs):
         where = "nn.LanguageModel"
         # token ids are int32 under JAX's default configuration: a larger vocabulary cannot be indexed
         vocab_size = checks.integer(vocab_size, "vocab_size", where, minimum=1, maximum=MAX_VOCAB_SIZE)
@@ -326,7 +335,11 @@ class LanguageModel(nnx.Module):
                               "(nn.TransformerCell, nn.TrellisCell)", type(cell).__name__, where)
         param_dtype = params[0].dtype
         self.vocab_size = vocab_size
-        self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs)
+        embed_options = {}
+        if embedding_std is not None:
+            embedding_std = checks.positive_number(embedding_std, "embedding_std", where)
+            embed_options["embedding_init"] = nnx.initializers.normal(embedding_std)
+        self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs, **embed_options)
         self.block = EquilibriumBlock(cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
                                       backward=backward, on_failure=on_failure, precision=precision,
                                       eval_max_steps=eval_max_steps, eval_tol=eval_tol)

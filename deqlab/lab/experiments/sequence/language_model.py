@@ -36,10 +36,14 @@ from flax import nnx
 from deqlab import checks
 from deqlab.lab import data
 
-__all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "run_language_model", "LOGGED"]
+__all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "evaluate",
+           "run_language_model", "LOGGED", "EVALUATED"]
 
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
 """Per-step quantities a run records: training loss and the forward solve's statistics."""
+
+EVALUATED = ("loss", "converged_fraction", "steps_mean")
+"""What an evaluation on the validation batches records (:func:`evaluate`)."""
 
 def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vocab_size: int = 1000,
                    context: int = data.LM_CONTEXT, source: str | None = None, path: Any = None,
@@ -62,16 +66,18 @@ def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vo
 
 
 def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps: int = 20,
-               tol: float | None = None, depth: int | None = None) -> nnx.Module:
+               tol: float | None = None, depth: int | None = None,
+               embedding_std: float | None = None) -> nnx.Module:
     """The DEQ-Transformer language model: :class:`deqlab.nn.LanguageModel` over a
-    :class:`deqlab.nn.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20)."""
+    :class:`deqlab.nn.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20;
+    ``embedding_std`` as :class:`deqlab.nn.LanguageModel`'s)."""
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
 
     cell = TransformerCell(width, width, heads=heads, rngs=nnx.Rngs(seed))
     # a failed solve is recorded in the per-step statistics (converged_fraction), not warned about
     return LanguageModel(vocab_size, cell, depth=depth, solver="broyden", max_steps=max_steps, tol=tol,
-                         on_failure="ignore", rngs=nnx.Rngs(seed + 1))
+                         on_failure="ignore", embedding_std=embedding_std, rngs=nnx.Rngs(seed + 1))
 
 
 def _pure(state):
@@ -108,7 +114,9 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     cosine decay to 0 and gradients clipped to norm 1), ``seed``; optional ``warmup`` (steps of
     linear warm-up from 0 before the cosine decay, default 0; 001 App. D: 2000 of 52000, see
     :func:`learning_rate_schedule`), ``max_steps`` and
-    ``tol`` (the Broyden solve), ``eval_batches`` (validation batches, default 8),
+    ``tol`` (the Broyden solve), ``embedding_std`` (:class:`deqlab.nn.LanguageModel`'s; default
+    None), ``eval_batches`` (validation batches, default 8), ``eval_every`` (also evaluate on
+    the validation batches after every that many training steps; default 0: at the end only),
     ``checkpoint_every`` (default ``steps // 4``), ``source`` and ``path`` (of the corpus).
 
     With a ``checkpoint_dir``, the model, the optimiser, the step and the log so far are saved
@@ -122,6 +130,9 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         ``loss``, ``steps_mean``, ``converged_fraction``, ``residual_max``: one entry per step;
         ``validation_loss`` (nats per token) and ``validation_perplexity``;
         ``validation_steps_mean`` and ``validation_converged_fraction`` (the solve at evaluation);
+        ``evaluations``: with ``eval_every``, a dict of lists ``step``, ``loss``,
+        ``converged_fraction`` and ``steps_mean``, one entry per evaluation during training
+        (before the step's update is counted: the evaluation after step k sees k updates);
         ``parameters``, ``vocabulary`` (the tokenizer's size), ``train_tokens``, ``seconds`` (this
         call's training time),
         ``resumed_from`` (the step a checkpoint gave, 0 if none).
@@ -141,6 +152,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     rate = checks.positive_number(config["learning_rate"], "config['learning_rate']", where)
     every = checks.positive_int(config.get("checkpoint_every", max(1, steps // 4)), "config['checkpoint_every']", where)
     eval_batches = checks.positive_int(config.get("eval_batches", 8), "config['eval_batches']", where)
+    eval_every = checks.integer(config.get("eval_every", 0), "config['eval_every']", where, minimum=0, maximum=steps)
     if stop_after is not None:
         stop_after = checks.positive_int(stop_after, "stop_after", where)
     if corpus is None:
@@ -153,12 +165,16 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
                           batch_size, where)
     vocab = corpus["tokenizer"].vocab_size
     model = make_model(vocab, width=config["width"], heads=config["heads"], seed=seed,
-                       max_steps=config.get("max_steps", 20), tol=config.get("tol"))
+                       max_steps=config.get("max_steps", 20), tol=config.get("tol"),
+                       embedding_std=config.get("embedding_std"))
     warmup = checks.integer(config.get("warmup", 0), "config['warmup']", where, minimum=0, maximum=steps - 1)
     schedule = learning_rate_schedule(rate, steps, warmup)
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule)),
                               wrt=nnx.Param)
     log = {k: np.full(steps, np.nan, np.float32) for k in LOGGED}
+    n_evaluations = steps // eval_every if eval_every else 0
+    for k in EVALUATED:  # in the checkpointed log, so that a resumed run keeps the earlier evaluations
+        log[f"eval_{k}"] = np.full(max(n_evaluations, 1), np.nan, np.float32)
     start_step = 0
     ckpt = None
     if checkpoint_dir is not None:
@@ -202,6 +218,9 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
             bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", solver_steps=f"{float(metrics['steps_mean']):.1f}",
                             refresh=False)
             done = step + 1
+            if eval_every and done % eval_every == 0:
+                for k, v in evaluate(model, corpus["validation"], batch_size, eval_batches).items():
+                    log[f"eval_{k}"][done // eval_every - 1] = v
             if done % every == 0 or done == steps:
                 save(done)
             if stop_after is not None and done - start_step >= stop_after and done < steps:
@@ -213,29 +232,48 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         if ckpt is not None:
             ckpt.close()
     seconds = time.perf_counter() - began
-    valid = corpus["validation"]
-    n_eval = min(eval_batches, max(1, len(valid) // batch_size))
-    eval_size = min(batch_size, len(valid))
-    losses, v_steps, v_conv = [], [], []
-    for i in range(n_eval):
-        batch = valid[i * eval_size:(i + 1) * eval_size]
-        metrics = jax.device_get(lm.eval_step(model, jnp.asarray(batch[:, :-1]), jnp.asarray(batch[:, 1:])))
-        losses.append(float(metrics["loss"]))
-        v_steps.append(float(metrics["steps_mean"]))
-        v_conv.append(float(metrics["converged_fraction"]))
-    validation_loss = float(np.mean(losses))
+    final = evaluate(model, corpus["validation"], batch_size, eval_batches)
+    validation_loss = final["loss"]
+    evaluations = {"step": [eval_every * (i + 1) for i in range(n_evaluations)],
+                   **{k: [float(v) for v in log[f"eval_{k}"][:n_evaluations]] for k in EVALUATED}}
     return {
         **{k: [float(v) for v in log[k]] for k in LOGGED},
         "validation_loss": validation_loss,
         "validation_perplexity": float(np.exp(validation_loss)),
-        "validation_steps_mean": float(np.mean(v_steps)),
-        "validation_converged_fraction": float(np.mean(v_conv)),
+        "validation_steps_mean": final["steps_mean"],
+        "validation_converged_fraction": final["converged_fraction"],
+        "evaluations": evaluations,
         "parameters": parameter_count(model),
         "vocabulary": int(vocab),
         "train_tokens": int(corpus["tokens"]["train"]),
         "seconds": seconds,
         "resumed_from": int(start_step),
     }
+
+
+def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int) -> dict[str, float]:
+    """Validation loss and solver statistics of ``model`` on the first ``eval_batches`` batches of
+    ``windows`` (in evaluation mode; the model is left in training mode).
+
+    Returns:
+        ``loss`` (nats per token), ``converged_fraction`` and ``steps_mean`` of the forward solve,
+        each the mean over the batches.
+    """
+    from deqlab.nn import lm
+
+    n_eval = min(eval_batches, max(1, len(windows) // batch_size))
+    eval_size = min(batch_size, len(windows))
+    totals = {k: [] for k in EVALUATED}
+    model.eval()
+    try:
+        for i in range(n_eval):
+            batch = windows[i * eval_size:(i + 1) * eval_size]
+            metrics = jax.device_get(lm.eval_step(model, jnp.asarray(batch[:, :-1]), jnp.asarray(batch[:, 1:])))
+            for k in EVALUATED:
+                totals[k].append(float(metrics[k]))
+    finally:
+        model.train()
+    return {k: float(np.mean(v)) for k, v in totals.items()}
 
 
 def run_language_model(directory: Any, configs: Sequence[dict], *, progress: bool = False) -> list[dict]:
