@@ -37,13 +37,19 @@ from deqlab import checks
 from deqlab.lab import data
 
 __all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "evaluate",
-           "run_language_model", "LOGGED", "EVALUATED"]
+           "run_language_model", "LOGGED", "EVALUATED", "RADIUS_SEQUENCES", "RADIUS_STEPS"]
 
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
 """Per-step quantities a run records: training loss and the forward solve's statistics."""
 
-EVALUATED = ("loss", "converged_fraction", "steps_mean")
+EVALUATED = ("loss", "converged_fraction", "steps_mean", "radius")
 """What an evaluation on the validation batches records (:func:`evaluate`)."""
+
+RADIUS_SEQUENCES = 8
+"""Sequences of the first validation batch whose spectral radius :func:`evaluate` estimates."""
+
+RADIUS_STEPS = 40
+"""Power-iteration steps of that estimate (:func:`deqlab.stability.spectral_radius`)."""
 
 def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vocab_size: int = 1000,
                    context: int = data.LM_CONTEXT, source: str | None = None, path: Any = None,
@@ -114,7 +120,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     cosine decay to 0 and gradients clipped to norm 1), ``seed``; optional ``warmup`` (steps of
     linear warm-up from 0 before the cosine decay, default 0; 001 App. D: 2000 of 52000, see
     :func:`learning_rate_schedule`), ``max_steps`` and
-    ``tol`` (the Broyden solve), ``embedding_std`` (:class:`deqlab.nn.LanguageModel`'s; default
+    ``tol`` (the Broyden solve), ``depth`` (None, the default: the DEQ; an int L: the same cell
+    unrolled L times, the weight-tied network), ``embedding_std`` (:class:`deqlab.nn.LanguageModel`'s; default
     None), ``eval_batches`` (validation batches, default 8), ``eval_every`` (also evaluate on
     the validation batches after every that many training steps; default 0: at the end only),
     ``checkpoint_every`` (default ``steps // 4``), ``source`` and ``path`` (of the corpus).
@@ -130,8 +137,9 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         ``loss``, ``steps_mean``, ``converged_fraction``, ``residual_max``: one entry per step;
         ``validation_loss`` (nats per token) and ``validation_perplexity``;
         ``validation_steps_mean`` and ``validation_converged_fraction`` (the solve at evaluation);
-        ``evaluations``: with ``eval_every``, a dict of lists ``step``, ``loss``,
-        ``converged_fraction`` and ``steps_mean``, one entry per evaluation during training
+        ``validation_radius`` (:func:`evaluate`'s ``radius``);
+        ``evaluations``: with ``eval_every``, a dict of lists ``step`` and :data:`EVALUATED` (as
+        :func:`evaluate` returns them), one entry per evaluation during training
         (before the step's update is counted: the evaluation after step k sees k updates);
         ``parameters``, ``vocabulary`` (the tokenizer's size), ``train_tokens``, ``seconds`` (this
         call's training time),
@@ -166,7 +174,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     vocab = corpus["tokenizer"].vocab_size
     model = make_model(vocab, width=config["width"], heads=config["heads"], seed=seed,
                        max_steps=config.get("max_steps", 20), tol=config.get("tol"),
-                       embedding_std=config.get("embedding_std"))
+                       embedding_std=config.get("embedding_std"), depth=config.get("depth"))
     warmup = checks.integer(config.get("warmup", 0), "config['warmup']", where, minimum=0, maximum=steps - 1)
     schedule = learning_rate_schedule(rate, steps, warmup)
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule)),
@@ -242,6 +250,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         "validation_perplexity": float(np.exp(validation_loss)),
         "validation_steps_mean": final["steps_mean"],
         "validation_converged_fraction": final["converged_fraction"],
+        "validation_radius": final["radius"],
         "evaluations": evaluations,
         "parameters": parameter_count(model),
         "vocabulary": int(vocab),
@@ -251,29 +260,53 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     }
 
 
+@nnx.jit
+def _radius(model, tokens):
+    from deqlab import stability
+
+    x = model.embed(tokens)
+    _, _, z_star = model.block(x, return_state=True)
+    cell = model.block.cell
+    return stability.spectral_radius(lambda z, x: cell(z, x), z_star, x, key=jax.random.key(0),
+                                     steps=RADIUS_STEPS, batch_axis=0)
+
+
 def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int) -> dict[str, float]:
     """Validation loss and solver statistics of ``model`` on the first ``eval_batches`` batches of
-    ``windows`` (in evaluation mode; the model is left in training mode).
+    ``windows``, in evaluation mode (the model is left in training mode).
+
+    Args:
+        model: a :func:`make_model` language model.
+        windows: int windows ``(n, context + 1)`` (inputs ``[:, :-1]``, targets ``[:, 1:]``).
+        batch_size: sequences per batch.
+        eval_batches: number of batches (fewer if ``windows`` holds fewer).
 
     Returns:
         ``loss`` (nats per token), ``converged_fraction`` and ``steps_mean`` of the forward solve,
-        each the mean over the batches.
+        each the mean over the batches; ``radius``: the median over the first
+        :data:`RADIUS_SEQUENCES` sequences of the spectral radius of the cell's Jacobian at the
+        solver's z (:func:`deqlab.stability.spectral_radius`, :data:`RADIUS_STEPS` steps), NaN for
+        an unrolled model. Above 1 the plain iteration diverges there and Broyden's method has to
+        find an unstable fixed point.
     """
     from deqlab.nn import lm
 
     n_eval = min(eval_batches, max(1, len(windows) // batch_size))
     eval_size = min(batch_size, len(windows))
-    totals = {k: [] for k in EVALUATED}
+    totals = {k: [] for k in EVALUATED if k != "radius"}
     model.eval()
     try:
         for i in range(n_eval):
             batch = windows[i * eval_size:(i + 1) * eval_size]
             metrics = jax.device_get(lm.eval_step(model, jnp.asarray(batch[:, :-1]), jnp.asarray(batch[:, 1:])))
-            for k in EVALUATED:
+            for k in totals:
                 totals[k].append(float(metrics[k]))
+        radius = np.nan
+        if model.block.depth is None:
+            radius = float(np.median(jax.device_get(_radius(model, jnp.asarray(windows[:RADIUS_SEQUENCES, :-1])))))
     finally:
         model.train()
-    return {k: float(np.mean(v)) for k, v in totals.items()}
+    return {**{k: float(np.mean(v)) for k, v in totals.items()}, "radius": radius}
 
 
 def run_language_model(directory: Any, configs: Sequence[dict], *, progress: bool = False) -> list[dict]:
