@@ -150,3 +150,14 @@ def test_language_model_schedule_warmup_then_cosine():
     g = lm.learning_rate_schedule(3e-3, 100)  # no warm-up: the plain cosine decay
     np.testing.assert_allclose(float(g(0)), 3e-3, rtol=1e-6)
     assert float(g(100)) < 1e-9
+
+
+def test_copy_memory_deq_embedding_std():
+    # 10 symbols x width entries (a few hundred): the sample standard deviation's relative standard
+    # error is about 1/sqrt(2 * entries) < 5%, so 25% is over five standard errors
+    model = cm.make_model("deq-transformer", parameters=14_000, delay=10, embedding_std=1.0)
+    table = model.embed.embedding[...]
+    assert table.size >= 200
+    assert float(np.std(table)) == pytest.approx(1.0, rel=0.25)
+    default = cm.make_model("deq-transformer", parameters=14_000, delay=10)
+    assert float(np.std(default.embed.embedding[...])) == pytest.approx(table.shape[1] ** -0.5, rel=0.25)

@@ -55,7 +55,7 @@ _HEADS = 4
 _TCN_KERNEL = 8  # Bai et al. (2018) use kernel size 8 on copy memory
 
 
-def _deq_transformer(width, length, seed, max_steps, tol):
+def _deq_transformer(width, length, seed, max_steps, tol, embedding_std=None):
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
 
@@ -63,18 +63,19 @@ def _deq_transformer(width, length, seed, max_steps, tol):
                            rngs=nnx.Rngs(seed))
     # failures are counted in the solver statistics each step, not warned about
     return LanguageModel(data.COPY_VOCAB, cell, solver="broyden", max_steps=max_steps, tol=tol,
-                         on_failure="ignore", rngs=nnx.Rngs(seed + 1))
+                         on_failure="ignore", embedding_std=embedding_std, rngs=nnx.Rngs(seed + 1))
 
 
 def make_model(kind: str, *, parameters: int, delay: int, seed: int = 0, max_steps: int = 30,
-               tol: float | None = None) -> nnx.Module:
+               tol: float | None = None, embedding_std: float | None = None) -> nnx.Module:
     """A model of ``kind`` (:data:`MODELS`) with about ``parameters`` parameters for copy memory
     with delay ``delay`` (sequence length ``delay + 20``).
 
     The width is the one whose count is closest to ``parameters`` (:func:`deqlab.nn.baselines.width_for_parameters`):
     the DEQ-Transformer's in multiples of its 4 heads (feed-forward width 2 x width), the TCN's with
     kernel 8 and the fewest blocks that see the whole sequence (:func:`deqlab.nn.baselines.tcn_levels`).
-    ``max_steps`` and ``tol`` are the DEQ's Broyden solve (003 §5: an iteration limit of 30).
+    ``max_steps`` and ``tol`` are the DEQ's Broyden solve (003 §5: an iteration limit of 30);
+    ``embedding_std`` is the DEQ's :class:`deqlab.nn.LanguageModel` argument (None: flax's default).
     """
     where = "sequence.copy_memory.make_model"
     checks.choice(kind, "kind", MODELS, where)
@@ -84,7 +85,7 @@ def make_model(kind: str, *, parameters: int, delay: int, seed: int = 0, max_ste
     max_steps = checks.positive_int(max_steps, "max_steps", where)
     length = delay + 20
     if kind == "deq-transformer":
-        make = lambda w: _deq_transformer(w, length, seed, max_steps, tol)  # noqa: E731
+        make = lambda w: _deq_transformer(w, length, seed, max_steps, tol, embedding_std)  # noqa: E731
         widths = range(_HEADS, 257, _HEADS)
     elif kind == "tcn":
         levels = baselines.tcn_levels(length, _TCN_KERNEL)
@@ -134,7 +135,8 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
 
     ``config``: ``model`` (:data:`MODELS`), ``delay`` (T), ``steps``, ``batch_size``,
     ``learning_rate`` (Adam, gradients clipped to global norm 1), ``budget`` (parameters),
-    ``seed``, ``test_size``; optional ``max_steps``, ``tol`` (the DEQ's solve) and ``log_every``.
+    ``seed``, ``test_size``; optional ``max_steps``, ``tol`` (the DEQ's solve), ``embedding_std``
+    (the DEQ's embedding scale, :func:`make_model`) and ``log_every``.
 
     Returns a dict: ``test_loss`` (mean cross-entropy per step over the test set, 003 Table 1's
     metric), ``recall_accuracy`` (fraction of the test set's recalled symbols right), ``baseline``
@@ -156,7 +158,8 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     log_every = checks.positive_int(config.get("log_every", max(1, steps // 20)), "config['log_every']", where)
     seed = checks.integer(config["seed"], "config['seed']", where, minimum=0)
     model = make_model(config["model"], parameters=config["budget"], delay=delay, seed=seed,
-                       max_steps=config.get("max_steps", 30), tol=config.get("tol"))
+                       max_steps=config.get("max_steps", 30), tol=config.get("tol"),
+                       embedding_std=config.get("embedding_std"))
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(rate)), wrt=nnx.Param)
 
     @nnx.jit
