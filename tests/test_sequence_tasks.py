@@ -80,9 +80,9 @@ def test_language_model_resumes_exactly(tmp_path, tiny_corpus):
     assert resumed["resumed_from"] == 3
     np.testing.assert_allclose(resumed["loss"], whole["loss"], rtol=1e-5)
     assert resumed["validation_loss"] == pytest.approx(whole["validation_loss"], rel=1e-5)
-    # the evaluations during training (after steps 2, 4, 6) survive the interruption: the one after
-    # step 2 was made before it and restored from the checkpoint
-    assert whole["evaluations"]["step"] == [2, 4, 6]
+    # the evaluations (before training, after steps 2, 4, 6) survive the interruption: those at steps
+    # 0 and 2 were made before it and restored from the checkpoint
+    assert whole["evaluations"]["step"] == [0, 2, 4, 6]
     for k in lm.EVALUATED:
         assert np.all(np.isfinite(whole["evaluations"][k])), k
         np.testing.assert_allclose(resumed["evaluations"][k], whole["evaluations"][k], rtol=1e-5)
@@ -99,14 +99,14 @@ PAGE = dict(corpus="austen", tokenizer="sentencepiece", vocab_size=512, context=
 @pytest.mark.slow  # two 160-step trainings, about 40 s on a 2-core CPU
 def test_deq_transformer_stays_at_equilibrium_with_unit_variance_embeddings():
     # Issue 26 item 1: with the embedding at flax's default scale (1/sqrt(d)) the input injection is
-    # weak against the LayerNorm'd state and the Broyden solve stops converging within the run; at
-    # unit variance every sequence of every evaluation (32 sequences, every 20 steps) and >= 95% of
-    # every training batch converge. The first run shows the check can fail.
+    # weak against the state's contribution and the Broyden solve fails by the end of the run; at
+    # unit variance >= 95% of the sequences of every evaluation (32 sequences, before training and
+    # every 20 steps) and of every training batch converge. The first run shows the check can fail.
     corpus = lm.prepare_corpus("austen", tokenizer="sentencepiece", vocab_size=512, context=data.LM_CONTEXT)
     default = lm.train_language_model(PAGE, corpus=corpus)
-    assert min(default["evaluations"]["converged_fraction"]) < 0.5
+    assert default["evaluations"]["converged_fraction"][-1] < 0.5
     unit = lm.train_language_model({**PAGE, "embedding_std": 1.0}, corpus=corpus)
-    assert len(unit["evaluations"]["step"]) == 8
+    assert len(unit["evaluations"]["step"]) == 9  # before training, then every 20 steps
     assert min(unit["evaluations"]["converged_fraction"]) >= 0.95, unit["evaluations"]
     assert min(unit["converged_fraction"]) >= 0.95
     # the cause, measured: the Jacobian's spectral radius at z* (median of 8 sequences) grows past 1

@@ -293,9 +293,10 @@ class LanguageModel(nnx.Module):
             (default): flax's ``nnx.Embed`` initialiser, 1/sqrt(in_features). The embedding is the
             input x whose injection x W_x pins the equilibrium, so its scale against the state's
             (z leaves a LayerNorm with unit variance) decides how contractive a transformer cell
-            is: with 1.0, the scale of Transformer-XL's embeddings (multiplied by sqrt(d)), the
-            DEQ-Transformer of the chapter 5 language-model page stays at its equilibrium through
-            training, where the default lets the Jacobian's spectral radius at z* grow past 1.
+            is: with 1.0 (what Vaswani et al.'s multiplication of the embedding by sqrt(d) gives
+            on flax's default), the DEQ-Transformer of the chapter 5 language-model page stays at
+            its equilibrium through training, where with the default the Jacobian's spectral
+            radius grows past 1 and the solve fails.
         rngs: ``nnx.Rngs`` of the embedding and head.
 
     Attributes:

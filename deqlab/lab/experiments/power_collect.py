@@ -112,13 +112,16 @@ def collect_denoising() -> dict[str, Any]:
                          "dataset": "image_patches"}, "seconds": seconds, "best_cells": per_epoch}
 
 
-def collect_stabilisation() -> dict[str, Any]:
+def collect_stabilisation(seeds: int = 3) -> dict[str, Any]:
     """ch3 p6 (book/ch3_nonlinear/06_stabilisation.ipynb, sweep cell): every remedy at the quick scales
-    (1.5, 2.5), 3 seeds, Gaussian W0; the per-seed last-epoch solver steps, radius and test error."""
+    (1.5, 2.5), ``seeds`` seeds (the page's 3 by default; :mod:`deqlab.lab.experiments.medium` runs
+    more), Gaussian W0; the per-seed last-epoch solver steps, radius and test error."""
+    from deqlab import checks
     from deqlab.lab.experiments.nonlinear import stabilisation
 
+    seeds = checks.integer(seeds, "seeds", "power_collect.collect_stabilisation", minimum=2)
     options = dict(width=32, epochs=4, batch_size=64, tol=1e-4, max_steps=40)
-    seeds, scales = list(range(3)), [1.5, 2.5]
+    seeds, scales = list(range(seeds)), [1.5, 2.5]
     remedies = list(stabilisation.REMEDIES)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch3p6-") as d:

@@ -139,10 +139,10 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         ``validation_steps_mean`` and ``validation_converged_fraction`` (the solve at evaluation);
         ``validation_radius`` (:func:`evaluate`'s ``radius``);
         ``evaluations``: with ``eval_every``, a dict of lists ``step`` and :data:`EVALUATED` (as
-        :func:`evaluate` returns them), one entry per evaluation during training
-        (before the step's update is counted: the evaluation after step k sees k updates);
+        :func:`evaluate` returns them), one entry per evaluation: before training (step 0) and
+        after every ``eval_every`` steps (the evaluation at step k sees k updates);
         ``parameters``, ``vocabulary`` (the tokenizer's size), ``train_tokens``, ``seconds`` (this
-        call's training time),
+        call's training time, the evaluations during training included),
         ``resumed_from`` (the step a checkpoint gave, 0 if none).
     """
     from tqdm import tqdm
@@ -180,7 +180,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule)),
                               wrt=nnx.Param)
     log = {k: np.full(steps, np.nan, np.float32) for k in LOGGED}
-    n_evaluations = steps // eval_every if eval_every else 0
+    # at step 0 (before training) and after every eval_every steps
+    n_evaluations = steps // eval_every + 1 if eval_every else 0
     for k in EVALUATED:  # in the checkpointed log, so that a resumed run keeps the earlier evaluations
         log[f"eval_{k}"] = np.full(max(n_evaluations, 1), np.nan, np.float32)
     start_step = 0
@@ -203,9 +204,15 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
             ckpt.save(step, {"model": _pure(nnx.state(model, nnx.Param)), "optimizer": _pure(nnx.state(optimizer)),
                              "log": log})
 
+    def record_evaluation(done):
+        for k, v in evaluate(model, corpus["validation"], batch_size, eval_batches).items():
+            log[f"eval_{k}"][done // eval_every] = v
+
     key = jax.random.key(seed)
     epoch_batches, epoch_of = None, None
     began = time.perf_counter()
+    if eval_every and start_step == 0:
+        record_evaluation(0)
     # a plain-text bar updated at most every 2 s: a stored notebook keeps a few lines, not one per step
     bar = tqdm(total=steps, initial=start_step, desc="DEQ-Transformer LM", disable=not progress, mininterval=2.0)
     try:
@@ -227,8 +234,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
                             refresh=False)
             done = step + 1
             if eval_every and done % eval_every == 0:
-                for k, v in evaluate(model, corpus["validation"], batch_size, eval_batches).items():
-                    log[f"eval_{k}"][done // eval_every - 1] = v
+                record_evaluation(done)
             if done % every == 0 or done == steps:
                 save(done)
             if stop_after is not None and done - start_step >= stop_after and done < steps:
@@ -242,7 +248,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     seconds = time.perf_counter() - began
     final = evaluate(model, corpus["validation"], batch_size, eval_batches)
     validation_loss = final["loss"]
-    evaluations = {"step": [eval_every * (i + 1) for i in range(n_evaluations)],
+    evaluations = {"step": [eval_every * i for i in range(n_evaluations)],
                    **{k: [float(v) for v in log[f"eval_{k}"][:n_evaluations]] for k in EVALUATED}}
     return {
         **{k: [float(v) for v in log[k]] for k in LOGGED},
@@ -285,9 +291,10 @@ def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batch
         ``loss`` (nats per token), ``converged_fraction`` and ``steps_mean`` of the forward solve,
         each the mean over the batches; ``radius``: the median over the first
         :data:`RADIUS_SEQUENCES` sequences of the spectral radius of the cell's Jacobian at the
-        solver's z (:func:`deqlab.stability.spectral_radius`, :data:`RADIUS_STEPS` steps), NaN for
-        an unrolled model. Above 1 the plain iteration diverges there and Broyden's method has to
-        find an unstable fixed point.
+        solver's last iterate z (:func:`deqlab.stability.spectral_radius`, :data:`RADIUS_STEPS`
+        steps; z* where the solve converged), NaN for an unrolled model. Above 1 at z*, the
+        equilibrium repels the plain iteration z <- f(z), and only a root finder such as Broyden's
+        method can find it.
     """
     from deqlab.nn import lm
 

@@ -1,0 +1,190 @@
+"""The ``medium`` scale: experiments sized by the power analysis, run once, stored with provenance.
+
+``quick`` runs in CI on every build and ``full`` is the papers' size; ``medium`` is sized by
+:mod:`deqlab.lab.experiments.power` to resolve a page's claims on the 2-core CPU machine in about an
+hour. A medium experiment runs the page's own driver (through :mod:`deqlab.lab.experiments.power_collect`)
+with more seeds, and stores what the claims need in ``book/_data/medium/<key>.json``: the per-seed
+results, each claim's effect, interval and verdict (:func:`deqlab.lab.experiments.power.claims_from_raw`,
+the same rule as the power analysis: a paired mean difference that clears two standard errors),
+and a provenance record (deqlab version and git commit, the settings and their hash, the machine,
+the date, the wall time, the command).
+
+One command re-runs any stored experiment::
+
+    python -m deqlab.lab.experiments.medium ch3p6      # or: make medium EXPERIMENT=ch3p6
+
+A page reads the stored result with :func:`load`, which flags it ``stale`` when the settings the
+current code would run (:data:`EXPERIMENTS`) hash differently from the stored ones.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from deqlab import checks
+
+__all__ = ["EXPERIMENTS", "DEFAULT_DIRECTORY", "settings", "config_hash", "path_for", "run", "load", "main"]
+
+_WHERE = "experiments.medium"
+
+DEFAULT_DIRECTORY = Path(__file__).resolve().parents[3] / "book" / "_data" / "medium"
+"""Where the stored medium results live in a checkout of the repository."""
+
+
+def _stabilisation(options: dict) -> dict:
+    from deqlab.lab.experiments import power_collect
+
+    return power_collect.collect_stabilisation(**options)
+
+
+EXPERIMENTS: dict[str, dict[str, Any]] = {
+    "ch3p6": {
+        "page": "book/ch3_nonlinear/06_stabilisation.ipynb",
+        "what": "the remedy ranking of chapter 3 page 6: each remedy against no remedy at sqrt(V) = 2.5, "
+                "last-epoch forward solver steps and monitored radius, paired by seed",
+        # the power analysis (book/_data/power_analysis.json) needs at most 14 seeds for these claims at
+        # the quick spread (SHINE's radius); 16 leaves a margin and runs in a few minutes
+        "options": {"seeds": 16},
+        "collect": _stabilisation,
+    },
+}
+"""Medium experiments by page key: the page, what it settles, the driver's options at medium scale
+and the collector that runs it (a function of the options returning the power analysis's raw
+per-seed record)."""
+
+
+def _key(key: Any) -> str:
+    return checks.choice(key, "key", tuple(EXPERIMENTS), _WHERE)
+
+
+def settings(key: str) -> dict[str, Any]:
+    """The options the current code runs experiment ``key`` with at medium scale.
+
+    Raises:
+        ValueError: ``key`` is not in :data:`EXPERIMENTS`.
+    """
+    return dict(EXPERIMENTS[_key(key)]["options"])
+
+
+def config_hash(key: str) -> str:
+    """Hash of experiment ``key``'s medium settings (:func:`deqlab.lab.experiments.sweep.config_key`)."""
+    from deqlab.lab.experiments.sweep import config_key
+
+    return config_key({"experiment": _key(key), "options": settings(key)})
+
+
+def path_for(key: str, directory: Any = None) -> Path:
+    """The stored result of ``key``: ``<directory>/<key>.json`` (default :data:`DEFAULT_DIRECTORY`)."""
+    return Path(DEFAULT_DIRECTORY if directory is None else directory) / f"{_key(key)}.json"
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | None = None) -> dict[str, Any]:
+    """Run experiment ``key`` at medium scale and store its result (overwriting an older one).
+
+    Args:
+        key: a key of :data:`EXPERIMENTS`.
+        directory: where to write ``<key>.json``; default :data:`DEFAULT_DIRECTORY`.
+        collect: the collector to call instead of the registered one (tests use a small one).
+
+    Returns:
+        The stored record: ``experiment``, ``page``, ``what``, ``command``, ``options``,
+        ``config_hash``, ``provenance``, ``raw`` (per-seed results) and ``claims`` (each claim's
+        effect, standard error, 95% bootstrap interval and verdict).
+
+    Raises:
+        ValueError: ``key`` is not in :data:`EXPERIMENTS`.
+    """
+    import deqlab
+    from deqlab.lab.experiments import power
+
+    key = _key(key)
+    experiment = EXPERIMENTS[key]
+    options = settings(key)
+    start = time.perf_counter()
+    raw = (collect or experiment["collect"])(options)
+    wall = time.perf_counter() - start
+    claims = power.claims_from_raw({key: raw})
+    record = {
+        "experiment": key,
+        "page": experiment["page"],
+        "what": experiment["what"],
+        "command": f"python -m deqlab.lab.experiments.medium {key}",
+        "options": options,
+        "config_hash": config_hash(key),
+        "provenance": {
+            "deqlab_version": deqlab.__version__,
+            "git_commit": _git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+                        "python": platform.python_version()},
+            "wall_time_s": round(wall, 1),
+            "environment": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "XLA_FLAGS", "DEQLAB_SCALE")},
+        },
+        "raw": raw,
+        # the power analysis names its fields after the quick scale; here they are the medium run's
+        "claims": [{k.replace("quick_", "").replace("_at_quick", ""): v for k, v in c.items()} for c in claims],
+    }
+    target = path_for(key, directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=float) + "\n")
+    tmp.replace(target)  # never a half-written result
+    return record
+
+
+def load(key: str, directory: Any = None) -> dict[str, Any]:
+    """The stored medium result of ``key``, with ``stale`` added: True when the settings it was run
+    with hash differently from those the current code would run (:func:`config_hash`); rerun it
+    with the command in its ``command`` field.
+
+    Raises:
+        ValueError: ``key`` is not in :data:`EXPERIMENTS`.
+        FileNotFoundError: nothing is stored for ``key`` (the message gives the command that runs it).
+    """
+    target = path_for(key, directory)
+    if not target.exists():
+        raise FileNotFoundError(f"{_WHERE}.load: no stored medium result for {key!r} at {target}; run "
+                                f"`python -m deqlab.lab.experiments.medium {key}` to make it.")
+    record = json.loads(target.read_text())
+    record["stale"] = record.get("config_hash") != config_hash(key)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m deqlab.lab.experiments.medium KEY [KEY ...] [--directory DIR]``: run and store."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m deqlab.lab.experiments.medium", description=main.__doc__)
+    parser.add_argument("keys", nargs="+", choices=sorted(EXPERIMENTS), metavar="KEY",
+                        help=f"experiments to run: {', '.join(sorted(EXPERIMENTS))}")
+    parser.add_argument("--directory", default=None, help=f"where to store the results (default {DEFAULT_DIRECTORY})")
+    args = parser.parse_args(argv)
+    for key in args.keys:
+        record = run(key, args.directory)
+        print(f"{key}: {record['provenance']['wall_time_s']:.0f} s -> {path_for(key, args.directory)}")
+        for claim in record["claims"]:
+            print(f"  {claim['verdict']:>13}  {claim['effect']:+.3g} [{claim['lo']:+.3g}, {claim['hi']:+.3g}]  "
+                  f"{claim['claim']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
