@@ -11,7 +11,7 @@
 #
 # Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
 # point it at an existing environment with `make test VENV=/path/to/venv`), JOBS (pytest-xdist
-# workers, default 2). DEQLAB_SCALE (quick|full, default quick) is passed through to notebooks.
+# workers, default 2). DEQLAB_SCALE (quick|medium|full, default quick) is passed through to notebooks.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -33,7 +33,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs power-analysis help
+.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs power-analysis medium help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -53,6 +53,7 @@ help:
 	@echo "              references and admonitions written out as Markdown (.ci/colab_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make dry-runs compile each full-scale training step on the CPU; rewrite book/_data/dry_runs.json"
+	@echo "make medium EXPERIMENT=ch3p6  run one medium-scale experiment; store it in book/_data/medium/"
 	@echo "make power-analysis run the pages' quick experiments; seeds needed per claim -> book/_data/power_analysis.json"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
@@ -182,6 +183,11 @@ dry-runs: install
 power-analysis: install
 	rm -f .power_raw.json
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m deqlab.lab.experiments.power
+
+# one medium-scale experiment (deqlab.lab.experiments.medium), stored with provenance in book/_data/medium/
+medium: install
+	@test -n "$(EXPERIMENT)" || { echo "make medium: set EXPERIMENT to one of: $$($(BIN)/python -c 'from deqlab.lab.experiments import medium; print(" ".join(sorted(medium.EXPERIMENTS)))')"; exit 2; }
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m deqlab.lab.experiments.medium $(EXPERIMENT)
 
 strip:
 	$(PYTHON) .ci/strip_notebooks.py $$(git ls-files --cached --others --exclude-standard '*.ipynb' 2>/dev/null || find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')

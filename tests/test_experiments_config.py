@@ -24,7 +24,8 @@ def test_empty_means_quick(monkeypatch, raw):
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"), [("quick", "quick"), ("full", "full"), (" FULL ", "full"), ("Quick", "quick")]
+    ("raw", "expected"), [("quick", "quick"), ("full", "full"), (" FULL ", "full"), ("Quick", "quick"),
+                          ("medium", "medium"), (" Medium", "medium")]
 )
 def test_valid_values(monkeypatch, raw, expected):
     monkeypatch.setenv(SCALE_ENV, raw)
@@ -37,6 +38,14 @@ def test_pick_full(monkeypatch):
     assert pick(quick=None, full=sentinel) is sentinel
 
 
+def test_pick_medium(monkeypatch):
+    monkeypatch.setenv(SCALE_ENV, "medium")
+    assert pick(quick=3, medium=16, full=8) == 16
+    # without a medium size, an experiment keeps its quick one (never the full one)
+    assert pick(quick=3, full=8) == 3
+    assert pick(quick=3, medium=None, full=8) is None
+
+
 def test_pick_is_read_at_call_time(monkeypatch):
     monkeypatch.setenv(SCALE_ENV, "quick")
     assert pick(quick="q", full="f") == "q"
@@ -44,7 +53,7 @@ def test_pick_is_read_at_call_time(monkeypatch):
     assert pick(quick="q", full="f") == "f"
 
 
-@pytest.mark.parametrize("raw", ["fast", "medium", "1"])  # "quick,full": tests/test_probe.py (scale-both)
+@pytest.mark.parametrize("raw", ["fast", "mediumm", "1"])  # "quick,full": tests/test_probe.py (scale-both)
 def test_invalid_value_names_variable_and_choices(monkeypatch, raw):
     monkeypatch.setenv(SCALE_ENV, raw)
     with pytest.raises(ValueError) as err:

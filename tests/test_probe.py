@@ -628,7 +628,7 @@ PROBES: list[Probe] = [
     E("scale-unknown", "experiments.config", config.get_scale, "re:DEQLAB_SCALE", valid=r"valid values are",
       env={"DEQLAB_SCALE": "huge"}),
     E("scale-typo-through-pick", "experiments.config", lambda: config.pick(quick=1, full=2), "re:DEQLAB_SCALE",
-      valid=r"valid values are 'quick', 'full'", env={"DEQLAB_SCALE": "fulll"}),
+      valid=r"valid values are 'quick', 'medium', 'full'", env={"DEQLAB_SCALE": "fulll"}),
     E("scale-number", "experiments.config", config.get_scale, "re:DEQLAB_SCALE", valid=r"valid values are",
       env={"DEQLAB_SCALE": "0"}),
     E("scale-both", "experiments.config", config.get_scale, "re:DEQLAB_SCALE", valid=r"valid values are",

@@ -1,4 +1,4 @@
-"""Experiment scale: ``quick`` (default) or ``full``, chosen by the ``DEQLAB_SCALE`` variable.
+"""Experiment scale: ``quick`` (default), ``medium`` or ``full``, chosen by the ``DEQLAB_SCALE`` variable.
 
 Notebooks and benchmarks size their experiments with :func:`pick`::
 
@@ -8,7 +8,11 @@ Notebooks and benchmarks size their experiments with :func:`pick`::
     steps = pick(quick=200, full=20_000)
 
 so that ``DEQLAB_SCALE=full jupyter-book build .`` (or ``DEQLAB_SCALE=full make book``) reproduces
-the book's figures at full size while CI and the default build stay fast.
+the book's figures at full size while CI and the default build stay fast. ``medium`` is sized by
+the power analysis to resolve a page's claims on a 2-core CPU in about an hour: a page whose
+experiment has a medium size passes it (``pick(quick=3, medium=16, full=8)``), every other value
+stays at its quick size, and the stored medium results the pages show come from
+:mod:`deqlab.lab.experiments.medium`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ _T = TypeVar("_T")
 SCALE_ENV = "DEQLAB_SCALE"
 """Name of the environment variable that selects the experiment scale."""
 
-SCALES = ("quick", "full")
+SCALES = ("quick", "medium", "full")
 """The valid scales; the first is the default."""
 
 
@@ -34,7 +38,7 @@ def get_scale() -> str:
     variable means ``"quick"``; surrounding white space and letter case are ignored.
 
     Returns:
-        ``"quick"`` or ``"full"``.
+        ``"quick"``, ``"medium"`` or ``"full"``.
 
     Raises:
         ValueError: If ``DEQLAB_SCALE`` holds any other value.
@@ -49,20 +53,34 @@ def get_scale() -> str:
     return value
 
 
-def pick(*, quick: _T, full: _T) -> _T:
-    """Return ``quick`` or ``full`` according to the current scale (see :func:`get_scale`).
+_QUICK = object()
+
+
+def pick(*, quick: _T, full: _T, medium: _T = _QUICK) -> _T:
+    """Return ``quick``, ``medium`` or ``full`` according to the current scale (see :func:`get_scale`).
 
     Args:
         quick: Value used at the ``quick`` scale (the default).
         full: Value used at the ``full`` scale.
+        medium: Value used at the ``medium`` scale; omitted: ``quick`` (the experiments without a
+            medium size keep their quick one).
 
     Returns:
-        One of the two arguments, unchanged.
+        One of the arguments, unchanged.
 
     Raises:
         ValueError: If ``DEQLAB_SCALE`` holds an invalid value.
+
+    Example:
+        >>> pick(quick=3, medium=16, full=8)  # DEQLAB_SCALE unset: quick
+        3
     """
-    return quick if get_scale() == "quick" else full
+    scale = get_scale()
+    if scale == "quick":
+        return quick
+    if scale == "medium":
+        return quick if medium is _QUICK else medium
+    return full
 
 
 def plain_number(value: Any) -> Any:
