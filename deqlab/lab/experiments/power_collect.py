@@ -82,15 +82,18 @@ def collect_seq2seq() -> dict[str, Any]:
             "settings": {**settings, "seeds": seeds, "C": C}, "seconds": seconds, "test_error_curve": curves}
 
 
-def collect_denoising() -> dict[str, Any]:
+def collect_denoising(seeds: int = 5) -> dict[str, Any]:
     """ch4 p5 (book/ch4_kglm/05_denoising.ipynb, sweep cell): 004 Fig. 6's grid at the quick scale
-    (5 variances, 5 C, 5 seeds), and :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s
-    best grid points."""
+    (5 variances, 5 C, ``seeds`` seeds: the page's 5 by default, more at
+    :mod:`deqlab.lab.experiments.medium`), and
+    :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s best grid points."""
+    from deqlab import checks
     from deqlab.lab.experiments.kglm import denoising as dn
 
+    seeds = checks.integer(seeds, "seeds", "power_collect.collect_denoising", minimum=2)
     sizes = dict(image_size=16, train_size=96, test_size=64)
     options = dict(epochs=5, batch_size=16, max_steps=15, tol=1e-3, learning_rate=1e-3)
-    seeds = list(range(5))
+    seeds = list(range(seeds))
     variances = (np.logspace(-3, 0, 5) ** 2).tolist()
     cs = np.logspace(-2, 1, 5).tolist()
     start = time.perf_counter()
