@@ -23,14 +23,18 @@ def _floats(values) -> list[float]:
     return [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
 
 
-def collect_training() -> dict[str, Any]:
+def collect_training(seeds: int = 5) -> dict[str, Any]:
     """ch3 p5 (book/ch3_nonlinear/05_training.ipynb, grid cell): 001 Fig. 5's ensembles at the quick
-    scale, the cells of the claim (Gaussian and orthogonal at sqrt(V) >= 1 of the quick grid)."""
+    scale, the cells of the claim (Gaussian and orthogonal at sqrt(V) >= 1 of the quick grid), with
+    ``seeds`` seeds (the page's 5 by default, more at :mod:`deqlab.lab.experiments.medium`)."""
+    from deqlab import checks
     from deqlab.lab.experiments.nonlinear import training
+
+    n_seeds = checks.integer(seeds, "seeds", "power_collect.collect_training", minimum=2)
 
     settings = dict(dataset="digits", width=32, epochs=5, batch_size=64, tol=1e-4, max_steps=40,
                     solver="anderson", learning_rate=1e-2)
-    seeds, scales, families = list(range(5)), [1.0, 1.5, 2.0], ("gaussian", "orthogonal")
+    seeds, scales, families = list(range(n_seeds)), [1.0, 1.5, 2.0], ("gaussian", "orthogonal")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch3p5-") as d:
         rows = training.run_training_sweep(f"{d}/grid", families=families, scales=scales, seeds=seeds,
@@ -43,12 +47,14 @@ def collect_training() -> dict[str, Any]:
             "seconds": seconds, "test_error": errors}
 
 
-def collect_ensemble_study() -> dict[str, Any]:
-    """ch5 p6 (book/ch5_transformers/06_ensemble_study.ipynb): the quick study, 10 seeds x 9 configurations."""
+def collect_ensemble_study(seeds: int = 10) -> dict[str, Any]:
+    """ch5 p6 (book/ch5_transformers/06_ensemble_study.ipynb): the quick study, ``seeds`` seeds (the
+    page's 10 by default, more at :mod:`deqlab.lab.experiments.medium`) x 9 configurations."""
+    from deqlab import checks
     from deqlab.lab.experiments.sequence import ensemble_study as es
 
     config = es.study_config("quick")
-    seeds = list(range(10))
+    seeds = list(range(checks.integer(seeds, "seeds", "power_collect.collect_ensemble_study", minimum=2)))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch5p6-") as d:
         units = es.run_study(d, config, seeds=seeds, progress=False)
