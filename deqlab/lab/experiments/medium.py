@@ -266,7 +266,7 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
 
     Returns:
         ``(record, claims_table)``: the stored record (:func:`load`) and the
-        :class:`deqlab.lab.experiments.Table` of its claims (make it the last expression of a cell
+        :class:`deqlab.lab.experiments.tables.Table` of its claims (make it the last expression of a cell
         to display it).
 
     Raises:
