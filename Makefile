@@ -53,7 +53,7 @@ help:
 	@echo "              references and admonitions written out as Markdown (.ci/colab_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
 	@echo "make dry-runs compile each full-scale training step on the CPU; rewrite book/_data/dry_runs.json"
-	@echo "make medium EXPERIMENT=ch3p6  run one medium-scale experiment; store it in book/_data/medium/"
+	@echo "make medium EXPERIMENT=ch3p6  run one medium-scale experiment; store it in deqlab/lab/medium_results/"
 	@echo "make power-analysis run the pages' quick experiments; seeds needed per claim -> book/_data/power_analysis.json"
 	@echo "make clean    remove build outputs; make distclean also removes virtual envs"
 
@@ -184,7 +184,7 @@ power-analysis: install
 	rm -f .power_raw.json
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m deqlab.lab.experiments.power
 
-# one medium-scale experiment (deqlab.lab.experiments.medium), stored with provenance in book/_data/medium/
+# one medium-scale experiment (deqlab.lab.experiments.medium), stored with provenance in deqlab/lab/medium_results/
 medium: install
 	@test -n "$(EXPERIMENT)" || { echo "make medium: set EXPERIMENT to one of: $$($(BIN)/python -c 'from deqlab.lab.experiments import medium; print(" ".join(sorted(medium.EXPERIMENTS)))')"; exit 2; }
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m deqlab.lab.experiments.medium $(EXPERIMENT)

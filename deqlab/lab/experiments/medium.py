@@ -3,7 +3,7 @@
 ``quick`` runs in CI on every build and ``full`` is the papers' size; ``medium`` is sized by
 :mod:`deqlab.lab.experiments.power` to resolve a page's claims on the 2-core CPU machine in about an
 hour. A medium experiment runs the page's own driver (through :mod:`deqlab.lab.experiments.power_collect`)
-with more seeds, and stores what the claims need in ``book/_data/medium/<key>.json``: the per-seed
+with more seeds, and stores what the claims need in ``deqlab/lab/medium_results/<key>.json``: the per-seed
 results, each claim's effect, interval and verdict (:func:`deqlab.lab.experiments.power.claims_from_raw`,
 the same rule as the power analysis: a paired mean difference that clears two standard errors),
 and a provenance record (deqlab version and git commit, the settings and their hash, the machine,
@@ -34,8 +34,9 @@ __all__ = ["EXPERIMENTS", "DEFAULT_DIRECTORY", "settings", "config_hash", "path_
 
 _WHERE = "experiments.medium"
 
-DEFAULT_DIRECTORY = Path(__file__).resolve().parents[3] / "book" / "_data" / "medium"
-"""Where the stored medium results live in a checkout of the repository."""
+DEFAULT_DIRECTORY = Path(__file__).resolve().parents[1] / "medium_results"
+"""Where the stored medium results live: package data of ``deqlab.lab``, so that a page reads them
+on Colab from the installed release as it does from a checkout."""
 
 
 def _stabilisation(options: dict) -> dict:
@@ -237,7 +238,6 @@ def load(key: str, directory: Any = None) -> dict[str, Any]:
 
     Example:
         >>> from deqlab.lab.experiments import medium
-        >>> # needs the repository's book/_data
         >>> record = medium.load("ch3p6")  # doctest: +SKIP
         >>> record["stale"], record["options"]  # doctest: +SKIP
         (False, {'seeds': 128})
