@@ -68,10 +68,10 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "page": "book/ch3_nonlinear/05_training.ipynb",
         "what": "001 Fig. 5: orthogonal against Gaussian initial weights of the tanh DEQ classifier, test error "
                 "at sqrt(V) = 1, 1.5 and 2, paired by seed",
-        # the power analysis needs 25 and 17 seeds at sqrt(V) = 1 and 1.5 (the quick effects, 001 gives no
-        # number) and 208 at sqrt(V) = 2, which no run on this machine affords: 32 seeds settle the first
-        # two, and the third is reported with its interval
-        "options": {"seeds": 32},
+        # the power analysis needs 25, 17 and 208 seeds at sqrt(V) = 1, 1.5 and 2 (the quick effects; 001
+        # gives no number); a first run with 32 seeds (2 minutes) left sqrt(V) = 1 unresolved at half its
+        # quick effect: 208 seeds cover all three, in about 11 minutes on the 2-core CPU
+        "options": {"seeds": 208},
         "collect": _training,
     },
     "ch5p6": {
@@ -89,9 +89,9 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "what": "the remedy ranking of chapter 3 page 6: each remedy against no remedy at sqrt(V) = 2.5, "
                 "last-epoch forward solver steps and monitored radius, paired by seed",
         # the power analysis (book/_data/power_analysis.json) needs at most 14 seeds for these claims at
-        # the quick effects and spread; a first run with 16 left the correction undecided at an effect
-        # (0.53 steps) a quarter of the quick one, with a per-seed spread of 2.7 steps: 128 seeds resolve
-        # 2 x 2.7 / sqrt(128) = 0.48 steps, in about 15 minutes on the 2-core CPU
+        # the quick effects and spread; a first run with 16 left the correction undecided (0.53 steps
+        # against 0.66 at quick, per-seed spread 2.7 steps): 128 seeds, about 10 minutes on the 2-core
+        # CPU, resolve 2 x sd / sqrt(128), 0.72 steps at the spread they measured (4.1)
         "options": {"seeds": 128},
         "collect": _stabilisation,
     },
@@ -108,6 +108,12 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
 """Medium experiments by page key: the page, what it settles, the driver's options at medium scale
 and the collector that runs it (a function of the options returning the power analysis's raw
 per-seed record)."""
+
+
+COLLECTORS = {"ch3p5": "collect_training", "ch3p6": "collect_stabilisation", "ch4p5": "collect_denoising",
+              "ch5p6": "collect_ensemble_study"}
+"""The :mod:`deqlab.lab.experiments.power_collect` function behind each experiment (hashed by
+:func:`config_hash`)."""
 
 
 def _key(key: Any) -> str:
@@ -129,7 +135,10 @@ def settings(key: str) -> dict[str, Any]:
 
 
 def config_hash(key: str) -> str:
-    """Hash of experiment ``key``'s medium settings (:func:`deqlab.lab.experiments.sweep.config_key`).
+    """Hash of experiment ``key``'s medium settings: its options and the source of the collector
+    that fixes everything else (widths, epochs, grids, data sizes), by
+    :func:`deqlab.lab.experiments.sweep.config_key`. A change to the drivers the collector calls is
+    not covered.
 
     Raises:
         ValueError: ``key`` is not in :data:`EXPERIMENTS`.
@@ -139,9 +148,13 @@ def config_hash(key: str) -> str:
         >>> len(medium.config_hash("ch3p6"))
         20
     """
+    import inspect
+
+    from deqlab.lab.experiments import power_collect
     from deqlab.lab.experiments.sweep import config_key
 
-    return config_key({"experiment": _key(key), "options": settings(key)})
+    collector = getattr(power_collect, COLLECTORS[_key(key)])
+    return config_key({"experiment": key, "options": settings(key), "collector": inspect.getsource(collector)})
 
 
 def path_for(key: str, directory: Any = None) -> Path:
@@ -159,14 +172,10 @@ def path_for(key: str, directory: Any = None) -> Path:
 
 
 def _git_commit() -> str | None:
-    import subprocess
+    # the commit, with "+dirty" when tracked files differ from it; None outside a git checkout
+    from deqlab.lab.experiments import power
 
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return power._git_commit(str(Path(__file__).resolve().parent))
 
 
 def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | None = None) -> dict[str, Any]:
@@ -204,7 +213,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
         "experiment": key,
         "page": experiment["page"],
         "what": experiment["what"],
-        "command": f"python -m deqlab.lab.experiments.medium {key}",
+        "command": f"OPENBLAS_NUM_THREADS=1 python -m deqlab.lab.experiments.medium {key}",
         "options": options,
         "config_hash": config_hash(key),
         "provenance": {
@@ -297,15 +306,19 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
     def cell(value):  # the sign tests of 001 Fig. 6 have no standard error
         return "–" if value is None else value
 
-    rows = [[c["claim"].split(": ", 1)[-1], c["measure"], cell(c["effect"]), cell(c.get("lo")), cell(c.get("hi")),
+    rows = [[c["claim"].split(": ", 1)[-1], c["measure"], cell(c.get("effect")), cell(c.get("lo")), cell(c.get("hi")),
              cell(c.get("se")), c["seeds_now"], c["verdict"]] for c in record["claims"]]
+    counts = any(c.get("se") is None for c in record["claims"])
     claims_table = table(rows, columns=["claim", "measure (claim's direction positive)", "mean difference", "95% interval (low)",
                          "(high)", "standard error", "seeds", "verdict"],
           formats=[None, None, ".3g", ".3g", ".3g", ".3g", "d", None],
           caption=f"Medium scale, stored ({record['options']['seeds']} seeds): each claim's mean paired difference "
-                  "over seeds, its 95% interval (paired bootstrap over seeds, 2000 resamples; for the counts of "
-                  "Fig. 6, the exact sign test's) and the verdict: the difference clears two standard errors in "
-                  "the claim's direction (holds), against it (contradicted), or neither (not resolved).")
+                  "over seeds, its 95% interval (paired bootstrap over seeds, 2000 resamples) and the verdict: the "
+                  "difference clears two standard errors in the claim's direction (holds), against it "
+                  "(contradicted), or neither (not resolved)."
+                  + (" A row without a standard error is a count: the net share of the seeds that do not tie "
+                     "(the seeds column counts all of them), with the exact sign test's interval and verdict."
+                     if counts else ""))
     return record, claims_table
 
 
@@ -336,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = run(key, args.directory)
         print(f"{key}: {record['provenance']['wall_time_s']:.0f} s -> {path_for(key, args.directory)}")
         for claim in record["claims"]:
+            if "effect" not in claim:  # "not analysed": no spread to test
+                print(f"  {claim['verdict']:>13}  {claim['claim']}")
+                continue
             print(f"  {claim['verdict']:>13}  {claim['effect']:+.3g} [{claim['lo']:+.3g}, {claim['hi']:+.3g}]  "
                   f"{claim['claim']}")
     return 0
