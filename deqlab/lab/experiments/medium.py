@@ -205,6 +205,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
     key = _key(key)
     experiment = EXPERIMENTS[key]
     options = settings(key)
+    commit = _git_commit()  # the code the run starts from
     start = time.perf_counter()
     raw = (collect or experiment["collect"])(options)
     wall = time.perf_counter() - start
@@ -218,7 +219,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
         "config_hash": config_hash(key),
         "provenance": {
             "deqlab_version": deqlab.__version__,
-            "git_commit": _git_commit(),
+            "git_commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
