@@ -292,8 +292,8 @@ class LanguageModel(nnx.Module):
         embedding_std: standard deviation of the embedding's entries at initialisation; None
             (default): flax's ``nnx.Embed`` initialiser, 1/sqrt(in_features). The embedding is the
             input x whose injection x W_x pins the equilibrium, so its scale against the state's
-            (z leaves a LayerNorm with unit variance) decides how contractive a transformer cell
-            is: with 1.0 (what Vaswani et al.'s multiplication of the embedding by sqrt(d) gives
+            contribution (z W_QKV in a transformer cell, z a LayerNorm output) decides how
+            contractive the cell stays: with 1.0 (what Vaswani et al.'s multiplication of the embedding by sqrt(d) gives
             on flax's default), the DEQ-Transformer of the chapter 5 language-model page stays at
             its equilibrium through training, where with the default the Jacobian's spectral
             radius grows past 1 and the solve fails.

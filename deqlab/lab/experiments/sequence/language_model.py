@@ -123,7 +123,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     ``tol`` (the Broyden solve), ``depth`` (None, the default: the DEQ; an int L: the same cell
     unrolled L times, the weight-tied network), ``embedding_std`` (:class:`deqlab.nn.LanguageModel`'s; default
     None), ``eval_batches`` (validation batches, default 8), ``eval_every`` (also evaluate on
-    the validation batches after every that many training steps; default 0: at the end only),
+    the validation batches before training and after every that many training steps; default 0:
+    at the end only),
     ``checkpoint_every`` (default ``steps // 4``), ``source`` and ``path`` (of the corpus).
 
     With a ``checkpoint_dir``, the model, the optimiser, the step and the log so far are saved
