@@ -29,7 +29,7 @@ def test_run_stores_provenance_and_verdicts(tmp_path):
     assert stored == json.loads(json.dumps(record, default=float))
     prov = stored["provenance"]
     assert prov["deqlab_version"] and prov["date"] and prov["machine"]["cpus"] >= 1 and prov["wall_time_s"] >= 0
-    assert stored["command"] == "python -m deqlab.lab.experiments.medium ch3p6"
+    assert stored["command"] == "OPENBLAS_NUM_THREADS=1 python -m deqlab.lab.experiments.medium ch3p6"
     assert stored["options"] == medium.settings("ch3p6") and stored["config_hash"] == medium.config_hash("ch3p6")
     verdicts = {c["claim"]: c["verdict"] for c in stored["claims"]}
     assert verdicts["ch3 p6 ranking: spectral lowers the forward solver steps, last epoch at sqrt(V) = 2.5"] == "holds"
