@@ -45,6 +45,15 @@ def test_load_flags_a_stale_result(tmp_path, monkeypatch):
     assert medium.load("ch3p6", tmp_path)["stale"] is True
 
 
+def test_a_change_to_the_drivers_configuration_changes_the_hash(monkeypatch):
+    # ch5p6's collector runs the ensemble study's QUICK options, defined in the driver, not in its source
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+
+    before = medium.config_hash("ch5p6")
+    monkeypatch.setitem(es.QUICK, "embedding_std", 0.5)
+    assert medium.config_hash("ch5p6") != before
+
+
 def test_bad_key_and_missing_result(tmp_path):
     with pytest.raises(ValueError, match="key"):
         medium.settings("ch9p9")

@@ -63,6 +63,12 @@ def _denoising(options: dict) -> dict:
     return power_collect.collect_denoising(**options)
 
 
+def _ensemble_study_config() -> dict:
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+
+    return es.study_config("quick")
+
+
 EXPERIMENTS: dict[str, dict[str, Any]] = {
     "ch3p5": {
         "page": "book/ch3_nonlinear/05_training.ipynb",
@@ -83,6 +89,8 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         # than 001's; 40 seeds halve the standard errors, in about 5 minutes
         "options": {"seeds": 40},
         "collect": _ensemble_study,
+        # the collector runs the driver's quick configuration (es.QUICK), defined outside its source
+        "driver_config": _ensemble_study_config,
     },
     "ch3p6": {
         "page": "book/ch3_nonlinear/06_stabilisation.ipynb",
@@ -105,9 +113,11 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "collect": _denoising,
     },
 }
-"""Medium experiments by page key: the page, what it settles, the driver's options at medium scale
-and the collector that runs it (a function of the options returning the power analysis's raw
-per-seed record)."""
+"""Medium experiments by page key: the page, what it settles, the driver's options at medium scale,
+the collector that runs it (a function of the options returning the power analysis's raw
+per-seed record) and, where the collector takes the driver's own configuration rather than
+spelling it out, ``driver_config`` (a function returning that configuration, hashed by
+:func:`config_hash`)."""
 
 
 COLLECTORS = {"ch3p5": "collect_training", "ch3p6": "collect_stabilisation", "ch4p5": "collect_denoising",
@@ -135,10 +145,11 @@ def settings(key: str) -> dict[str, Any]:
 
 
 def config_hash(key: str) -> str:
-    """Hash of experiment ``key``'s medium settings: its options and the source of the collector
-    that fixes everything else (widths, epochs, grids, data sizes), by
-    :func:`deqlab.lab.experiments.sweep.config_key`. A change to the drivers the collector calls is
-    not covered.
+    """Hash of experiment ``key``'s medium settings: its options, the source of the collector
+    that fixes everything else (widths, epochs, grids, data sizes) and, where the collector takes a
+    driver's configuration (``driver_config`` in :data:`EXPERIMENTS`), that configuration, by
+    :func:`deqlab.lab.experiments.sweep.config_key`. A change to a driver's code that leaves these
+    unchanged is not covered.
 
     Raises:
         ValueError: ``key`` is not in :data:`EXPERIMENTS`.
@@ -154,7 +165,10 @@ def config_hash(key: str) -> str:
     from deqlab.lab.experiments.sweep import config_key
 
     collector = getattr(power_collect, COLLECTORS[_key(key)])
-    return config_key({"experiment": key, "options": settings(key), "collector": inspect.getsource(collector)})
+    described = {"experiment": key, "options": settings(key), "collector": inspect.getsource(collector)}
+    if "driver_config" in EXPERIMENTS[key]:
+        described["driver_config"] = EXPERIMENTS[key]["driver_config"]()
+    return config_key(described)
 
 
 def path_for(key: str, directory: Any = None) -> Path:

@@ -109,17 +109,21 @@ PAPER_TABLE = {
 
 QUICK = dict(corpus="austen", tokenizer="sentencepiece", vocab_size=128, context=16, width=16, heads=2,
              batch_size=8, steps=128, warmup=16, learning_rate=1e-2, max_steps=20, tol=1e-3,
-             attention_scale=None, jacobian_gamma=0.0, eval_every=16, eval_batches=8, log_every=1,
-             failure_threshold=0.9, data_seed=0)
+             attention_scale=None, jacobian_gamma=0.0, embedding_std=1.0, eval_every=16, eval_batches=8,
+             log_every=1, failure_threshold=0.9, data_seed=0)
 """The quick study: a small model on the bundled corpus, sized so that the 90 runs take about two
 minutes on two CPU cores (two compilations included). The learning rate 1e-2 is ours: measured at
 3e-3 over 96 steps, every run of three configurations ended at 4.02-4.14 nats of test loss, the
-models having learned little beyond piece frequencies."""
+models having learned little beyond piece frequencies. ``embedding_std=1.0`` (unit-variance
+embeddings, :class:`deqlab.nn.LanguageModel`) keeps the model at its equilibrium: with flax's
+default (std 1/sqrt(width)), measured over 10 seeds at three configurations, the fraction of test
+sequences whose solve converged fell to 0.09-0.94 per seed during training; at 1.0 it stayed at
+0.97 or more at every evaluation."""
 
 FULL = dict(corpus="wikitext-103", tokenizer="sentencepiece", vocab_size=32000, context=128, width=700, heads=10,
             batch_size=512, steps=52000, warmup=2000, learning_rate=1e-3, max_steps=20, tol=1e-3,
-            attention_scale=None, jacobian_gamma=0.0, eval_every=2000, eval_batches=8, log_every=100,
-            failure_threshold=0.9, data_seed=0)
+            attention_scale=None, jacobian_gamma=0.0, embedding_std=1.0, eval_every=2000, eval_batches=8,
+            log_every=100, failure_threshold=0.9, data_seed=0)
 """001 App. D: width 700 (feed-forward 2800, GOE 700), batch 512, context 128, 20 Broyden steps,
 lr 1e-3 with 2e3 warm-up steps then cosine decay over 5e4. The vocabulary (32000), the heads (10)
 and the tolerance are not in the paper: ours."""
@@ -159,6 +163,8 @@ def _check(o: dict, where: str) -> dict:
     o["failure_threshold"] = checks.unit_interval(o["failure_threshold"], "failure_threshold", where)
     if o["attention_scale"] is not None:
         o["attention_scale"] = checks.number(o["attention_scale"], "attention_scale", where, lower=0.0)
+    if o["embedding_std"] is not None:
+        o["embedding_std"] = checks.positive_number(o["embedding_std"], "embedding_std", where)
     if o["width"] % o["heads"]:
         raise checks.fail("heads", f"a divisor of width ({o['width']})", o["heads"], where)
     if o["steps"] % o["eval_every"]:
@@ -176,7 +182,7 @@ def _make_model(o: dict, vocab: int, ensemble: str, sqrt_v: Any, rngs: nnx.Rngs)
                            attention_scale=o["attention_scale"], max_distance=o["context"], rngs=rngs)
     # a failed solve is data here (converged_fraction per step), not a warning
     return LanguageModel(vocab, cell, solver="broyden", tol=o["tol"], max_steps=o["max_steps"],
-                         on_failure="ignore", rngs=rngs)
+                         on_failure="ignore", embedding_std=o["embedding_std"], rngs=rngs)
 
 
 def _optimizer(o: dict):
@@ -186,7 +192,7 @@ def _optimizer(o: dict):
 
 
 _PROGRAM_KEYS = ("context", "width", "heads", "max_steps", "tol", "attention_scale", "jacobian_gamma",
-                 "eval_every", "learning_rate", "warmup", "steps")
+                 "embedding_std", "eval_every", "learning_rate", "warmup", "steps")
 
 
 @functools.lru_cache(maxsize=8)
