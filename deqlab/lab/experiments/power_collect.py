@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["collect_training", "collect_ensemble_study", "collect_seq2seq", "collect_denoising",
+__all__ = ["collect_training", "collect_ensemble_study", "ensemble_study_record", "collect_seq2seq", "collect_denoising",
            "collect_stabilisation", "collect_all", "COLLECTORS"]
 
 
@@ -58,8 +58,16 @@ def collect_ensemble_study(seeds: int = 10) -> dict[str, Any]:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch5p6-") as d:
         units = es.run_study(d, config, seeds=seeds, progress=False)
-    seconds = time.perf_counter() - start
-    rows = es.per_seed_rows(units)
+    return ensemble_study_record(es.per_seed_rows(units), config, time.perf_counter() - start)
+
+
+def ensemble_study_record(rows: list[dict[str, Any]], config: dict, seconds: float) -> dict[str, Any]:
+    """The raw record of ch5 p6 (:func:`collect_ensemble_study`) from a study's per-seed rows
+    (:func:`deqlab.lab.experiments.sequence.ensemble_study.per_seed_rows`), so that the page can
+    analyse its own run the way the power analysis does (:func:`deqlab.lab.experiments.power.claims_from_raw`)."""
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+
+    seeds = sorted({r["seed"] for r in rows})
     ppl = {f"{e}@{v:g}": _floats([next(r["test_perplexity"] for r in rows if (r["ensemble"], r["sqrt_v"], r["seed"])
                                        == (e, v, s)) for s in seeds]) for e in es.ENSEMBLES for v in es.SQRT_V}
     # the page's own tests of 001 §4.3 (count claims on Fig. 6's trajectories among them)
