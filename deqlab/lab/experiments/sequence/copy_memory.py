@@ -117,6 +117,21 @@ def _loss(model, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean(), stats
 
 
+def _penalised_loss(model, x, y, key, gamma):
+    """The DEQ's loss plus Bai, Koltun & Kolter's (2021) Jacobian penalty gamma ||J_f(z*)||_F^2 / (T d),
+    taken at the equilibrium with its gradient stopped (the map is penalised, not z*), one
+    Rademacher probe (:func:`deqlab.stability.jacobian_penalty`). Returns the objective and
+    ``(loss, stats)``: the curves record the loss without the penalty."""
+    from deqlab.stability import jacobian_penalty
+
+    logits, stats, z = model(x, return_state=True)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean()
+    cell_graph, cell_state = nnx.split(model.block.cell)
+    penalty = jacobian_penalty(lambda z, state, e: nnx.merge(cell_graph, state)(z, e), jax.lax.stop_gradient(z),
+                               cell_state, model.embed(x), key=key, batch_axis=0)
+    return loss + gamma * jnp.mean(penalty) / (z.shape[-2] * z.shape[-1]), (loss, stats)
+
+
 def test_set(delay: int, size: int, seed: int = 0) -> tuple[jax.Array, jax.Array]:
     """The fixed test sequences of a run: ``size`` sequences from a key no training step uses."""
     # training steps use fold_in(key(seed), step) with step < 2**31 - 1; the test key is another branch
@@ -136,7 +151,8 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     ``config``: ``model`` (:data:`MODELS`), ``delay`` (T), ``steps``, ``batch_size``,
     ``learning_rate`` (Adam, gradients clipped to global norm 1), ``budget`` (parameters),
     ``seed``, ``test_size``; optional ``max_steps``, ``tol`` (the DEQ's solve), ``embedding_std``
-    (the DEQ's embedding scale, :func:`make_model`) and ``log_every``.
+    (the DEQ's embedding scale, :func:`make_model`), ``jacobian_gamma`` (the DEQ's Jacobian
+    penalty, Bai, Koltun & Kolter 2021, divided by T x width as theirs; default 0) and ``log_every``.
 
     Returns a dict: ``test_loss`` (mean cross-entropy per step over the test set, 003 Table 1's
     metric), ``recall_accuracy`` (fraction of the test set's recalled symbols right), ``baseline``
@@ -157,6 +173,10 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     test_size = checks.positive_int(config["test_size"], "config['test_size']", where)
     log_every = checks.positive_int(config.get("log_every", max(1, steps // 20)), "config['log_every']", where)
     seed = checks.integer(config["seed"], "config['seed']", where, minimum=0)
+    gamma = checks.number(config.get("jacobian_gamma", 0.0), "config['jacobian_gamma']", where, lower=0.0)
+    if gamma > 0 and config["model"] != "deq-transformer":
+        raise checks.fail("config['jacobian_gamma']", "0 for a model without an equilibrium (only the "
+                          "deq-transformer has one)", gamma, where)
     model = make_model(config["model"], parameters=config["budget"], delay=delay, seed=seed,
                        max_steps=config.get("max_steps", 30), tol=config.get("tol"),
                        embedding_std=config.get("embedding_std"))
@@ -165,7 +185,14 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     @nnx.jit
     def step(model, optimizer, key):
         x, y = data.copy_memory(key, batch_size=batch_size, delay=delay)
-        (loss, stats), grads = nnx.value_and_grad(lambda m: _loss(m, x, y), has_aux=True)(model)
+
+        def objective(m):
+            if gamma > 0:  # the probe's key: another branch than the batch's
+                return _penalised_loss(m, x, y, jax.random.fold_in(key, 1), gamma)
+            loss, stats = _loss(m, x, y)
+            return loss, (loss, stats)
+
+        (_, (loss, stats)), grads = nnx.value_and_grad(objective, has_aux=True)(model)
         optimizer.update(model, grads)
         return loss, stats
 
