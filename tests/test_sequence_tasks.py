@@ -1,5 +1,7 @@
 """Experiments of chapter 5 pages 2 and 4: copy memory (003 §5.1) and the resumable language model."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -161,3 +163,35 @@ def test_copy_memory_deq_embedding_std():
     assert float(np.std(table)) == pytest.approx(1.0, rel=0.25)
     default = cm.make_model("deq-transformer", parameters=14_000, delay=10)
     assert float(np.std(default.embed.embedding[...])) == pytest.approx(table.shape[1] ** -0.5, rel=0.25)
+
+
+def test_copy_memory_jacobian_penalty_is_bai_et_als_term():
+    # the penalised objective is the loss plus gamma ||J_f(z*)||_F^2 / (T d), the same Hutchinson estimate
+    # (same probe key) as deqlab.stability.jacobian_penalty at the model's own equilibrium
+    from flax import nnx
+
+    from deqlab.stability import jacobian_penalty
+
+    model = cm.make_model("deq-transformer", parameters=3000, delay=3, max_steps=20, tol=1e-4)
+    x, y = data.copy_memory(jax.random.key(1), batch_size=4, delay=3)
+    key, gamma = jax.random.key(2), 3.0
+    objective, (loss, _) = cm._penalised_loss(model, x, y, key, gamma)
+    plain, _ = cm._loss(model, x, y)
+    assert float(loss) == pytest.approx(float(plain), rel=1e-6)
+    _, _, z = model(x, return_state=True)
+    graph, state = nnx.split(model.block.cell)
+    penalty = jacobian_penalty(lambda z, s, e: nnx.merge(graph, s)(z, e), z, state, model.embed(x), key=key,
+                               batch_axis=0)
+    expected = gamma * float(jnp.mean(penalty)) / (z.shape[-2] * z.shape[-1])
+    assert expected > 1e-3 * float(plain)  # the term is not negligible, so the comparison tests it
+    assert float(objective - loss) == pytest.approx(expected, rel=1e-4)
+    # training with it runs and reports the loss without the penalty
+    r = cm.train_copy_memory(dict(model="deq-transformer", delay=3, steps=2, batch_size=4, learning_rate=1e-3,
+                                  budget=3000, seed=0, test_size=8, max_steps=4, log_every=1, jacobian_gamma=gamma))
+    assert np.all(np.isfinite(r["train_loss"]))
+    with pytest.raises(ValueError, match="jacobian_gamma"):
+        cm.train_copy_memory(dict(model="lstm", delay=3, steps=2, batch_size=4, learning_rate=1e-3, budget=3000,
+                                  seed=0, test_size=8, jacobian_gamma=1.0))
+    with pytest.raises(ValueError, match="jacobian_gamma"):
+        cm.train_copy_memory(dict(model="deq-transformer", delay=3, steps=2, batch_size=4, learning_rate=1e-3,
+                                  budget=3000, seed=0, test_size=8, jacobian_gamma=-1.0))
