@@ -179,6 +179,7 @@ def test_copy_memory_jacobian_penalty_is_bai_et_als_term():
     plain, _ = cm._loss(model, x, y)
     assert float(loss) == pytest.approx(float(plain), rel=1e-6)
     _, _, z = model(x, return_state=True)
+    assert z.shape[-2] == 3 + 20  # the divisor is the size of z*: the whole sequence (T + 20) times the width
     graph, state = nnx.split(model.block.cell)
     penalty = jacobian_penalty(lambda z, s, e: nnx.merge(graph, s)(z, e), z, state, model.embed(x), key=key,
                                batch_axis=0)

@@ -393,6 +393,38 @@ def _language_model_steps():
     return 52_000, "52000 steps of batch 512 x 128 tokens (001 App. D)"
 
 
+# ch5_transformers/06_ensemble_study: 001 §4.3, the language model of 001 App. D with the feed-forward matrices drawn
+# from an ensemble, 10 seeds per program (ensemble_study.FULL); the Gaussian shapes (the orthogonal ones are the same,
+# the GOE's feed-forward is a quarter as wide)
+def _ensemble_study(batch=None, width=None):
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+    from deqlab.nn import lm
+
+    o = es.study_config("full")
+    width = width or o["width"]
+    o = dict(o, batch_size=batch or o["batch_size"], width=width, heads=o["heads"] if width % o["heads"] == 0 else 1)
+    batch, context = o["batch_size"], o["context"]
+
+    def loss(model, tokens, targets):
+        return lm.lm_loss(model, tokens, targets)[0]
+
+    return _training_program(
+        lambda: es._make_model(o, o["vocab_size"], "gaussian", 1.0, nnx.Rngs(0)), es._optimizer(o), loss,
+        (_sds((batch, context), jnp.int32), _sds((batch, context), jnp.int32)),
+        cell_of=lambda m: m.block.cell, cell_shapes=((batch, context, width), (batch, context, width)),
+        budgets=(o["max_steps"], o["max_steps"]), seeds=10)
+
+
+def _ensemble_study_steps():
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+
+    configurations = len(es.ENSEMBLES) * len(es.SQRT_V)
+    return configurations * es.FULL["steps"], (
+        f"{configurations} configurations (3 ensembles x 3 scales) x {es.FULL['steps']} steps of batch "
+        f"{es.FULL['batch_size']} x {es.FULL['context']} tokens; each step trains the 10 seeds of a configuration "
+        "at once, all at the Gaussian shapes (the GOE's are smaller)")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Experiment:
     page: str
@@ -421,6 +453,10 @@ EXPERIMENTS: dict[str, _Experiment] = {
     "language_model": _Experiment(
         "book/ch5_transformers/04_language_model.ipynb", "DEQ-Transformer language model, Wikitext-103, width 700, "
         "vocabulary 32000, batch 512 x 128 (001 App. D)", _language_model, _language_model_steps),
+    "ensemble_study": _Experiment(
+        "book/ch5_transformers/06_ensemble_study.ipynb", "the 90-run ensemble study: DEQ-Transformer language models, "
+        "width 700, Gaussian feed-forward 2800, 10 seeds per program (001 §4.3, App. D)", _ensemble_study,
+        _ensemble_study_steps),
 }
 """The experiments with a ``full`` configuration that train a model, by name."""
 

@@ -118,7 +118,8 @@ def _loss(model, x, y):
 
 
 def _penalised_loss(model, x, y, key, gamma):
-    """The DEQ's loss plus Bai, Koltun & Kolter's (2021) Jacobian penalty gamma ||J_f(z*)||_F^2 / (T d),
+    """The DEQ's loss plus Bai, Koltun & Kolter's (2021) Jacobian penalty gamma ||J_f(z*)||_F^2 / (L d), with L d
+    the size of z* (sequence length T + 20 times width),
     taken at the equilibrium with its gradient stopped (the map is penalised, not z*), one
     Rademacher probe (:func:`deqlab.stability.jacobian_penalty`). Returns the objective and
     ``(loss, stats)``: the curves record the loss without the penalty."""
@@ -152,7 +153,8 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
     ``learning_rate`` (Adam, gradients clipped to global norm 1), ``budget`` (parameters),
     ``seed``, ``test_size``; optional ``max_steps``, ``tol`` (the DEQ's solve), ``embedding_std``
     (the DEQ's embedding scale, :func:`make_model`), ``jacobian_gamma`` (the DEQ's Jacobian
-    penalty, Bai, Koltun & Kolter 2021, divided by T x width as theirs; default 0) and ``log_every``.
+    penalty, Bai, Koltun & Kolter 2021, divided by the size of z*, sequence length x width, as
+    theirs; default 0) and ``log_every``.
 
     Returns a dict: ``test_loss`` (mean cross-entropy per step over the test set, 003 Table 1's
     metric), ``recall_accuracy`` (fraction of the test set's recalled symbols right), ``baseline``

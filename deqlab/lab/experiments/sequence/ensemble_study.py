@@ -5,8 +5,9 @@ feed-forward ("dense") matrices drawn from the Gaussian (i.i.d., the paper's "ra
 orthogonal and GOE ensembles at sqrt(V) in {0.1, 0.3, 1.0}, 10 seeds each; §4.3 reports the
 minimum and average test perplexity over the seeds (Table 1) and the test-loss curves (Fig. 6).
 App. D: hidden state 700, feed-forward 2800 (GOE: 700, its matrices being square), batch 512,
-context 128, 20 Broyden steps, Adam at 1e-3 with 2e3 steps of linear warm-up then a cosine decay
-over 5e4 steps, a SentencePiece tokenizer.
+context 128, 20 Broyden steps, a learning rate of 1e-3 with 2e3 steps of linear warm-up then a
+cosine decay over 5e4 steps, a pre-trained SentencePiece tokenizer. Adam with gradients clipped to
+norm 1, a tokenizer trained on the corpus, and unit-variance embeddings are ours.
 
 **What sqrt(V) is.** 001 §2 writes every weight as ``W = sqrt(V) W0`` with ``W0`` normalised
 (Gaussian entries of variance 1/N, Haar orthogonal, GOE with off-diagonal variance 1/N; 001
