@@ -161,14 +161,18 @@ _SHARDED = textwrap.dedent("""
     config = json.loads(sys.argv[2])
     mesh = nn.data_mesh(jax.devices()[:n]) if n > 1 else None
     r = es.train_seeds("orthogonal", 1.0, [0, 1], config, mesh=mesh)
-    print(json.dumps({"devices": len(jax.devices()), "loss": r["loss_curve"], "test": r["test_loss_curve"]}))
+    print(json.dumps({"devices": len(jax.devices()), "loss": r["loss_curve"], "test": r["test_loss_curve"],
+                      "converged": r["converged_curve"], "test_converged": r["test_converged_curve"]}))
 """)
 
 
 def _sharded(n):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu",
                JAX_ENABLE_X64="0")
-    config = dict(TINY, batch_size=8)
+    # a solve that fails stops at an iterate that rounding can move far (Broyden away from z*): with the study's limit
+    # of 20 steps one of 8 sequences failed at the last step on jax 0.7.2 and the two layouts' losses differed by
+    # 2.6e-3; with 40, every solve converges and the comparison is of equilibria
+    config = dict(TINY, batch_size=8, max_steps=40)
     out = subprocess.run([sys.executable, "-c", _SHARDED, str(n), json.dumps(config)], env=env, capture_output=True,
                          text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -180,9 +184,12 @@ def test_sharded_over_8_simulated_devices_matches_one_device():
     """The batch split over 8 simulated CPU devices gives the losses of one device. Per-sequence
     solves are independent; the loss mean and the gradient all-reduce are summed in another order
     (~1e-7 relative each), and a solve stopping one Broyden step earlier moves z* within the
-    tolerance 1e-3 of the study; over 8 steps this stays below 1e-3 relative in the loss."""
+    tolerance 1e-3 of the study; over 8 steps this stays below 1e-3 relative in the loss, as long as
+    every solve converges (asserted: the step limit is raised to 40 for it)."""
     eight, one = _sharded(8), _sharded(1)
     assert eight["devices"] == 8 and one["devices"] == 1
+    for run in (eight, one):
+        assert np.all(np.asarray(run["converged"]) == 1.0) and np.all(np.asarray(run["test_converged"]) == 1.0)
     np.testing.assert_allclose(eight["loss"], one["loss"], rtol=1e-3)
     np.testing.assert_allclose(eight["test"], one["test"], rtol=1e-3)
 
