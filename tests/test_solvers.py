@@ -711,3 +711,41 @@ def test_check_every_auto_under_jit_vmap_and_grad(name):
 def test_bad_stopping_options_raise_value_error(argument, make):
     with pytest.raises(ValueError, match=argument):
         make()
+
+
+# --------------------------------------------------------------------------------------------
+# The small SPD solve of the solvers' histories (Anderson's mixing problem)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 8, 9])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.float64)])
+def test_spd_solve_matches_a_dense_solve(size, dtype):
+    # Anderson's matrices: Jacobi-scaled Gram matrices (unit diagonal) plus a ridge of 1e-4, the
+    # condition number up to ~(size / 1e-4). Cholesky's backward error is ~size * eps * cond, so
+    # the relative error of x is bounded by ~cond * size * eps: 2e-2 for float32 at size 9
+    # (measured errors are far below; the bound is what float32 guarantees), 1e-9 for float64.
+    from deqlab.solvers.history import UNROLLED_SOLVE_MAX, spd_solve
+
+    rng = np.random.default_rng(size)
+    vectors = rng.standard_normal((12, size, 40))
+    vectors[:, -1] = vectors[:, 0] + 1e-3 * vectors[:, -1]  # a nearly dependent pair, as histories have
+    gram = np.einsum("bik,bjk->bij", vectors, vectors)
+    scale = 1 / np.sqrt(np.einsum("bii->bi", gram))
+    matrix = gram * scale[:, :, None] * scale[:, None, :] + 1e-4 * np.eye(size)
+    rhs = rng.standard_normal((12, size))
+    exact = np.linalg.solve(matrix, rhs[..., None])[..., 0]
+    got = np.asarray(spd_solve(jnp.asarray(matrix, dtype), jnp.asarray(rhs, dtype)), np.float64)
+    cond = np.linalg.cond(matrix).max()
+    eps = float(jnp.finfo(dtype).eps)
+    assert got.shape == exact.shape and np.all(np.isfinite(got))
+    error = np.max(np.abs(got - exact)) / np.max(np.abs(exact))
+    assert error <= 4 * size * eps * cond, (error, cond)
+    assert (size > UNROLLED_SOLVE_MAX) == (size == 9)
+
+
+def test_spd_solve_of_a_singular_matrix_is_finite():
+    # A zero matrix (every pivot zero): the clamped pivots give a large, finite answer, not NaN.
+    from deqlab.solvers.history import spd_solve
+
+    got = spd_solve(jnp.zeros((2, 3, 3)), jnp.ones((2, 3)))
+    assert bool(jnp.all(jnp.isfinite(got))) and float(jnp.min(got)) > 1e30

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from deqlab import checks
 from deqlab.solvers.base import Solver
-from deqlab.solvers.history import empty_history, exact_einsum, write_gram, write_slot
+from deqlab.solvers.history import empty_history, exact_einsum, spd_solve, write_gram, write_slot
 
 __all__ = ["Anderson"]
 
@@ -92,7 +92,7 @@ class Anderson(Solver):
         # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
         reg = jnp.where(usable, self.ridge, 1.0)
         hessian = scaled + reg[:, :, None] * jnp.eye(m, dtype=work)
-        y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[..., None])[..., 0]
+        y = inv_sqrt * spd_solve(hessian, inv_sqrt)
         total = jnp.sum(y, axis=1, keepdims=True)
         # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
         newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)[None, :]

@@ -13,7 +13,11 @@ import jax.numpy as jnp
 
 from deqlab import precision as precision_module
 
-__all__ = ["EXACT", "exact_einsum", "empty_history", "write_slot", "write_gram"]
+__all__ = ["EXACT", "exact_einsum", "empty_history", "write_slot", "write_gram", "spd_solve"]
+
+#: Systems up to this size are solved by :func:`spd_solve`'s Cholesky factorisation written out
+#: element by element; larger ones by ``jnp.linalg.solve``.
+UNROLLED_SOLVE_MAX = 8
 
 EXACT = jax.lax.Precision.HIGHEST
 """The solvers' own small products (Gram matrices, mixing, secant updates) are never demoted to
@@ -119,3 +123,49 @@ def write_gram(gram: jax.Array, slot, dots: jax.Array) -> jax.Array:
     gram = jax.lax.dynamic_update_slice(gram, dots[:, None, :], (index, slot, index))
     return jax.lax.dynamic_update_slice(gram, dots[:, :, None], (index, index, slot))
 
+
+
+def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
+    """Solve per-sample symmetric positive definite systems ``matrix @ x = rhs``.
+
+    For the small systems of the solvers' histories (size up to :data:`UNROLLED_SOLVE_MAX`) the
+    Cholesky factorisation and the two triangular solves are written out element by element over
+    the batch: XLA fuses them into a few vectorised loops, where ``jnp.linalg.solve`` calls a
+    batched LU factorisation per step (measured on the CPU, a batch of 96 5x5 systems: 2 us
+    against 35 us per solve, about a tenth of an Anderson step at N = 384;
+    ``benchmarks/forward.py``). Cholesky is backward stable for SPD matrices. A pivot that is not
+    positive (a matrix that is singular to rounding) is replaced by the smallest normal number,
+    so the result is large but not NaN; larger systems go to ``jnp.linalg.solve``.
+
+    Args:
+        matrix: SPD matrices, shape ``(B, m, m)``.
+        rhs: right-hand sides, shape ``(B, m)``.
+
+    Returns:
+        x, shape ``(B, m)``, in the dtype of ``matrix``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers.history import spd_solve
+        >>> matrix = jnp.array([[[4.0, 2.0], [2.0, 3.0]]])
+        >>> spd_solve(matrix, jnp.array([[6.0, 5.0]])).tolist()
+        [[1.0, 1.0]]
+    """
+    size = matrix.shape[-1]
+    if size > UNROLLED_SOLVE_MAX:
+        return jnp.linalg.solve(matrix, rhs[..., None])[..., 0]
+    tiny = jnp.finfo(matrix.dtype).tiny
+    lower = [[None] * size for _ in range(size)]
+    for j in range(size):
+        pivot = matrix[:, j, j] - sum(lower[j][k] * lower[j][k] for k in range(j))
+        root = jnp.sqrt(jnp.maximum(pivot, tiny))
+        lower[j][j] = root
+        for i in range(j + 1, size):
+            lower[i][j] = (matrix[:, i, j] - sum(lower[i][k] * lower[j][k] for k in range(j))) / root
+    forward = []
+    for i in range(size):
+        forward.append((rhs[:, i] - sum(lower[i][k] * forward[k] for k in range(i))) / lower[i][i])
+    solution = [None] * size
+    for i in reversed(range(size)):
+        solution[i] = (forward[i] - sum(lower[k][i] * solution[k] for k in range(i + 1, size))) / lower[i][i]
+    return jnp.stack(solution, axis=1)
