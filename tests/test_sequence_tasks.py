@@ -196,3 +196,38 @@ def test_copy_memory_jacobian_penalty_is_bai_et_als_term():
     with pytest.raises(ValueError, match="jacobian_gamma"):
         cm.train_copy_memory(dict(model="deq-transformer", delay=3, steps=2, batch_size=4, learning_rate=1e-3,
                                   budget=3000, seed=0, test_size=8, jacobian_gamma=-1.0))
+
+
+def test_copy_memory_jacobian_penalty_stops_the_gradient_at_z_star():
+    # Bai et al. penalise the map at its equilibrium, not the equilibrium itself: the penalty's gradient
+    # with respect to the parameters is the gradient at a constant z*, and differs from the gradient that
+    # also flows through z* (so the comparison can fail).
+    from flax import nnx
+
+    from deqlab.stability import jacobian_penalty
+
+    model = cm.make_model("deq-transformer", parameters=3000, delay=3, max_steps=30, tol=1e-5)
+    x, y = data.copy_memory(jax.random.key(1), batch_size=4, delay=3)
+    key, gamma = jax.random.key(2), 3.0
+    _, _, z_star = model(x, return_state=True)
+
+    def penalty_term(m):
+        objective, (loss, _) = cm._penalised_loss(m, x, y, key, gamma)
+        return objective - loss
+
+    def penalty_at(m, z):
+        graph, state = nnx.split(m.block.cell)
+        p = jacobian_penalty(lambda z, s, e: nnx.merge(graph, s)(z, e), z, state, m.embed(x), key=key, batch_axis=0)
+        return gamma * jnp.mean(p) / (z.shape[-2] * z.shape[-1])
+
+    def penalty_through_z(m):
+        return penalty_at(m, m(x, return_state=True)[2])
+
+    leaves = lambda g: jax.tree_util.tree_leaves(nnx.state(g, nnx.Param) if not isinstance(g, nnx.State) else g)  # noqa: E731
+    got = leaves(nnx.grad(penalty_term)(model))
+    fixed = leaves(nnx.grad(lambda m: penalty_at(m, z_star))(model))
+    through = leaves(nnx.grad(penalty_through_z)(model))
+    scale = max(float(jnp.max(jnp.abs(a))) for a in fixed)
+    for a, b in zip(got, fixed):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4 * scale)  # float32, z* to 1e-5
+    assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(through, fixed)) > 1e-2 * scale

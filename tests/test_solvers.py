@@ -743,9 +743,13 @@ def test_spd_solve_matches_a_dense_solve(size, dtype):
     assert (size > UNROLLED_SOLVE_MAX) == (size == 9)
 
 
-def test_spd_solve_of_a_singular_matrix_is_finite():
+def test_spd_solve_of_a_singular_matrix_is_finite_and_bad_shapes_raise():
     # A zero matrix (every pivot zero): the clamped pivots give a large, finite answer, not NaN.
     from deqlab.solvers.history import spd_solve
 
     got = spd_solve(jnp.zeros((2, 3, 3)), jnp.ones((2, 3)))
     assert bool(jnp.all(jnp.isfinite(got))) and float(jnp.min(got)) > 1e30
+    with pytest.raises(ValueError, match=r"`matrix` must have shape \(B, m, m\), got \(3, 3\)"):
+        spd_solve(jnp.eye(3), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"`rhs` must have shape \(B, m\) = \(2, 3\).*got \(2, 4\)"):
+        spd_solve(jnp.zeros((2, 3, 3)), jnp.ones((2, 4)))

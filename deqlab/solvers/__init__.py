@@ -94,11 +94,12 @@ Checks every k steps (``check_every``)
     contraction) a sample is judged at most 15 steps late; an accelerated solver's measure can
     rise between judged steps, and such a sample runs on until it meets ``tol`` again.
     Measured by ``benchmarks/stopping.py`` (tanh DEQ, N = 384, batch 96, float32, tol 1e-5;
-    time relative to plain iteration for the fewest steps that reach the accuracy): Picard's
-    error rule, which delivers tol, 1.78x -> 1.52x (its slowest sample takes 135 steps instead of
-    123); the residual rules, which do not deliver tol (errors 5.3e-5 and 1.7e-4), Picard's
-    1.06x -> 0.95x and Anderson's 1.40x -> 1.19x; Broyden's error rule is slower with it
-    (3.04x -> 3.41x: its slowest sample takes 96 steps instead of 82).
+    time relative to plain iteration for the fewest steps that reach the accuracy;
+    ``benchmarks/results/stopping_quick.txt``): Picard's error rule, which delivers tol,
+    1.57x -> 1.52x (its slowest sample takes 135 steps instead of 123); the residual rules, which
+    do not deliver tol (errors 5.3e-5 and 1.7e-4), Picard's 1.05x -> 0.97x and Anderson's
+    0.93x -> 0.91x; Broyden's error rule is slower with it (2.09x -> 2.40x: its slowest sample
+    takes 96 steps instead of 82).
 
 Batches
     With ``batch_axis=k`` the k-th axis of every leaf indexes independent samples. Each sample is

@@ -16,7 +16,8 @@ from deqlab import precision as precision_module
 __all__ = ["EXACT", "exact_einsum", "empty_history", "write_slot", "write_gram", "spd_solve"]
 
 #: Systems up to this size are solved by :func:`spd_solve`'s Cholesky factorisation written out
-#: element by element; larger ones by ``jnp.linalg.solve``.
+#: element by element; larger ones by ``jnp.linalg.solve`` (the written-out factorisation puts
+#: O(m^3) operations into the program, so its compile time grows with m^3; Anderson's default m is 5).
 UNROLLED_SOLVE_MAX = 8
 
 EXACT = jax.lax.Precision.HIGHEST
@@ -130,10 +131,8 @@ def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
 
     For the small systems of the solvers' histories (size up to :data:`UNROLLED_SOLVE_MAX`) the
     Cholesky factorisation and the two triangular solves are written out element by element over
-    the batch: XLA fuses them into a few vectorised loops, where ``jnp.linalg.solve`` calls a
-    batched LU factorisation per step (measured on the CPU, a batch of 96 5x5 systems: 2 us
-    against 35 us per solve, about a tenth of an Anderson step at N = 384;
-    ``benchmarks/forward.py``). Cholesky is backward stable for SPD matrices. A pivot that is not
+    the batch: XLA fuses them into a few vectorised loops, where ``jnp.linalg.solve`` would call a
+    batched LU factorisation at every step. Cholesky is backward stable for SPD matrices. A pivot that is not
     positive (a matrix that is singular to rounding) is replaced by the smallest normal number,
     so the result is large but not NaN; larger systems go to ``jnp.linalg.solve``.
 
@@ -144,6 +143,9 @@ def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
     Returns:
         x, shape ``(B, m)``, in the dtype of ``matrix``.
 
+    Raises:
+        ValueError: ``matrix`` not of shape ``(B, m, m)``, or ``rhs`` not of shape ``(B, m)``.
+
     Example:
         >>> import jax.numpy as jnp
         >>> from deqlab.solvers.history import spd_solve
@@ -151,6 +153,11 @@ def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
         >>> spd_solve(matrix, jnp.array([[6.0, 5.0]])).tolist()
         [[1.0, 1.0]]
     """
+    if jnp.ndim(matrix) != 3 or matrix.shape[1] != matrix.shape[2]:
+        raise ValueError(f"spd_solve: `matrix` must have shape (B, m, m), got {jnp.shape(matrix)}.")
+    if jnp.shape(rhs) != matrix.shape[:2]:
+        raise ValueError(f"spd_solve: `rhs` must have shape (B, m) = {matrix.shape[:2]} to match `matrix`, "
+                         f"got {jnp.shape(rhs)}.")
     size = matrix.shape[-1]
     if size > UNROLLED_SOLVE_MAX:
         return jnp.linalg.solve(matrix, rhs[..., None])[..., 0]
