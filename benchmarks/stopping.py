@@ -14,7 +14,9 @@ reported with
   which every sample is within 1e-5, with no check at all (what an oracle that knew the step
   count would pay);
 * optimistix's ``FixedPointIteration(rtol=tol, atol=tol)`` at its default settings (``throw``
-  on), the fastest peer of ``benchmarks.forward``, where optimistix is installed.
+  on), the fastest peer of ``benchmarks.forward``, where optimistix is installed;
+* for ``stop="error"``, how many samples the residual fallback decided (an unreliable rate
+  estimate where they stopped) and how many ended over tol with a finite error estimate.
 
 The configurations: each solver with its defaults (the residual rule, judged at every step), with
 ``stop="error"`` (the error the user asked for), and each of those with ``check_every="auto"``
@@ -29,6 +31,7 @@ import statistics
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 if not __package__:  # run as `python benchmarks/stopping.py`: the repository root is not on sys.path
@@ -74,20 +77,30 @@ def main(argv=None) -> dict:
     def record(label, fn, steps_of):
         compiled = jax.jit(fn).lower(case.args).compile()
         value, stats = compiled(case.args)
-        error = float(np.max(np.abs(np.asarray(value, np.float64) - reference)))
-        rows.append(dict(config=label, error=error, **steps_of(stats)))
+        errors = np.max(np.abs(np.asarray(value, np.float64) - reference), axis=1)
+        rows.append(dict(config=label, error=float(np.max(errors)), **steps_of(stats, errors)))
         timed[label] = (compiled, (case.args,))
+
+    def deqlab_steps(stats, errors):
+        steps, result, estimate = (np.asarray(a) for a in stats)
+        out = dict(steps=int(np.max(steps)), converged=float(np.mean(result == 0)))
+        if estimate.ndim:  # stop="error": which samples the residual fallback decided (estimate inf),
+            # and how many over tol had a finite estimate (the error rule's own misses)
+            out.update(fallback=int(np.sum(np.isinf(estimate))),
+                       missed=int(np.sum((errors > TOL) & np.isfinite(estimate))))
+        return out
 
     steps, limit_error = common.limit_steps(case, MAX_STEPS, TOL)
     if limit_error > TOL:
         raise RuntimeError(f"plain iteration does not reach {TOL:g} in {MAX_STEPS} steps")
-    record(LIMIT, lambda a: (common.limit_fn(case, steps)(a), None), lambda _: dict(steps=steps, converged=1.0))
+    record(LIMIT, lambda a: (common.limit_fn(case, steps)(a), None), lambda *_: dict(steps=steps, converged=1.0))
     for label, solver in configs().items():
         def run(a, solver=solver):
             sol = deqlab.solve(case.f, case.z0, *a, solver=solver, batch_axis=0, on_failure="ignore")
-            return sol.value, (sol.stats.steps, sol.result)
+            estimate = sol.stats.error_estimate if solver.stop == "error" else jnp.zeros(())
+            return sol.value, (sol.stats.steps, sol.result, estimate)
 
-        record(label, run, lambda s: dict(steps=int(np.max(s[0])), converged=float(np.mean(np.asarray(s[1]) == 0))))
+        record(label, run, deqlab_steps)
     if peers.optimistix is not None:
         optx = peers.optimistix
 
@@ -96,7 +109,7 @@ def main(argv=None) -> dict:
                                    case.z0, a, max_steps=MAX_STEPS)
             return sol.value, sol.stats["num_steps"]
 
-        record("optimistix FixedPointIteration", run_optx, lambda s: dict(steps=int(s), converged=1.0))
+        record("optimistix FixedPointIteration", run_optx, lambda s, _: dict(steps=int(s), converged=1.0))
     samples = common.interleaved_times(timed, repeats)
     limit_ms = 1e3 * statistics.median(samples[LIMIT])
     for row in rows:
@@ -107,10 +120,13 @@ def main(argv=None) -> dict:
     for row in rows:
         row["x optimistix"] = row["ms"] / peer["ms"] if peer else float("nan")
     print(f"{'config':42s} {'error':>9s} {'<=tol':>6s} {'steps':>6s} {'conv':>5s} {'ms':>8s} {'x limit':>8s} "
-          f"{'x optx':>7s}")
+          f"{'x optx':>7s} {'fallback':>8s} {'missed':>6s}")
     for row in rows:
+        extra = (f" {row['fallback']:8d} {row['missed']:6d}" if "fallback" in row else f" {'':8s} {'':6s}")
         print(f"{row['config']:42s} {row['error']:9.2e} {str(row['within tol']):>6s} {row['steps']:6d} "
-              f"{row['converged']:5.2f} {row['ms']:8.2f} {row['x limit']:8.2f} {row['x optimistix']:7.2f}")
+              f"{row['converged']:5.2f} {row['ms']:8.2f} {row['x limit']:8.2f} {row['x optimistix']:7.2f}{extra}")
+    print(f"   fallback: samples of {size['batch']} whose error estimate was unreliable where they stopped (the "
+          "residual rule decided; stats.error_estimate inf); missed: samples over tol with a finite estimate")
     return dict(rows=rows, limit_steps=steps)
 
 

@@ -16,6 +16,7 @@ from benchmarks import (
     gradient,
     memory,
     scaling,
+    step_cost,
     stopping,
     unrolled_checkpoint,
     warm_start,
@@ -104,6 +105,17 @@ def test_stopping_benchmark_tiny():
     # contraction and reports finite errors and times (no timing is asserted).
     assert rows[stopping.LIMIT]["error"] <= stopping.TOL and rows[stopping.LIMIT]["steps"] == out["limit_steps"]
     assert all(row["converged"] == 1.0 and np.isfinite(row["error"]) and row["ms"] > 0 for row in rows.values())
+
+
+@pytest.mark.slow
+def test_step_cost_benchmark_tiny():
+    out = step_cost.main(["--size", "tiny", "--repeats", "1"])
+    rows = {row["config"]: row for row in out["rows"]}
+    assert set(rows) == {step_cost.PLAIN} | set(step_cost.configs(out["steps"]))
+    # every configuration ran exactly the requested steps (the unreachable tolerance held them), and
+    # the times are finite and positive (no timing is asserted)
+    assert all(row["steps"] == out["steps"] for row in rows.values()), rows
+    assert all(np.isfinite(row["x_plain"]) and row["ms_per_step"] > 0 for row in rows.values())
 
 
 @pytest.mark.slow

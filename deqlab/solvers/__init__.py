@@ -70,7 +70,8 @@ Error-controlled stopping (``stop="error"``)
     (Anderson) and 95 (Broyden) of the 96 samples at N = 384 (where every sample happens to end
     within tol: worst Anderson 9.4e-6). Every sample whose error exceeded tol (worst samples at
     N = 32: Picard 1.7e-5, Anderson 6.2e-5, Broyden 1.2e-5) was one of these, with
-    ``error_estimate`` inf; none with a finite estimate did.
+    ``error_estimate`` inf; none with a finite estimate did (``benchmarks/stopping.py`` prints
+    these counts; ``benchmarks/results/stopping_quick.txt``).
     ``SolveStats.error_estimate`` says per sample which rule decided.
 
 Checks every k steps (``check_every``)

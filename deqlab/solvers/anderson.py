@@ -23,7 +23,8 @@ class Anderson(Solver):
     The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G, is computed from the Jacobi-scaled
     matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual relative to its
     own norm, so it stays scale free while the residuals shrink by orders of magnitude.
-    The m x m system is solved by Cholesky (:func:`deqlab.solvers.history.spd_solve`).
+    The m x m system is solved by Cholesky (:func:`deqlab.solvers.history.spd_solve`, written out
+    for m up to 8).
     H is kept up to date one row per step, in at least float32 (half-precision iterates work: the
     m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample (f(z_i) and
     g_i) and the m x m matrix H, whatever ``max_steps`` is.

@@ -1,5 +1,5 @@
 """Small building blocks of the solvers with a history (Anderson, Broyden): products at full
-precision and per-sample ring buffers written in place.
+precision, per-sample ring buffers written in place, and the small SPD solve of a mixing problem.
 
 They work on the flattened ``(B, D)`` rows a :class:`deqlab.solvers.Solver` sees (B samples of D
 numbers) and are public for solvers of one's own that keep a history: a history is a ``(B, m, D)``
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from deqlab import precision as precision_module
 
-__all__ = ["EXACT", "exact_einsum", "empty_history", "write_slot", "write_gram", "spd_solve"]
+__all__ = ["EXACT", "UNROLLED_SOLVE_MAX", "exact_einsum", "empty_history", "write_slot", "write_gram", "spd_solve"]
 
 #: Systems up to this size are solved by :func:`spd_solve`'s Cholesky factorisation written out
 #: element by element; larger ones by ``jnp.linalg.solve`` (the written-out factorisation puts
@@ -131,17 +131,19 @@ def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
 
     For the small systems of the solvers' histories (size up to :data:`UNROLLED_SOLVE_MAX`) the
     Cholesky factorisation and the two triangular solves are written out element by element over
-    the batch: XLA fuses them into a few vectorised loops, where ``jnp.linalg.solve`` would call a
-    batched LU factorisation at every step. Cholesky is backward stable for SPD matrices. A pivot that is not
-    positive (a matrix that is singular to rounding) is replaced by the smallest normal number,
-    so the result is large but not NaN; larger systems go to ``jnp.linalg.solve``.
+    the batch: XLA compiles them into elementwise operations over the batch, where
+    ``jnp.linalg.solve`` would call a batched LU factorisation at every step. Cholesky is
+    backward stable for SPD matrices. A pivot below eps times its diagonal entry (a matrix
+    singular to rounding) is raised to that, so the answer is large (about ``||rhs|| / eps`` on
+    the matrix's scale) but finite; a zero diagonal entry (an all-zero row and column) gets a
+    pivot of 1. Larger systems go to ``jnp.linalg.solve``.
 
     Args:
         matrix: SPD matrices, shape ``(B, m, m)``.
         rhs: right-hand sides, shape ``(B, m)``.
 
     Returns:
-        x, shape ``(B, m)``, in the dtype of ``matrix``.
+        x, shape ``(B, m)``, in the promoted dtype of ``matrix`` and ``rhs``.
 
     Raises:
         ValueError: ``matrix`` not of shape ``(B, m, m)``, or ``rhs`` not of shape ``(B, m)``.
@@ -161,11 +163,17 @@ def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
     size = matrix.shape[-1]
     if size > UNROLLED_SOLVE_MAX:
         return jnp.linalg.solve(matrix, rhs[..., None])[..., 0]
-    tiny = jnp.finfo(matrix.dtype).tiny
+    eps = jnp.finfo(matrix.dtype).eps
     lower = [[None] * size for _ in range(size)]
     for j in range(size):
-        pivot = matrix[:, j, j] - sum(lower[j][k] * lower[j][k] for k in range(j))
-        root = jnp.sqrt(jnp.maximum(pivot, tiny))
+        diagonal = matrix[:, j, j]
+        # A pivot lost to rounding (a singular or nearly singular matrix) is held at eps times its
+        # diagonal entry: the answer is then large, about ||rhs|| / eps on the matrix's scale, but
+        # finite. A zero diagonal entry (an all-zero row and column) leaves x_j undetermined: its
+        # pivot is taken as 1.
+        floor = jnp.where(diagonal > 0, eps * diagonal, 1.0)
+        pivot = diagonal - sum(lower[j][k] * lower[j][k] for k in range(j))
+        root = jnp.sqrt(jnp.maximum(pivot, floor))
         lower[j][j] = root
         for i in range(j + 1, size):
             lower[i][j] = (matrix[:, i, j] - sum(lower[i][k] * lower[j][k] for k in range(j))) / root
