@@ -163,7 +163,9 @@ def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
     size = matrix.shape[-1]
     if size > UNROLLED_SOLVE_MAX:
         return jnp.linalg.solve(matrix, rhs[..., None])[..., 0]
-    eps = jnp.finfo(matrix.dtype).eps
+    dtype = jnp.result_type(matrix, rhs)
+    matrix, rhs = matrix.astype(dtype), rhs.astype(dtype)
+    eps = jnp.finfo(dtype).eps
     lower = [[None] * size for _ in range(size)]
     for j in range(size):
         diagonal = matrix[:, j, j]
