@@ -68,9 +68,10 @@ Error-controlled stopping (``stop="error"``)
     float32, tol 1e-5): the iteration converges, but where tanh is unsaturated f stretches by up
     to 1.3, and at the step where they stop the rate estimate is unreliable for 91 (Picard), 94
     (Anderson) and 95 (Broyden) of the 96 samples at N = 384. Every sample whose error exceeded
-    tol (worst samples: Anderson 1.0e-5 at N = 384; Picard 1.7e-5, Anderson 6.2e-5, Broyden
-    1.2e-5 at N = 32) was one of these, with ``error_estimate`` inf; none with a finite estimate
-    did (``benchmarks/stopping.py`` prints these counts; ``benchmarks/results/stopping_quick.txt``).
+    tol (worst samples: Anderson 1.02e-5 at N = 384, ``benchmarks/results/stopping_quick.txt``;
+    Picard 1.7e-5, Anderson 6.2e-5, Broyden 1.2e-5 at N = 32, ``--size tiny``, not stored) was
+    one of these, with ``error_estimate`` inf; none with a finite estimate did
+    (``benchmarks/stopping.py`` prints these counts).
     ``SolveStats.error_estimate`` says per sample which rule decided.
 
 Checks every k steps (``check_every``)
