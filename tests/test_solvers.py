@@ -414,7 +414,7 @@ def test_map_without_fixed_point_fails_with_a_finite_value(name):
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_half_precision_iterates(name, dtype):
-    # The mixing and secant systems are solved in float32 (never in 16 bits), the iterate
+    # The mixing and secant systems are solved in float32 (LAPACK has no bfloat16), the iterate
     # stays 16-bit. Reached: the dtype's default tolerance, and the float64 fixed point to the
     # accuracy of the dtype (a few of its epsilons, relative, times 1 / (1 - 0.5)).
     n, batch = 32, 4
@@ -711,56 +711,3 @@ def test_check_every_auto_under_jit_vmap_and_grad(name):
 def test_bad_stopping_options_raise_value_error(argument, make):
     with pytest.raises(ValueError, match=argument):
         make()
-
-
-# --------------------------------------------------------------------------------------------
-# The small SPD solve of the solvers' histories (Anderson's mixing problem)
-
-
-@pytest.mark.parametrize("size", [1, 2, 5, 8, 9])
-@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.float64)])
-def test_spd_solve_matches_a_dense_solve(size, dtype):
-    # Anderson's matrices: Jacobi-scaled Gram matrices (unit diagonal) plus a ridge of 1e-4, with a
-    # nearly dependent pair of columns as histories have (condition numbers ~1e4). Two checks: the
-    # backward error ||A x - b|| <= 4 m eps ||A|| ||x|| (Cholesky's bound for an SPD matrix, which
-    # does not depend on the condition number; the LU fallback at size 9 meets it too), and the forward
-    # error against float64's dense solve within the condition number times that, ~cond m eps.
-    from deqlab.solvers.history import UNROLLED_SOLVE_MAX, spd_solve
-
-    rng = np.random.default_rng(size)
-    vectors = rng.standard_normal((12, size, 40))
-    vectors[:, -1] = vectors[:, 0] + 1e-3 * vectors[:, -1]
-    gram = np.einsum("bik,bjk->bij", vectors, vectors)
-    scale = 1 / np.sqrt(np.einsum("bii->bi", gram))
-    matrix = gram * scale[:, :, None] * scale[:, None, :] + 1e-4 * np.eye(size)
-    rhs = rng.standard_normal((12, size))
-    exact = np.linalg.solve(matrix, rhs[..., None])[..., 0]
-    stored = np.asarray(jnp.asarray(matrix, dtype), np.float64)  # A as rounded to dtype
-    got = np.asarray(spd_solve(jnp.asarray(matrix, dtype), jnp.asarray(rhs, dtype)), np.float64)
-    eps = float(jnp.finfo(dtype).eps)
-    assert got.shape == exact.shape and np.all(np.isfinite(got))
-    residual = np.einsum("bij,bj->bi", stored, got) - np.asarray(jnp.asarray(rhs, dtype), np.float64)
-    bound = 4 * size * eps * np.linalg.norm(stored, 2, axis=(1, 2)) * np.linalg.norm(got, axis=1)
-    assert np.all(np.linalg.norm(residual, axis=1) <= bound), (np.linalg.norm(residual, axis=1) / bound).max()
-    cond = np.linalg.cond(matrix).max()
-    error = np.max(np.abs(got - exact)) / np.max(np.abs(exact))
-    assert error <= 4 * size * eps * cond, (error, cond)
-    assert (size > UNROLLED_SOLVE_MAX) == (size == 9)
-
-
-def test_spd_solve_of_a_singular_matrix_is_finite_and_bad_shapes_raise():
-    # Pivots lost to rounding are held at eps times the diagonal: a rank-one matrix with a large
-    # right-hand side gives a large (~||rhs|| / eps) but finite answer that still solves the
-    # consistent part; an all-zero matrix gives x = rhs (pivots of 1).
-    from deqlab.solvers.history import spd_solve
-
-    ones = jnp.ones((1, 3, 3))
-    got = spd_solve(ones, jnp.array([[1.0, 1e6, 0.0]]))
-    assert bool(jnp.all(jnp.isfinite(got))) and float(jnp.max(jnp.abs(got))) > 1e6
-    consistent = spd_solve(ones, jnp.array([[3.0, 3.0, 3.0]]))
-    np.testing.assert_allclose(np.asarray(jnp.sum(consistent)), 3.0, rtol=1e-3)
-    np.testing.assert_array_equal(np.asarray(spd_solve(jnp.zeros((2, 3, 3)), jnp.full((2, 3), 5.0))), 5.0)
-    with pytest.raises(ValueError, match=r"`matrix` must have shape \(B, m, m\), got \(3, 3\)"):
-        spd_solve(jnp.eye(3), jnp.ones(3))
-    with pytest.raises(ValueError, match=r"`rhs` must have shape \(B, m\) = \(2, 3\).*got \(2, 4\)"):
-        spd_solve(jnp.zeros((2, 3, 3)), jnp.ones((2, 4)))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from deqlab import checks
 from deqlab.solvers.base import Solver
-from deqlab.solvers.history import empty_history, exact_einsum, spd_solve, write_gram, write_slot
+from deqlab.solvers.history import empty_history, exact_einsum, write_gram, write_slot
 
 __all__ = ["Anderson"]
 
@@ -23,8 +23,6 @@ class Anderson(Solver):
     The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G, is computed from the Jacobi-scaled
     matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual relative to its
     own norm, so it stays scale free while the residuals shrink by orders of magnitude.
-    The m x m system is solved by Cholesky (:func:`deqlab.solvers.history.spd_solve`, written out
-    for m up to 8).
     H is kept up to date one row per step, in at least float32 (half-precision iterates work: the
     m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample (f(z_i) and
     g_i) and the m x m matrix H, whatever ``max_steps`` is.
@@ -94,7 +92,7 @@ class Anderson(Solver):
         # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
         reg = jnp.where(usable, self.ridge, 1.0)
         hessian = scaled + reg[:, :, None] * jnp.eye(m, dtype=work)
-        y = inv_sqrt * spd_solve(hessian, inv_sqrt)
+        y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[..., None])[..., 0]
         total = jnp.sum(y, axis=1, keepdims=True)
         # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
         newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)[None, :]

@@ -1,5 +1,5 @@
 """Small building blocks of the solvers with a history (Anderson, Broyden): products at full
-precision, per-sample ring buffers written in place, and the small SPD solve of a mixing problem.
+precision and per-sample ring buffers written in place.
 
 They work on the flattened ``(B, D)`` rows a :class:`deqlab.solvers.Solver` sees (B samples of D
 numbers) and are public for solvers of one's own that keep a history: a history is a ``(B, m, D)``
@@ -13,12 +13,7 @@ import jax.numpy as jnp
 
 from deqlab import precision as precision_module
 
-__all__ = ["EXACT", "UNROLLED_SOLVE_MAX", "exact_einsum", "empty_history", "write_slot", "write_gram", "spd_solve"]
-
-#: Systems up to this size are solved by :func:`spd_solve`'s Cholesky factorisation written out
-#: element by element; larger ones by ``jnp.linalg.solve`` (the written-out factorisation puts
-#: O(m^3) operations into the program, so its compile time grows with m^3; Anderson's default m is 5).
-UNROLLED_SOLVE_MAX = 8
+__all__ = ["EXACT", "exact_einsum", "empty_history", "write_slot", "write_gram"]
 
 EXACT = jax.lax.Precision.HIGHEST
 """The solvers' own small products (Gram matrices, mixing, secant updates) are never demoted to
@@ -124,65 +119,3 @@ def write_gram(gram: jax.Array, slot, dots: jax.Array) -> jax.Array:
     gram = jax.lax.dynamic_update_slice(gram, dots[:, None, :], (index, slot, index))
     return jax.lax.dynamic_update_slice(gram, dots[:, :, None], (index, index, slot))
 
-
-
-def spd_solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
-    """Solve per-sample symmetric positive definite systems ``matrix @ x = rhs``.
-
-    For the small systems of the solvers' histories (size up to :data:`UNROLLED_SOLVE_MAX`) the
-    Cholesky factorisation and the two triangular solves are written out element by element over
-    the batch: XLA compiles them into elementwise operations over the batch, where
-    ``jnp.linalg.solve`` would call a batched LU factorisation at every step. Cholesky is
-    backward stable for SPD matrices. A pivot below eps times its diagonal entry (a matrix
-    singular to rounding) is raised to that, so the answer is large (about ``||rhs|| / eps`` on
-    the matrix's scale) but finite; a zero diagonal entry (an all-zero row and column) gets a
-    pivot of 1. Larger systems go to ``jnp.linalg.solve``.
-
-    Args:
-        matrix: SPD matrices, shape ``(B, m, m)``.
-        rhs: right-hand sides, shape ``(B, m)``.
-
-    Returns:
-        x, shape ``(B, m)``, in the promoted dtype of ``matrix`` and ``rhs``.
-
-    Raises:
-        ValueError: ``matrix`` not of shape ``(B, m, m)``, or ``rhs`` not of shape ``(B, m)``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from deqlab.solvers.history import spd_solve
-        >>> matrix = jnp.array([[[4.0, 2.0], [2.0, 3.0]]])
-        >>> spd_solve(matrix, jnp.array([[6.0, 5.0]])).tolist()
-        [[1.0, 1.0]]
-    """
-    if jnp.ndim(matrix) != 3 or matrix.shape[1] != matrix.shape[2]:
-        raise ValueError(f"spd_solve: `matrix` must have shape (B, m, m), got {jnp.shape(matrix)}.")
-    if jnp.shape(rhs) != matrix.shape[:2]:
-        raise ValueError(f"spd_solve: `rhs` must have shape (B, m) = {matrix.shape[:2]} to match `matrix`, "
-                         f"got {jnp.shape(rhs)}.")
-    size = matrix.shape[-1]
-    if size > UNROLLED_SOLVE_MAX:
-        return jnp.linalg.solve(matrix, rhs[..., None])[..., 0]
-    dtype = jnp.result_type(matrix, rhs)
-    matrix, rhs = matrix.astype(dtype), rhs.astype(dtype)
-    eps = jnp.finfo(dtype).eps
-    lower = [[None] * size for _ in range(size)]
-    for j in range(size):
-        diagonal = matrix[:, j, j]
-        # A pivot lost to rounding (a singular or nearly singular matrix) is held at eps times its
-        # diagonal entry: the answer is then large, about ||rhs|| / eps on the matrix's scale, but
-        # finite. A zero diagonal entry (an all-zero row and column) leaves x_j undetermined: its
-        # pivot is taken as 1.
-        floor = jnp.where(diagonal > 0, eps * diagonal, 1.0)
-        pivot = diagonal - sum(lower[j][k] * lower[j][k] for k in range(j))
-        root = jnp.sqrt(jnp.maximum(pivot, floor))
-        lower[j][j] = root
-        for i in range(j + 1, size):
-            lower[i][j] = (matrix[:, i, j] - sum(lower[i][k] * lower[j][k] for k in range(j))) / root
-    forward = []
-    for i in range(size):
-        forward.append((rhs[:, i] - sum(lower[i][k] * forward[k] for k in range(i))) / lower[i][i])
-    solution = [None] * size
-    for i in reversed(range(size)):
-        solution[i] = (forward[i] - sum(lower[k][i] * solution[k] for k in range(i + 1, size))) / lower[i][i]
-    return jnp.stack(solution, axis=1)
