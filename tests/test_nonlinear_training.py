@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
 
+from deqlab.lab import data
 from deqlab.lab.experiments.nonlinear import training
 
 # One tiny configuration for every test, so that they share one compiled program per seed count.
 TINY = dict(width=16, batch_size=32, train_size=256, max_steps=30)
+N_TEST = len(data.load_dataset("digits", split="test")[1])  # test errors are multiples of 1 / N_TEST
 
 
 @pytest.mark.slow
@@ -12,7 +14,7 @@ def test_tiny_configuration_trains():
     result = training.train_seeds("orthogonal", 0.5, [0], epochs=4, **TINY)
     loss = np.array(result["loss_curve"][0])
     assert np.all(np.isfinite(loss)) and loss[-1] < 0.6 * loss[0]  # Adam at 1e-2 on 256 digits
-    # chance is 0.9; 4 epochs on 256 samples already do much better on the 360 test digits
+    # chance is 0.9; 4 epochs on 256 samples already do much better on the held-out test digits
     assert result["test_error"][0] < 0.5
     assert result["best_test_error"][0] == min(result["test_error_curve"][0])
     assert len(result["converged_curve"][0]) == 4
@@ -32,7 +34,14 @@ def test_vmapped_seeds_equal_seeds_one_by_one():
         np.testing.assert_allclose(together["loss_curve"][i][0], alone["loss_curve"][0][0], rtol=1e-5)
         np.testing.assert_allclose(together["loss_curve"][i], alone["loss_curve"][0], rtol=2e-3)
         np.testing.assert_allclose(together["steps_curve"][i], alone["steps_curve"][0], rtol=1e-2)
-        assert abs(together["test_error"][i] - alone["test_error"][0]) <= 2 / 360 + 1e-6  # two test digits
+        # After epoch 1 the models agree to rounding, so at most one borderline test digit may flip
+        # (none did on jax 0.7.2 or 0.10.2). After epoch 2 they differ by ~1e-4 (above), and every
+        # test digit that close to a decision boundary may flip: seed 1 flipped 2 of 359 on
+        # jax 0.10.2 and none on 0.7.2, so the bound is 4 (about 1%). The seeds' own test errors
+        # differ by 30 to 130 digits, so a mixed-up seed still fails.
+        digit = 1.0 / N_TEST
+        assert abs(together["test_error_curve"][i][0] - alone["test_error_curve"][0][0]) <= digit + 1e-6
+        assert abs(together["test_error"][i] - alone["test_error"][0]) <= 4 * digit + 1e-6
     assert len(set(np.round(together["loss_curve"], 5)[:, -1])) == 3  # the seeds do differ
 
 
