@@ -160,19 +160,40 @@ def test_untrained_kglm_deq_is_kernel_ridge_smoothing():
 
 
 def test_vmapped_seeds_equal_one_at_a_time():
-    together = dn.train_seeds("kglm", 0.5, [0, 4], epochs=2, **SMALL)
+    together = dn.train_seeds("kglm", 0.5, [0, 4], epochs=2, validation_size=16, **SMALL)
     for i, seed in enumerate([0, 4]):
-        alone = dn.train_seeds("kglm", 0.5, [seed], epochs=2, **SMALL)
-        np.testing.assert_allclose(together["test_mse_curve"][i], alone["test_mse_curve"][0], rtol=2e-5)
+        alone = dn.train_seeds("kglm", 0.5, [seed], epochs=2, validation_size=16, **SMALL)
+        for curve in ("test_mse_curve", "validation_mse_curve"):
+            np.testing.assert_allclose(together[curve][i], alone[curve][0], rtol=2e-5)
         assert together["norms"][i] == alone["norms"][0]
     curves = np.asarray(together["test_mse_curve"])
     assert curves.shape == (2, 3) and np.all(np.isfinite(curves))
+    validation = np.asarray(together["validation_mse_curve"])
+    assert validation.shape == (2, 3) and np.all(np.isfinite(validation))
+    assert not np.allclose(validation, curves)  # other images, other noise
+    # without validation images there is no validation curve, and the test curve is unchanged
+    plain = dn.train_seeds("kglm", 0.5, [0, 4], epochs=2, **SMALL)
+    assert "validation_mse_curve" not in plain
+    np.testing.assert_allclose(plain["test_mse_curve"], together["test_mse_curve"], rtol=2e-5)
     assert not np.allclose(curves[0], curves[1])  # different seeds, different kernels
     assert np.all(curves[:, -1] < curves[:, 0])  # training lowers the test error from C = 0.5
 
 
+def test_validation_images_are_held_out_training_images():
+    x_train, x_val, x_test = dn.load_images(train_size=40, validation_size=24, test_size=16, image_size=8)
+    every_train, none, _ = dn.load_images(image_size=8)
+    assert x_train.shape == (40, 3, 8, 8) and x_val.shape == (24, 3, 8, 8) and x_test.shape == (16, 3, 8, 8)
+    assert len(none) == 0
+    np.testing.assert_array_equal(x_val, every_train[-24:])  # the end of the training split ...
+    np.testing.assert_array_equal(x_train, every_train[:40])  # ... never among the training images
+    # with train_size None the training images stop where the validation images begin
+    rest, x_val2, _ = dn.load_images(validation_size=24, image_size=8)
+    assert len(rest) == len(every_train) - 24 and np.array_equal(x_val2, x_val)
+
+
 def test_sweep_resumes_and_summaries(tmp_path, monkeypatch):
-    kwargs = dict(variances=[1e-3], cs=[0.3, 1.0], seeds=[0, 1], epochs=1, progress=False, **SMALL)
+    kwargs = dict(variances=[1e-3], cs=[0.3, 1.0], seeds=[0, 1], epochs=1, progress=False, validation_size=16,
+                  **SMALL)
     rows = dn.run_denoising_sweep(tmp_path, **kwargs)
     assert len(rows) == 6 and {r["scheme"] for r in rows} == {"random", "kglm"}
 
@@ -185,17 +206,49 @@ def test_sweep_resumes_and_summaries(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="run again"):  # a new grid point is run
         dn.run_denoising_sweep(tmp_path, **{**kwargs, "cs": [0.3, 2.0]})
 
+    assert all(len(r["validation_mse_curve"]) == 2 for r in rows)
     table = dn.summarize(rows)
     assert len(table) == 3 * 2  # 3 grid points x epochs 0, 1
-    best = dn.best_by_epoch(rows)
-    assert [(b["scheme"], b["epoch"]) for b in best] == [("random", 0), ("random", 1), ("kglm", 0), ("kglm", 1)]
-    k1 = min((r for r in table if r["scheme"] == "kglm" and r["epoch"] == 1), key=lambda r: r["median"])
-    assert best[3]["median"] == k1["median"] and best[3]["scale"] == k1["scale"]
+    for select_on, key in (("validation", "validation_median"), ("test", "median")):
+        best = dn.best_by_epoch(rows, select_on)
+        assert [(b["scheme"], b["epoch"]) for b in best] == [("random", 0), ("random", 1), ("kglm", 0), ("kglm", 1)]
+        k1 = min((r for r in table if r["scheme"] == "kglm" and r["epoch"] == 1), key=lambda r: r[key])
+        assert best[3]["scale"] == k1["scale"] and best[3]["median"] == k1["median"]  # the test MSE there
+        assert best[3]["selected_on"] == select_on
 
 
-def _rows(scheme, scale, values):
-    return [{"scheme": scheme, "scale": scale, "seed": i, "norm": scale, "test_mse_curve": [v]}
+def _rows(scheme, scale, values, validation=None):
+    rows = [{"scheme": scheme, "scale": scale, "seed": i, "norm": scale, "test_mse_curve": [v]}
             for i, v in enumerate(values)]
+    if validation is not None:
+        for row, v in zip(rows, validation):
+            row["validation_mse_curve"] = [v]
+    return rows
+
+
+def test_grid_points_are_chosen_on_the_validation_images():
+    """The validation MSEs choose the grid point, the test MSEs are reported there: here the
+    test-best point of each scheme is not the validation-best one, and only ``select_on="test"``
+    picks it."""
+    rows = (_rows("random", 0.1, [1.0, 1.1, 1.2], validation=[0.5, 0.6, 0.7])
+            + _rows("random", 1.0, [0.8, 0.9, 1.0], validation=[0.9, 1.0, 1.1])
+            + _rows("kglm", 0.1, [0.2, 0.3, 0.4], validation=[0.3, 0.4, 0.5])
+            + _rows("kglm", 1.0, [0.5, 0.6, 0.7], validation=[0.1, 0.2, 0.3]))
+    best = {b["scheme"]: b for b in dn.best_by_epoch(rows)}
+    assert best["random"]["scale"] == 0.1 and best["random"]["median"] == pytest.approx(1.1)
+    assert best["random"]["validation_median"] == pytest.approx(0.6) and best["random"]["selected_on"] == "validation"
+    assert best["kglm"]["scale"] == 1.0 and best["kglm"]["median"] == pytest.approx(0.6)
+    on_test = {b["scheme"]: b for b in dn.best_by_epoch(rows, "test")}
+    assert on_test["random"]["scale"] == 1.0 and on_test["kglm"]["scale"] == 0.1
+    c = dn.compare_schemes(rows, 0)
+    assert (c["random_scale"], c["kglm_scale"]) == (0.1, 1.0) and c["ratio"] == pytest.approx(1.1 / 0.6)
+    c = dn.compare_schemes(rows, 0, select_on="test")
+    assert (c["random_scale"], c["kglm_scale"]) == (1.0, 0.1) and c["ratio"] == pytest.approx(0.9 / 0.3)
+    with pytest.raises(ValueError, match=r"best_by_epoch: `select_on` must be 'test' for rows without "
+                                         r"validation_mse_curve"):
+        dn.compare_schemes(_rows("random", 0.1, [1.0]) + _rows("kglm", 0.1, [1.0]), 0)
+    with pytest.raises(ValueError, match=r"best_by_epoch: `select_on` must be one of 'validation', 'test'"):
+        dn.best_by_epoch(rows, "train")
 
 
 def test_summaries_count_failures_and_compare():
@@ -204,20 +257,20 @@ def test_summaries_count_failures_and_compare():
     table = {(r["scheme"], r["scale"]): r for r in dn.summarize(rows)}
     assert table["random", 0.1]["failed"] == 1 and table["random", 0.1]["median"] == pytest.approx(0.65)
     assert table["random", 0.1]["q75"] == np.inf and table["random", 0.1]["q25"] == 0.5
-    best = {b["scheme"]: b for b in dn.best_by_epoch(rows)}
+    best = {b["scheme"]: b for b in dn.best_by_epoch(rows, "test")}
     assert best["random"]["scale"] == 0.1 and best["random"]["failed"] == 2
     assert best["kglm"]["scale"] == 0.1 and best["kglm"]["median"] == pytest.approx(0.25)
-    c = dn.compare_schemes(rows, 0)
+    c = dn.compare_schemes(rows, 0, "test")
     # paired by seed: 4 seeds, kGLM lower on all of them (one pair against a failed random run)
     assert c["n_seeds"] == 4
     assert c["kglm_wins"] == 1.0 and c["p_value"] == pytest.approx(c["p_floor"]) == pytest.approx(1 / 16)
     assert c["ratio"] == pytest.approx(0.65 / 0.25)
     swapped = [{**r, "scheme": {"random": "kglm", "kglm": "random"}[r["scheme"]]} for r in rows]
     assert c["p_value_reverse"] == pytest.approx(1.0)
-    reverse = dn.compare_schemes(swapped, 0)
+    reverse = dn.compare_schemes(swapped, 0, "test")
     assert reverse["p_value"] > 0.9 and reverse["p_value_reverse"] == pytest.approx(1 / 16)
     with pytest.raises(ValueError, match=r"compare_schemes: `epoch` must be an epoch evaluated for both"):
-        dn.compare_schemes(rows, 3)
+        dn.compare_schemes(rows, 3, "test")
 
 
 def test_compare_schemes_pairs_seeds():
@@ -227,29 +280,29 @@ def test_compare_schemes_pairs_seeds():
     be significant (Mann-Whitney p ~ 0.41)."""
     base = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     rows = _rows("random", 0.1, base) + _rows("kglm", 0.5, base - 0.1)
-    c = dn.compare_schemes(rows, 0)
+    c = dn.compare_schemes(rows, 0, "test")
     assert c["n_seeds"] == 6 and c["kglm_wins"] == 1.0
     assert c["p_value"] == pytest.approx(2.0**-6) and c["p_value_reverse"] == pytest.approx(1.0)
     assert stats.mannwhitneyu(base - 0.1, base, alternative="less").pvalue > 0.3
     # the exact signed-rank p-value against scipy's exact test on a case without ties or failures
     d_kglm = base + np.array([-0.5, 0.2, -0.9, -0.3, 0.05, -1.1])
-    c = dn.compare_schemes(_rows("random", 0.1, base) + _rows("kglm", 0.5, d_kglm), 0)
+    c = dn.compare_schemes(_rows("random", 0.1, base) + _rows("kglm", 0.5, d_kglm), 0, "test")
     expected = stats.wilcoxon(d_kglm - base, alternative="less", method="exact").pvalue
     assert c["p_value"] == pytest.approx(expected) and c["kglm_wins"] == pytest.approx(4 / 6)
     # seeds are matched by their number, not by position; unmatched seeds are left out
     shuffled = _rows("random", 0.1, base)[::-1] + _rows("kglm", 0.5, base - 0.1) + [
         {"scheme": "kglm", "scale": 0.5, "seed": 99, "norm": 0.5, "test_mse_curve": [100.0]}]
-    c = dn.compare_schemes(shuffled, 0)
+    c = dn.compare_schemes(shuffled, 0, "test")
     assert c["n_seeds"] == 6 and c["p_value"] == pytest.approx(2.0**-6)
     # both runs of a seed failed: a tie, dropped; kGLM failed alone: its worst difference
     failing = _rows("random", 0.1, [np.nan, 1.0, 2.0, 3.0]) + _rows("kglm", 0.5, [np.inf, np.nan, 1.5, 2.7])
-    c = dn.compare_schemes(failing, 0)
+    c = dn.compare_schemes(failing, 0, "test")
     assert c["n_seeds"] == 4 and c["kglm_wins"] == pytest.approx((0.5 + 0 + 1 + 1) / 4)
     # |d| ranks: 3 (kGLM failed, +), 2 (-0.5), 1 (-0.3); W+ = 3, and 5 of the 8 sign patterns give W+ <= 3
     assert c["p_value"] == pytest.approx(5 / 8)
     with pytest.raises(ValueError, match=r"compare_schemes: `rows` must be runs of both schemes"):
         dn.compare_schemes(_rows("random", 0.1, [1.0]) + [
-            {"scheme": "kglm", "scale": 0.5, "seed": 7, "norm": 0.5, "test_mse_curve": [1.0]}], 0)
+            {"scheme": "kglm", "scale": 0.5, "seed": 7, "norm": 0.5, "test_mse_curve": [1.0]}], 0, "test")
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -269,6 +322,11 @@ def test_compare_schemes_pairs_seeds():
     (lambda: dn.load_images("cifar10", image_size=16), r"`image_size` must be None or 32 for 'cifar10'"),
     (lambda: dn.load_images(image_size=6), r"`image_size` must be an integer >= 7"),
     (lambda: dn.load_images(train_size=10**6), r"`train_size` must be an integer >= 1 and <= 416"),
+    (lambda: dn.load_images(train_size=400, validation_size=32), r"`train_size` must be an integer >= 1 and <= 384"),
+    (lambda: dn.load_images(validation_size=-1), r"load_images: `validation_size` must be an integer >= 0"),
+    (lambda: dn.load_images(validation_size=416), r"`validation_size` must be an integer >= 0 and <= 415"),
+    (lambda: dn.train_seeds("kglm", 1.0, [0], **{**SMALL, "validation_size": 8}),
+     r"train_seeds: `validation_size` must be a multiple of batch_size = 16"),
     (lambda: dn.init_weights("kglm", 1.0, jax.random.key(0), (6, 32)), r"`image_shape` must be an integer >= 7"),
     (lambda: dn.init_weights("kglm", 1.0, 0), r"init_weights: `key`"),
     (lambda: dn.corrupt(jax.random.key(0), jnp.zeros(3), noise_std=-1.0), r"corrupt: `noise_std` must be"),

@@ -100,12 +100,13 @@ def collect_denoising(seeds: int = 5) -> dict[str, Any]:
     """ch4 p5 (book/ch4_kglm/05_denoising.ipynb, sweep cell): 004 Fig. 6's grid at the quick scale
     (5 variances, 5 C, ``seeds`` seeds: the page's 5 by default, more at
     :mod:`deqlab.lab.experiments.medium`), and
-    :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s best grid points."""
+    :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s best grid points, chosen on the
+    page's 64 validation images; the per-seed test MSEs there."""
     from deqlab import checks
     from deqlab.lab.experiments.kglm import denoising as dn
 
     seeds = checks.integer(seeds, "seeds", "power_collect.collect_denoising", minimum=2)
-    sizes = dict(image_size=16, train_size=96, test_size=64)
+    sizes = dict(image_size=16, train_size=96, validation_size=64, test_size=64)
     options = dict(epochs=5, batch_size=16, max_steps=15, tol=1e-3, learning_rate=1e-3)
     seeds = list(range(seeds))
     variances = (np.logspace(-3, 0, 5) ** 2).tolist()
@@ -120,6 +121,7 @@ def collect_denoising(seeds: int = 5) -> dict[str, Any]:
         c = dn.compare_schemes(rows, epoch)
         pick = {scheme: c[f"{scheme}_scale"] for scheme in dn.SCHEMES}
         per_epoch.append({"epoch": epoch, "kglm_scale": pick["kglm"], "random_scale": pick["random"],
+                          "selected_on": "validation",
                           "ratio_of_medians": c["ratio"], "p_value": c["p_value"],
                           **{scheme: _floats([next(r["test_mse_curve"][epoch] for r in rows
                                                    if (r["scheme"], r["scale"], r["seed"]) == (scheme, pick[scheme], s))
