@@ -191,6 +191,49 @@ def test_validation_images_are_held_out_training_images():
     assert len(rest) == len(every_train) - 24 and np.array_equal(x_val2, x_val)
 
 
+def test_validation_curve_is_the_mse_on_the_validation_images_with_their_own_noise():
+    """Epoch 0 of ``validation_mse_curve`` recomputed by hand: the untrained model on the held-out
+    images, corrupted with fold_in(key(test_seed), 2), a key no training or test draw uses."""
+    result = dn.train_seeds("kglm", 0.5, [3], epochs=0, validation_size=16, test_seed=5, **SMALL)
+    _, x_val, x_test = dn.load_images(train_size=32, validation_size=16, test_size=16, image_size=8)
+    weights = dn.init_weights("kglm", 0.5, jax.random.fold_in(jax.random.key(3), 0), (8, 8))
+    for x, key, curve in ((x_val, jax.random.fold_in(jax.random.key(5), 2), "validation_mse_curve"),
+                          (x_test, jax.random.key(5), "test_mse_curve")):
+        noisy = dn.corrupt(key, jnp.asarray(x), dn.NOISE_STD)
+        out, _ = dn.denoise(weights, noisy, tol=1e-3, max_steps=10, anderson_m=5)
+        np.testing.assert_allclose(result[curve][0][0], float(jnp.mean((out - x) ** 2)), rtol=1e-5)
+    assert result["validation_mse_curve"][0][0] != result["test_mse_curve"][0][0]
+
+
+def test_checkpoint_resume_with_validation_equals_uninterrupted(tmp_path, monkeypatch):
+    kwargs = dict(epochs=3, validation_size=16, **SMALL)
+    reference = dn.train_seeds("kglm", 0.5, [0, 1], **kwargs)
+    program = dn._program
+
+    def interrupted(*args):
+        tx, run_epoch, run_eval = program(*args)
+        calls = []
+
+        def run(*a):
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # killed during the third epoch
+            calls.append(1)
+            return run_epoch(*a)
+
+        return tx, run, run_eval
+
+    monkeypatch.setattr(dn, "_program", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        dn.train_seeds("kglm", 0.5, [0, 1], checkpoint_dir=tmp_path, **kwargs)
+    monkeypatch.setattr(dn, "_program", program)
+    with pytest.raises(ValueError, match=r"train_seeds: `checkpoint_dir` must be a directory of runs with "
+                                         r"validation_size = 0, test_size = 16 and test_seed = 0"):
+        dn.train_seeds("kglm", 0.5, [0, 1], checkpoint_dir=tmp_path, **{**kwargs, "validation_size": 0})
+    resumed = dn.train_seeds("kglm", 0.5, [0, 1], checkpoint_dir=tmp_path, **kwargs)
+    for curve in ("test_mse_curve", "validation_mse_curve", "train_loss_curve"):
+        np.testing.assert_allclose(resumed[curve], reference[curve], rtol=1e-6)
+
+
 def test_sweep_resumes_and_summaries(tmp_path, monkeypatch):
     kwargs = dict(variances=[1e-3], cs=[0.3, 1.0], seeds=[0, 1], epochs=1, progress=False, validation_size=16,
                   **SMALL)
@@ -217,6 +260,28 @@ def test_sweep_resumes_and_summaries(tmp_path, monkeypatch):
         assert best[3]["selected_on"] == select_on
 
 
+def test_cross_fitting_judges_each_half_of_the_seeds_at_the_other_halfs_choice():
+    """Even seeds (0, 2, 4) choose scale 0.1 on their validation MSEs, odd seeds (1, 3, 5) scale 1.0:
+    cross-fitted, the even seeds are judged at 1.0 and the odd ones at 0.1. A seed whose own
+    validation MSE is lucky at a scale is then not judged there by its own choice."""
+    val_a = [0.1, 0.9, 0.1, 0.9, 0.1, 0.9]  # scale 0.1: low for the even seeds
+    val_b = [0.9, 0.1, 0.9, 0.1, 0.9, 0.1]  # scale 1.0: low for the odd seeds
+    test_a, test_b = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    rows = (_rows("kglm", 0.1, test_a, validation=val_a) + _rows("kglm", 1.0, test_b, validation=val_b)
+            + _rows("random", 0.1, [7.0] * 6, validation=[0.5] * 6) + _rows("random", 1.0, [8.0] * 6, validation=[0.6] * 6))
+    c = dn.compare_schemes(rows, 0)
+    assert c["seeds"] == [0, 1, 2, 3, 4, 5] and c["n_seeds"] == 6
+    assert c["kglm_scale_per_seed"] == [1.0, 0.1, 1.0, 0.1, 1.0, 0.1]
+    assert c["kglm_mse"] == [10.0, 2.0, 30.0, 4.0, 50.0, 6.0]
+    assert c["random_scale_per_seed"] == [0.1] * 6 and c["random_mse"] == [7.0] * 6
+    # without cross-fitting every seed is judged at the choice of all six (medians 0.5 tie: the smaller scale)
+    plain = dn.compare_schemes(rows, 0, cross_fit=False)
+    assert plain["kglm_scale_per_seed"] == [0.1] * 6 and plain["kglm_mse"] == test_a
+    with pytest.raises(ValueError, match=r"compare_schemes: `rows` must be runs of both schemes with at least "
+                                         r"two common seeds \(for cross_fit\)"):
+        dn.compare_schemes([r for r in rows if r["seed"] == 0], 0)
+
+
 def _rows(scheme, scale, values, validation=None):
     rows = [{"scheme": scheme, "scale": scale, "seed": i, "norm": scale, "test_mse_curve": [v]}
             for i, v in enumerate(values)]
@@ -240,10 +305,12 @@ def test_grid_points_are_chosen_on_the_validation_images():
     assert best["kglm"]["scale"] == 1.0 and best["kglm"]["median"] == pytest.approx(0.6)
     on_test = {b["scheme"]: b for b in dn.best_by_epoch(rows, "test")}
     assert on_test["random"]["scale"] == 1.0 and on_test["kglm"]["scale"] == 0.1
-    c = dn.compare_schemes(rows, 0)
+    c = dn.compare_schemes(rows, 0, cross_fit=False)
     assert (c["random_scale"], c["kglm_scale"]) == (0.1, 1.0) and c["ratio"] == pytest.approx(1.1 / 0.6)
-    c = dn.compare_schemes(rows, 0, select_on="test")
+    c = dn.compare_schemes(rows, 0, select_on="test", cross_fit=False)
     assert (c["random_scale"], c["kglm_scale"]) == (1.0, 0.1) and c["ratio"] == pytest.approx(0.9 / 0.3)
+    with pytest.raises(ValueError, match=r"compare_schemes: `cross_fit` must be True or False, got 1"):
+        dn.compare_schemes(rows, 0, cross_fit=1)
     with pytest.raises(ValueError, match=r"best_by_epoch: `select_on` must be 'test' for rows without "
                                          r"validation_mse_curve"):
         dn.compare_schemes(_rows("random", 0.1, [1.0]) + _rows("kglm", 0.1, [1.0]), 0)
@@ -260,17 +327,17 @@ def test_summaries_count_failures_and_compare():
     best = {b["scheme"]: b for b in dn.best_by_epoch(rows, "test")}
     assert best["random"]["scale"] == 0.1 and best["random"]["failed"] == 2
     assert best["kglm"]["scale"] == 0.1 and best["kglm"]["median"] == pytest.approx(0.25)
-    c = dn.compare_schemes(rows, 0, "test")
+    c = dn.compare_schemes(rows, 0, "test", cross_fit=False)
     # paired by seed: 4 seeds, kGLM lower on all of them (one pair against a failed random run)
     assert c["n_seeds"] == 4
     assert c["kglm_wins"] == 1.0 and c["p_value"] == pytest.approx(c["p_floor"]) == pytest.approx(1 / 16)
     assert c["ratio"] == pytest.approx(0.65 / 0.25)
     swapped = [{**r, "scheme": {"random": "kglm", "kglm": "random"}[r["scheme"]]} for r in rows]
     assert c["p_value_reverse"] == pytest.approx(1.0)
-    reverse = dn.compare_schemes(swapped, 0, "test")
+    reverse = dn.compare_schemes(swapped, 0, "test", cross_fit=False)
     assert reverse["p_value"] > 0.9 and reverse["p_value_reverse"] == pytest.approx(1 / 16)
     with pytest.raises(ValueError, match=r"compare_schemes: `epoch` must be an epoch evaluated for both"):
-        dn.compare_schemes(rows, 3, "test")
+        dn.compare_schemes(rows, 3, "test", cross_fit=False)
 
 
 def test_compare_schemes_pairs_seeds():
@@ -280,29 +347,30 @@ def test_compare_schemes_pairs_seeds():
     be significant (Mann-Whitney p ~ 0.41)."""
     base = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     rows = _rows("random", 0.1, base) + _rows("kglm", 0.5, base - 0.1)
-    c = dn.compare_schemes(rows, 0, "test")
+    c = dn.compare_schemes(rows, 0, "test", cross_fit=False)
     assert c["n_seeds"] == 6 and c["kglm_wins"] == 1.0
     assert c["p_value"] == pytest.approx(2.0**-6) and c["p_value_reverse"] == pytest.approx(1.0)
     assert stats.mannwhitneyu(base - 0.1, base, alternative="less").pvalue > 0.3
     # the exact signed-rank p-value against scipy's exact test on a case without ties or failures
     d_kglm = base + np.array([-0.5, 0.2, -0.9, -0.3, 0.05, -1.1])
-    c = dn.compare_schemes(_rows("random", 0.1, base) + _rows("kglm", 0.5, d_kglm), 0, "test")
+    c = dn.compare_schemes(_rows("random", 0.1, base) + _rows("kglm", 0.5, d_kglm), 0, "test", cross_fit=False)
     expected = stats.wilcoxon(d_kglm - base, alternative="less", method="exact").pvalue
     assert c["p_value"] == pytest.approx(expected) and c["kglm_wins"] == pytest.approx(4 / 6)
     # seeds are matched by their number, not by position; unmatched seeds are left out
     shuffled = _rows("random", 0.1, base)[::-1] + _rows("kglm", 0.5, base - 0.1) + [
         {"scheme": "kglm", "scale": 0.5, "seed": 99, "norm": 0.5, "test_mse_curve": [100.0]}]
-    c = dn.compare_schemes(shuffled, 0, "test")
+    c = dn.compare_schemes(shuffled, 0, "test", cross_fit=False)
     assert c["n_seeds"] == 6 and c["p_value"] == pytest.approx(2.0**-6)
     # both runs of a seed failed: a tie, dropped; kGLM failed alone: its worst difference
     failing = _rows("random", 0.1, [np.nan, 1.0, 2.0, 3.0]) + _rows("kglm", 0.5, [np.inf, np.nan, 1.5, 2.7])
-    c = dn.compare_schemes(failing, 0, "test")
+    c = dn.compare_schemes(failing, 0, "test", cross_fit=False)
     assert c["n_seeds"] == 4 and c["kglm_wins"] == pytest.approx((0.5 + 0 + 1 + 1) / 4)
     # |d| ranks: 3 (kGLM failed, +), 2 (-0.5), 1 (-0.3); W+ = 3, and 5 of the 8 sign patterns give W+ <= 3
     assert c["p_value"] == pytest.approx(5 / 8)
     with pytest.raises(ValueError, match=r"compare_schemes: `rows` must be runs of both schemes"):
         dn.compare_schemes(_rows("random", 0.1, [1.0]) + [
-            {"scheme": "kglm", "scale": 0.5, "seed": 7, "norm": 0.5, "test_mse_curve": [1.0]}], 0, "test")
+            {"scheme": "kglm", "scale": 0.5, "seed": 7, "norm": 0.5, "test_mse_curve": [1.0]}], 0, "test",
+            cross_fit=False)
 
 
 @pytest.mark.parametrize(("call", "message"), [

@@ -286,6 +286,7 @@ def _seq2seq_steps():
 # ch4_kglm/05_denoising: kglm.denoising on CIFAR-10 (3 x 32 x 32), batch 50, Anderson(m=5) to at most 30
 # steps, the 100 seeds of one scale in one vmapped program (the page's full configuration)
 _CIFAR_TRAIN = 50_000
+_DENOISING_VALIDATION = 5_000  # the page's full validation_size, held out of the training split
 _DENOISING_SEEDS = 100
 
 
@@ -333,10 +334,12 @@ def _denoising_steps():
     from deqlab.lab.experiments.kglm import denoising as dn
 
     points = len(dn.PAPER_CODE_VARIANCES) + len(dn.PAPER_CS)
-    return points * 5 * (_CIFAR_TRAIN // 50), (
+    train = _CIFAR_TRAIN - _DENOISING_VALIDATION
+    return points * 5 * (train // 50), (
         f"{points} scales ({len(dn.PAPER_CODE_VARIANCES)} variances, {len(dn.PAPER_CS)} values of C) x 5 epochs x "
-        f"(50000 // 50) batches; each step trains the {_DENOISING_SEEDS} seeds of a scale at once (test-set "
-        "evaluations not counted)")
+        f"({train} // 50) batches ({_DENOISING_VALIDATION} of CIFAR-10's {_CIFAR_TRAIN} training images held out "
+        f"for validation); each step trains the {_DENOISING_SEEDS} seeds of a scale at once (validation- and "
+        "test-set evaluations not counted)")
 
 
 # ch5_transformers/02_copy_memory: the DEQ-Transformer of 003 Table 1 (14K parameters), T = 400, batch 64

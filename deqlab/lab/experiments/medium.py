@@ -106,7 +106,8 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
     "ch4p5": {
         "page": "book/ch4_kglm/05_denoising.ipynb",
         "what": "004 Fig. 6: the kGLM-initialised denoising DEQ against random initialisation, each at its best "
-                "grid point (chosen on validation images), test MSE at epochs 0 to 5, paired by seed",
+                "grid point (chosen on validation images, cross-fitted by seed), test MSE at epochs 0 to 5, "
+                "paired by seed",
         # the power analysis needs 47 seeds for the epoch-5 claim (004's effect, 0.07 in log MSE, at the
         # quick spread); 48 take a few minutes on the 2-core CPU
         "options": {"seeds": 48},

@@ -466,7 +466,7 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
         dataset, train_size, validation_size, test_size, image_size, data_path: the images
             (:func:`load_images`); ``validation_size`` and ``test_size`` multiples of ``batch_size``.
         test_seed: seed of the test noise, shared by every model (a fair comparison); the
-            validation images get their own noise from it (``fold_in(key(test_seed), 1)``).
+            validation images get their own noise from it (``fold_in(key(test_seed), 2)``).
         checkpoint_dir: if given, the state after each epoch is saved there (orbax) and a rerun
             resumes from it.
         **options: ``epochs`` (5, 004 Fig. 6), ``batch_size`` (32), ``learning_rate`` (1e-3),
@@ -481,7 +481,9 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
         ``train_loss_curve``; and ``seeds``.
 
     Raises:
-        ValueError: an argument out of range, named in the message.
+        ValueError: an argument out of range, named in the message (``checkpoint_dir`` holding
+            runs on other validation or test sets).
+        FileNotFoundError: CIFAR-10 not found under ``data_path``.
 
     Example:
         >>> r = train_seeds("kglm", 0.5, [0, 1], epochs=1, train_size=32, validation_size=16,
@@ -507,7 +509,8 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
     image_shape = tuple(x_train.shape[-2:])
     x_train, x_validation, x_test = jnp.asarray(x_train), jnp.asarray(x_validation), jnp.asarray(x_test)
     noisy_test = corrupt(jax.random.key(test_seed), x_test, o["noise_std"])
-    noisy_validation = corrupt(jax.random.fold_in(jax.random.key(test_seed), 1), x_validation, o["noise_std"])
+    # fold_in 2: a key no seed's initialisation (fold_in 0) or training (fold_in 1) uses
+    noisy_validation = corrupt(jax.random.fold_in(jax.random.key(test_seed), 2), x_validation, o["noise_std"])
     validating = len(x_validation) > 0
     n_batches = len(x_train) // o["batch_size"]
     tx, run_epoch, run_eval = _program(o["tol"], o["max_steps"], o["anderson_m"], o["batch_size"], n_batches)
@@ -534,8 +537,16 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
         from deqlab.lab.experiments.sweep import Checkpoints
 
         ckpt = Checkpoints(checkpoint_dir)
-        restored, start = ckpt.resume({"weights": weights, "opt_state": opt_state, "history": history})
+        # the evaluation sets travel with the state: a directory of runs on other sets is refused
+        split = np.asarray([len(x_validation), len(x_test), test_seed], np.int32)
+        restored, start = ckpt.resume({"weights": weights, "opt_state": opt_state, "history": history,
+                                       "split": split})
         weights, opt_state, history = restored["weights"], restored["opt_state"], np.asarray(restored["history"])
+        if not np.array_equal(np.asarray(restored["split"]), split):
+            ckpt.close()
+            raise checks.fail("checkpoint_dir", f"a directory of runs with validation_size = {len(x_validation)}, "
+                              f"test_size = {len(x_test)} and test_seed = {test_seed} (its runs have "
+                              f"{np.asarray(restored['split']).tolist()})", str(checkpoint_dir), where)
     try:
         for e in range(start, o["epochs"]):
             weights, opt_state, loss, conv_train = run_epoch(
@@ -544,7 +555,7 @@ def train_seeds(scheme: str, scale: float, seeds: Sequence[int], *, dataset: str
             mse, conv, val = evaluate(weights)
             history[e + 1] = np.stack([mse, conv, np.asarray(loss), val], axis=-1)
             if ckpt is not None:
-                ckpt.save(e, {"weights": weights, "opt_state": opt_state, "history": history})
+                ckpt.save(e, {"weights": weights, "opt_state": opt_state, "history": history, "split": split})
     finally:
         if ckpt is not None:
             ckpt.close()
@@ -572,8 +583,18 @@ def run_denoising_sweep(directory: str | os.PathLike, *, variances: Sequence[flo
     (scheme, scale); finished units are not rerun). Defaults are the paper's grids (the variances
     as its code reads them, :data:`PAPER_CODE_VARIANCES`) and seeds.
 
-    The image arguments and ``**options`` are :func:`train_seeds`'s; pass ``validation_size`` to
-    choose grid points on held-out training images (:func:`best_by_epoch`).
+    Args:
+        directory: where each (scheme, scale) unit's result (and, with ``checkpoints``, its
+            per-epoch state) is stored; a rerun reads finished units back instead of training.
+        variances: random initialisation's grid (weight variances > 0).
+        cs: kGLM initialisation's grid (spectral norms C > 0).
+        seeds: distinct integers >= 0, trained at every grid point.
+        dataset, train_size, validation_size, test_size, image_size, data_path: the images
+            (:func:`load_images`); pass ``validation_size`` to choose grid points on held-out
+            training images (:func:`best_by_epoch`, :func:`compare_schemes`).
+        checkpoints: save each unit's state after every epoch, so an interrupted unit resumes.
+        progress: a progress bar over the units.
+        **options: :func:`train_seeds`'s options.
 
     Returns:
         One row per (scheme, scale, seed): ``scheme``, ``scale``, ``seed``, ``norm`` (mean
@@ -582,6 +603,14 @@ def run_denoising_sweep(directory: str | os.PathLike, *, variances: Sequence[flo
 
     Raises:
         ValueError: an argument out of range, named in the message.
+        FileNotFoundError: CIFAR-10 not found under ``data_path``.
+
+    Example:
+        >>> rows = run_denoising_sweep("/tmp/sweep", variances=[1e-4], cs=[0.5], seeds=[0, 1],
+        ...                            train_size=32, validation_size=16, test_size=16, image_size=8,
+        ...                            epochs=1, batch_size=16, progress=False)  # doctest: +SKIP
+        >>> len(rows), sorted(rows[0])                                        # doctest: +SKIP
+        (4, ['converged_curve', 'norm', 'scale', 'scheme', 'seed', 'test_mse_curve', 'validation_mse_curve'])
     """
     from deqlab.lab.experiments import sweep
 
@@ -642,7 +671,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     norm), ``median``, lower and upper quartiles ``q25``, ``q75`` (order statistics) of the test MSE
     (NaN/inf counted as +inf), ``failed`` (seeds with a non-finite test MSE), and
     ``validation_median`` (the median validation MSE; None where the rows have no
-    ``validation_mse_curve``). Rows in first-seen (scheme, scale) order, epochs ascending."""
+    ``validation_mse_curve``). Rows in first-seen (scheme, scale) order, epochs ascending.
+
+    Args:
+        rows: per-seed rows of :func:`run_denoising_sweep`.
+
+    Returns:
+        One dict per (scheme, scale, epoch) with the keys above and ``scheme``, ``scale``, ``epoch``.
+
+    Example:
+        >>> rows = [{"scheme": "kglm", "scale": 1.0, "seed": s, "norm": 1.0, "test_mse_curve": [v]}
+        ...         for s, v in enumerate([0.2, float("nan"), 0.1])]
+        >>> t = summarize(rows)[0]
+        >>> t["median"], t["failed"], t["validation_median"]
+        (0.2, 1, None)
+    """
     groups: dict[tuple, list] = {}
     for row in rows:
         groups.setdefault((row["scheme"], row["scale"]), []).append(row)
@@ -684,7 +727,8 @@ def best_by_epoch(rows: Sequence[dict[str, Any]], select_on: str = "validation")
         select_on: one of :data:`SELECT_ON`.
 
     Returns:
-        One dict per (scheme, epoch), schemes in :data:`SCHEMES` order: ``scale``, ``norm`` there,
+        One dict per (scheme, epoch), schemes in :data:`SCHEMES` order: ``scheme``, ``epoch``,
+        ``scale``, ``norm`` there,
         the test MSE's ``median``, ``q25``, ``q75`` there, ``validation_median`` there (None
         without validation curves), ``selected_on``, and ``failed`` (non-finite test runs over the
         whole grid at that epoch, as 004 Table 1's "# failed").
@@ -750,37 +794,47 @@ def _signed_rank_p_values(k: np.ndarray, r: np.ndarray) -> tuple[float, float, i
     return float(less), float(greater), n
 
 
-def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str = "validation") -> dict[str, Any]:
+def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str = "validation",
+                    cross_fit: bool = True) -> dict[str, Any]:
     """Does kGLM initialisation beat random at ``epoch``, each at its own best grid point?
 
-    Takes the per-seed test MSEs of each scheme at its best scale (lowest median on
-    ``select_on``'s images, :func:`best_by_epoch`) and compares them *paired by seed*: seed ``s`` fixes the batch order
-    and the training noise of both schemes (:func:`train_seeds`), and every model sees the same
-    noisy test set, so the two runs of one seed are not independent and the seed, not the model,
-    is the independent unit. The test is the one-sided Wilcoxon signed-rank test of the per-seed
-    differences (alternative: kGLM's MSEs are smaller; failures count as +inf, see
-    :func:`_signed_rank_p_values`). With ``select_on="validation"`` the grid points are chosen
-    on held-out training images, so the test MSEs compared are not the ones the choice was made
-    on; ``"test"`` chooses on the compared MSEs themselves, which flatters each scheme by the best
-    of its grid. With few seeds the p-value is coarse (its smallest possible value is ``2^-n`` for
-    ``n`` seeds).
+    Compares the per-seed test MSEs of the two schemes, each at its best scale (lowest median on
+    ``select_on``'s images, :func:`best_by_epoch`), *paired by seed*: seed ``s`` fixes the batch
+    order and the training noise of both schemes (:func:`train_seeds`), and every model sees the
+    same noisy test set, so the two runs of one seed are not independent and the seed, not the
+    model, is the independent unit. The test is the one-sided Wilcoxon signed-rank test of the
+    per-seed differences (alternative: kGLM's MSEs are smaller; failures count as +inf, see
+    :func:`_signed_rank_p_values`). With few seeds the p-value is coarse (its smallest possible
+    value is ``2^-n`` for ``n`` seeds).
+
+    Where the grid point is chosen matters. ``select_on="validation"`` keeps the test images out
+    of the choice, but the validation MSEs come from the same trained models as the test MSEs
+    (they rank the seeds almost alike), so a choice made on all seeds still favours the seeds it
+    is judged on. ``cross_fit=True`` removes that too: the common seeds are split into two halves
+    (alternate seeds in sorted order) and each half is judged at the grid point the *other* half
+    chooses, so no seed's own models take part in the choice it is judged at.
 
     Args:
         rows: per-seed rows of :func:`run_denoising_sweep` (keys ``scheme``, ``scale``, ``seed``,
             ``test_mse_curve``, and ``validation_mse_curve`` for ``"validation"``).
         epoch: the evaluation (0 = untrained).
         select_on: one of :data:`SELECT_ON` (:func:`best_by_epoch`).
+        cross_fit: judge each half of the seeds at the other half's choice (needs 2 common
+            seeds); False judges every seed at the choice of all of them.
 
     Returns:
-        ``kglm_median``, ``random_median``, ``ratio`` (random / kGLM medians), ``p_value``,
-        ``p_value_reverse`` (the same test with the alternative "random's are smaller"),
-        ``p_floor`` (the smallest attainable p-value, ``2^-n_seeds``), ``n_seeds`` (seeds run
-        under both schemes), ``kglm_scale``, ``random_scale``, ``kglm_wins`` (fraction of those
-        seeds where kGLM's MSE is the lower, ties counting one half).
+        ``epoch``; ``kglm_median``, ``random_median`` (of the per-seed test MSEs compared),
+        ``ratio`` (random / kGLM medians), ``p_value``, ``p_value_reverse`` (the same test with
+        the alternative "random's are smaller"), ``p_floor`` (the smallest attainable p-value,
+        ``2^-n_seeds``), ``n_seeds`` (seeds compared), ``kglm_wins`` (fraction of those seeds where
+        kGLM's MSE is the lower, ties counting one half); ``kglm_scale``, ``random_scale`` (the
+        choice of all the seeds, :func:`best_by_epoch`); and per compared seed, in ``seeds``
+        order: ``kglm_mse``, ``random_mse``, ``kglm_scale_per_seed``, ``random_scale_per_seed``
+        (the grid point each seed was judged at).
 
     Raises:
-        ValueError: ``epoch`` not evaluated for both schemes, no seed run under both, or
-            ``select_on`` as in :func:`best_by_epoch`.
+        ValueError: ``epoch`` not evaluated for both schemes, no seed run under both (two for
+            ``cross_fit``), or ``select_on`` as in :func:`best_by_epoch`.
 
     Example:
         >>> c = compare_schemes(rows, epoch=5)          # doctest: +SKIP
@@ -788,22 +842,40 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
     """
     where = "denoising.compare_schemes"
     epoch = checks.integer(epoch, "epoch", where, minimum=0)
+    if not isinstance(cross_fit, (bool, np.bool_)):
+        raise checks.fail("cross_fit", "True or False", cross_fit, where)
     best = {r["scheme"]: r for r in best_by_epoch(rows, select_on) if r["epoch"] == epoch}
     if set(best) != set(SCHEMES):
         raise checks.fail("epoch", "an epoch evaluated for both schemes", epoch, where)
-    by_seed = {}
-    for scheme in SCHEMES:
-        by_seed[scheme] = {r["seed"]: r["test_mse_curve"][epoch] for r in rows
-                           if r["scheme"] == scheme and r["scale"] == best[scheme]["scale"]}
-    seeds = sorted(set(by_seed["kglm"]) & set(by_seed["random"]))
+    common = sorted(set.intersection(*({r["seed"] for r in rows if r["scheme"] == scheme} for scheme in SCHEMES)))
+    if len(common) < (2 if cross_fit else 1):
+        raise checks.fail("rows", "runs of both schemes with at least "
+                          + ("two common seeds (for cross_fit)" if cross_fit else "one common seed"),
+                          f"{len(common)} common seed(s)", where)
+    if cross_fit:  # each half judged at the grid point the other half chooses
+        halves = (common[0::2], common[1::2])
+        judged_at = {}
+        for judged, choosing in (halves, halves[::-1]):
+            chooser = set(choosing)
+            pick = {b["scheme"]: b["scale"] for b in best_by_epoch([r for r in rows if r["seed"] in chooser], select_on)
+                    if b["epoch"] == epoch}
+            judged_at.update({s: pick for s in judged})
+    else:
+        judged_at = {s: {scheme: best[scheme]["scale"] for scheme in SCHEMES} for s in common}
+    value = {(r["scheme"], r["scale"], r["seed"]): r["test_mse_curve"][epoch] for r in rows}
+    # a seed without a run at the grid point it is judged at is left out
+    seeds = [s for s in common if all((scheme, judged_at[s][scheme], s) in value for scheme in SCHEMES)]
     if not seeds:
-        raise checks.fail("rows", "runs of both schemes with at least one common seed",
-                          "no common seed", where)
-    k = _finite_or_inf([by_seed["kglm"][s] for s in seeds])
-    r = _finite_or_inf([by_seed["random"][s] for s in seeds])
+        raise checks.fail("rows", "runs of both schemes with at least one common seed at the chosen grid points",
+                          "no such seed", where)
+    k = _finite_or_inf([value["kglm", judged_at[s]["kglm"], s] for s in seeds])
+    r = _finite_or_inf([value["random", judged_at[s]["random"], s] for s in seeds])
     p_less, p_greater, _ = _signed_rank_p_values(k, r)
     wins = float(np.mean(k < r) + 0.5 * np.mean(k == r))
     return {"epoch": epoch, "kglm_median": float(np.median(k)), "random_median": float(np.median(r)),
             "ratio": float(np.median(r) / np.median(k)), "p_value": p_less, "p_value_reverse": p_greater,
             "p_floor": 2.0 ** -len(seeds), "n_seeds": len(seeds),
-            "kglm_scale": best["kglm"]["scale"], "random_scale": best["random"]["scale"], "kglm_wins": wins}
+            "kglm_scale": best["kglm"]["scale"], "random_scale": best["random"]["scale"], "kglm_wins": wins,
+            "seeds": seeds, "kglm_mse": k.tolist(), "random_mse": r.tolist(),
+            "kglm_scale_per_seed": [judged_at[s]["kglm"] for s in seeds],
+            "random_scale_per_seed": [judged_at[s]["random"] for s in seeds]}
