@@ -260,23 +260,25 @@ def test_sweep_resumes_and_summaries(tmp_path, monkeypatch):
         assert best[3]["selected_on"] == select_on
 
 
-def test_cross_fitting_judges_each_half_of_the_seeds_at_the_other_halfs_choice():
-    """Even seeds (0, 2, 4) choose scale 0.1 on their validation MSEs, odd seeds (1, 3, 5) scale 1.0:
-    cross-fitted, the even seeds are judged at 1.0 and the odd ones at 0.1. A seed whose own
-    validation MSE is lucky at a scale is then not judged there by its own choice."""
-    val_a = [0.1, 0.9, 0.1, 0.9, 0.1, 0.9]  # scale 0.1: low for the even seeds
-    val_b = [0.9, 0.1, 0.9, 0.1, 0.9, 0.1]  # scale 1.0: low for the odd seeds
-    test_a, test_b = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
-    rows = (_rows("kglm", 0.1, test_a, validation=val_a) + _rows("kglm", 1.0, test_b, validation=val_b)
-            + _rows("random", 0.1, [7.0] * 6, validation=[0.5] * 6) + _rows("random", 1.0, [8.0] * 6, validation=[0.6] * 6))
+def test_cross_fitting_judges_each_seed_at_the_other_seeds_choice():
+    """kGLM's validation MSEs at scale 0.1 are (0.1, 0.2, 0.9) for seeds 0, 1, 2 and 0.5 at 1.0.
+    Leaving seed 0 out, the others' median at 0.1 is 0.55 > 0.5: seed 0 is judged at 1.0; leaving
+    out seed 1 gives a tie (0.5, the smaller scale wins) and seed 2 0.15: both judged at 0.1. All
+    three together choose 0.1, seed 0's own lucky validation MSE deciding it."""
+    rows = (_rows("kglm", 0.1, [1.0, 2.0, 3.0], validation=[0.1, 0.2, 0.9])
+            + _rows("kglm", 1.0, [10.0, 20.0, 30.0], validation=[0.5, 0.5, 0.5])
+            + _rows("random", 0.1, [7.0] * 3, validation=[0.5] * 3) + _rows("random", 1.0, [8.0] * 3, validation=[0.6] * 3))
     c = dn.compare_schemes(rows, 0)
-    assert c["seeds"] == [0, 1, 2, 3, 4, 5] and c["n_seeds"] == 6
-    assert c["kglm_scale_per_seed"] == [1.0, 0.1, 1.0, 0.1, 1.0, 0.1]
-    assert c["kglm_mse"] == [10.0, 2.0, 30.0, 4.0, 50.0, 6.0]
-    assert c["random_scale_per_seed"] == [0.1] * 6 and c["random_mse"] == [7.0] * 6
-    # without cross-fitting every seed is judged at the choice of all six (medians 0.5 tie: the smaller scale)
+    assert c["seeds"] == [0, 1, 2] and c["n_seeds"] == 3 and c["cross_fit"] and c["select_on"] == "validation"
+    assert c["kglm_scale_per_seed"] == [1.0, 0.1, 0.1] and c["kglm_mse"] == [10.0, 2.0, 3.0]
+    assert c["random_scale_per_seed"] == [0.1] * 3 and c["random_mse"] == [7.0] * 3
+    assert c["kglm_scale"] == 0.1  # the choice of all the seeds, reported beside
     plain = dn.compare_schemes(rows, 0, cross_fit=False)
-    assert plain["kglm_scale_per_seed"] == [0.1] * 6 and plain["kglm_mse"] == test_a
+    assert plain["kglm_scale_per_seed"] == [0.1] * 3 and plain["kglm_mse"] == [1.0, 2.0, 3.0]
+    # a seed with no run at the grid point it is judged at is left out
+    partial = [r for r in rows if not (r["scheme"] == "kglm" and r["scale"] == 1.0 and r["seed"] == 0)]
+    c = dn.compare_schemes(partial, 0)
+    assert c["seeds"] == [1, 2] and c["kglm_scale_per_seed"] == [0.1, 0.1]
     with pytest.raises(ValueError, match=r"compare_schemes: `rows` must be runs of both schemes with at least "
                                          r"two common seeds \(for cross_fit\)"):
         dn.compare_schemes([r for r in rows if r["seed"] == 0], 0)

@@ -100,8 +100,8 @@ def collect_denoising(seeds: int = 5) -> dict[str, Any]:
     """ch4 p5 (book/ch4_kglm/05_denoising.ipynb, sweep cell): 004 Fig. 6's grid at the quick scale
     (5 variances, 5 C, ``seeds`` seeds: the page's 5 by default, more at
     :mod:`deqlab.lab.experiments.medium`), and
-    :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s per-seed test MSEs: each half of
-    the seeds at the grid point the other half chooses on the page's 64 validation images."""
+    :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s per-seed test MSEs: each seed
+    at the grid point the other seeds choose on the page's 64 validation images."""
     from deqlab import checks
     from deqlab.lab.experiments.kglm import denoising as dn
 
@@ -121,7 +121,7 @@ def collect_denoising(seeds: int = 5) -> dict[str, Any]:
         c = dn.compare_schemes(rows, epoch)  # grid points chosen on validation images, cross-fitted by seed
         assert c["seeds"] == seeds, (epoch, c["seeds"])  # every seed compared: the claims count them all
         per_epoch.append({"epoch": epoch, "kglm_scale": c["kglm_scale"], "random_scale": c["random_scale"],
-                          "selected_on": "validation, cross-fitted",
+                          "selected_on": c["select_on"], "cross_fit": c["cross_fit"],
                           "kglm_scale_per_seed": c["kglm_scale_per_seed"],
                           "random_scale_per_seed": c["random_scale_per_seed"],
                           "ratio_of_medians": c["ratio"], "p_value": c["p_value"],

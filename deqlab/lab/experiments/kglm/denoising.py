@@ -59,8 +59,9 @@ scikit-learn's sample photographs at quick scale. Noisy inputs: ``clip(x + e, 0,
 **Choosing grid points.** 004 Table 1 reports test losses "taken at the best performing spectral
 norm" and names no separate set to choose that norm on. Here :func:`best_by_epoch` and :func:`compare_schemes` choose on
 validation images by default: the last ``validation_size`` images of the training split, never
-trained on, with their own fixed noise (:func:`load_images`); the test MSEs compared at the chosen
-points took no part in the choice (``select_on="test"`` gives the paper's reading).
+trained on, with their own fixed noise (:func:`load_images`), so the test images take no part in
+the choice (``select_on="test"`` gives the paper's reading); and :func:`compare_schemes` judges
+each seed at the grid point the *other* seeds choose, so its own models take no part either.
 
 **Seeds in one program.** As chapter 3's :mod:`deqlab.lab.experiments.nonlinear.training`: each seed
 has its own initialisation, batch order and training noise; one compiled epoch (a ``lax.scan``
@@ -716,8 +717,8 @@ def best_by_epoch(rows: Sequence[dict[str, Any]], select_on: str = "validation")
     (ties: the smaller scale), and the *test* MSE there.
 
     Choosing on the validation images (held-out training images with their own noise,
-    :func:`load_images`) leaves the test MSEs reported here, and compared by
-    :func:`compare_schemes`, free of the choice; choosing on the test images (``"test"``, the reading of
+    :func:`load_images`) keeps the test images out of the choice (but not the seeds, whose
+    validation and test MSEs rank them alike: :func:`compare_schemes` cross-fits); choosing on the test images (``"test"``, the reading of
     004 Table 1's "taken at the best performing spectral norm", which names no other set) flatters
     each scheme by the best of its grid.
 
@@ -810,17 +811,18 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
     Where the grid point is chosen matters. ``select_on="validation"`` keeps the test images out
     of the choice, but the validation MSEs come from the same trained models as the test MSEs
     (they rank the seeds almost alike), so a choice made on all seeds still favours the seeds it
-    is judged on. ``cross_fit=True`` removes that too: the common seeds are split into two halves
-    (alternate seeds in sorted order) and each half is judged at the grid point the *other* half
-    chooses, so no seed's own models take part in the choice it is judged at.
+    is judged on. ``cross_fit=True`` removes that too, leaving one seed out at a time: each seed is
+    judged at the grid point the *other* seeds choose, so no seed's own models take part in the
+    choice it is judged at. The p-values then treat the seeds as independent given those choices,
+    which holds only approximately, since every seed takes part in the other seeds' choices.
 
     Args:
         rows: per-seed rows of :func:`run_denoising_sweep` (keys ``scheme``, ``scale``, ``seed``,
             ``test_mse_curve``, and ``validation_mse_curve`` for ``"validation"``).
         epoch: the evaluation (0 = untrained).
         select_on: one of :data:`SELECT_ON` (:func:`best_by_epoch`).
-        cross_fit: judge each half of the seeds at the other half's choice (needs 2 common
-            seeds); False judges every seed at the choice of all of them.
+        cross_fit: judge each seed at the choice of the other seeds (needs 2 common seeds);
+            False judges every seed at the choice of all of them.
 
     Returns:
         ``epoch``; ``kglm_median``, ``random_median`` (of the per-seed test MSEs compared),
@@ -830,7 +832,7 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
         kGLM's MSE is the lower, ties counting one half); ``kglm_scale``, ``random_scale`` (the
         choice of all the seeds, :func:`best_by_epoch`); and per compared seed, in ``seeds``
         order: ``kglm_mse``, ``random_mse``, ``kglm_scale_per_seed``, ``random_scale_per_seed``
-        (the grid point each seed was judged at).
+        (the grid point each seed was judged at); ``select_on`` and ``cross_fit`` as given.
 
     Raises:
         ValueError: ``epoch`` not evaluated for both schemes, no seed run under both (two for
@@ -852,14 +854,11 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
         raise checks.fail("rows", "runs of both schemes with at least "
                           + ("two common seeds (for cross_fit)" if cross_fit else "one common seed"),
                           f"{len(common)} common seed(s)", where)
-    if cross_fit:  # each half judged at the grid point the other half chooses
-        halves = (common[0::2], common[1::2])
+    if cross_fit:  # each seed judged at the grid point the other seeds choose
         judged_at = {}
-        for judged, choosing in (halves, halves[::-1]):
-            chooser = set(choosing)
-            pick = {b["scheme"]: b["scale"] for b in best_by_epoch([r for r in rows if r["seed"] in chooser], select_on)
-                    if b["epoch"] == epoch}
-            judged_at.update({s: pick for s in judged})
+        for seed in common:
+            others = [r for r in rows if r["seed"] != seed]
+            judged_at[seed] = {b["scheme"]: b["scale"] for b in best_by_epoch(others, select_on) if b["epoch"] == epoch}
     else:
         judged_at = {s: {scheme: best[scheme]["scale"] for scheme in SCHEMES} for s in common}
     value = {(r["scheme"], r["scale"], r["seed"]): r["test_mse_curve"][epoch] for r in rows}
@@ -878,4 +877,5 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
             "kglm_scale": best["kglm"]["scale"], "random_scale": best["random"]["scale"], "kglm_wins": wins,
             "seeds": seeds, "kglm_mse": k.tolist(), "random_mse": r.tolist(),
             "kglm_scale_per_seed": [judged_at[s]["kglm"] for s in seeds],
-            "random_scale_per_seed": [judged_at[s]["random"] for s in seeds]}
+            "random_scale_per_seed": [judged_at[s]["random"] for s in seeds],
+            "select_on": select_on, "cross_fit": bool(cross_fit)}
