@@ -108,8 +108,8 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "what": "004 Fig. 6: the kGLM-initialised denoising DEQ against random initialisation, each at its best "
                 "grid point (chosen on validation images, cross-fitted by seed), test MSE at epochs 0 to 5, "
                 "paired by seed",
-        # the power analysis needs SEEDS_NEEDED seeds for the epoch-5 claim (004's effect, 0.07 in log MSE,
-        # at the quick spread, cross-fitted); 56 take a few minutes on the 2-core CPU
+        # the power analysis needs 47 seeds for the epoch-5 claim (004's effect, 0.07 in log MSE,
+        # at the quick spread, cross-fitted); 56, a margin over it, take a few minutes on the 2-core CPU
         "options": {"seeds": 56},
         "collect": _denoising,
     },
