@@ -718,9 +718,9 @@ def best_by_epoch(rows: Sequence[dict[str, Any]], select_on: str = "validation")
 
     Choosing on the validation images (held-out training images with their own noise,
     :func:`load_images`) keeps the test images out of the choice (but not the seeds, whose
-    validation and test MSEs rank them alike: :func:`compare_schemes` cross-fits); choosing on the test images (``"test"``, the reading of
-    004 Table 1's "taken at the best performing spectral norm", which names no other set) flatters
-    each scheme by the best of its grid.
+    validation and test MSEs rank them alike: :func:`compare_schemes` cross-fits); choosing on
+    the test images (``"test"``, the reading of 004 Table 1's "taken at the best performing
+    spectral norm", which names no other set) flatters each scheme by the best of its grid.
 
     Args:
         rows: per-seed rows of :func:`run_denoising_sweep` (keys ``scheme``, ``scale``, ``seed``,
@@ -800,7 +800,8 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
     """Does kGLM initialisation beat random at ``epoch``, each at its own best grid point?
 
     Compares the per-seed test MSEs of the two schemes, each at its best scale (lowest median on
-    ``select_on``'s images, :func:`best_by_epoch`), *paired by seed*: seed ``s`` fixes the batch
+    ``select_on``'s images, :func:`best_by_epoch`; with ``cross_fit``, the best scale of the other
+    seeds' runs, those of seeds run under one scheme only included), *paired by seed*: seed ``s`` fixes the batch
     order and the training noise of both schemes (:func:`train_seeds`), and every model sees the
     same noisy test set, so the two runs of one seed are not independent and the seed, not the
     model, is the independent unit. The test is the one-sided Wilcoxon signed-rank test of the
@@ -836,7 +837,8 @@ def compare_schemes(rows: Sequence[dict[str, Any]], epoch: int, select_on: str =
 
     Raises:
         ValueError: ``epoch`` not evaluated for both schemes, no seed run under both (two for
-            ``cross_fit``), or ``select_on`` as in :func:`best_by_epoch`.
+            ``cross_fit``), no such seed with runs at the grid points it is judged at,
+            ``cross_fit`` not a bool, or ``select_on`` as in :func:`best_by_epoch`.
 
     Example:
         >>> c = compare_schemes(rows, epoch=5)          # doctest: +SKIP
