@@ -18,15 +18,6 @@
 * Matplotlib uses the non-interactive Agg backend in this process only: the variable
   MPLBACKEND is deliberately not set, because the notebook kernels that nbmake starts inherit the
   environment, and under Agg their figures would silently not be rendered.
-* **Faster compilation in the test processes only.** The tests compile thousands of small programs
-  and run each briefly, so compiling dominates: the pytest processes set XLA's CPU backend to LLVM
-  optimisation level 0 (``--xla_backend_optimization_level=0``), which compiled a sample of the unit
-  tests in 27-36 % less time (the numbers are in the closing note of issue 24). The semantics
-  and the float rounding of a program do not depend on LLVM's optimisation level (XLA emits no
-  fast-math), so the tests check what users run. The variable is restored once JAX's CPU client has
-  read it, so the notebooks' kernels and the command-line tests run at the default level: the
-  timings a page shows are what a reader gets. ``DEQLAB_TEST_XLA_OPT=default`` keeps the default
-  level in the tests too; an ``XLA_FLAGS`` that already sets the level is left alone.
 * Hypothesis: no per-example deadline (the first example of a jitted function pays the
   compilation); on CI (``CI`` set) examples are derandomised so runs are reproducible.
 """
@@ -39,24 +30,8 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
-FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
-_xla_flags_before = os.environ.get("XLA_FLAGS")
-FAST_COMPILE = (os.environ.get("DEQLAB_TEST_XLA_OPT", "fast") != "default"
-                and "xla_backend_optimization_level" not in (_xla_flags_before or ""))
-if FAST_COMPILE:
-    os.environ["XLA_FLAGS"] = f"{_xla_flags_before or ''} {FAST_COMPILE_FLAG}".strip()
-
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-if FAST_COMPILE:
-    try:  # the CPU client reads XLA_FLAGS once, when it is created: create it now
-        jax.jit(lambda x: x + 1)(0.0).block_until_ready()
-    finally:  # and hand the children (notebook kernels, CLIs) the environment as it was
-        if _xla_flags_before is None:
-            del os.environ["XLA_FLAGS"]
-        else:
-            os.environ["XLA_FLAGS"] = _xla_flags_before
 
 try:
     from hypothesis import settings

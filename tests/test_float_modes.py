@@ -1,7 +1,5 @@
 """The tests' precision convention (tests/conftest.py): float32 by default, float64 on request."""
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,19 +39,3 @@ def test_default_restored_after_a_float64_test():
     # Runs after the marked tests above (same module, file order): x64 is off again.
     assert not jax.config.jax_enable_x64 and jnp.ones(1).dtype == jnp.float32
     assert _double(jnp.ones(1)).dtype == jnp.float32
-
-
-def test_fast_compile_flag_stays_in_the_test_process():
-    """tests/conftest.py compiles the tests at LLVM optimisation level 0 and restores XLA_FLAGS
-    afterwards, so notebook kernels and command-line tests (child processes) run at the default."""
-    import subprocess
-    import sys
-
-    import conftest
-
-    if not conftest.FAST_COMPILE:
-        pytest.skip("DEQLAB_TEST_XLA_OPT=default or XLA_FLAGS sets the level: conftest left XLA_FLAGS alone")
-    assert conftest.FAST_COMPILE_FLAG not in os.environ.get("XLA_FLAGS", "")
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('XLA_FLAGS', ''))"],
-                           capture_output=True, text=True, check=True)
-    assert conftest.FAST_COMPILE_FLAG not in child.stdout
