@@ -42,7 +42,7 @@ from deqlab.backward import (
 from deqlab.failures import SolverWarning
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 
 def __getattr__(name):
