@@ -54,6 +54,22 @@ def test_a_change_to_the_drivers_configuration_changes_the_hash(monkeypatch):
     assert medium.config_hash("ch5p6") != before
 
 
+def test_show_keeps_dirty_in_the_commit_it_glues(tmp_path, capsys):
+    # A run from a tree that differed from its commit says so on the page (the commit alone does
+    # not reproduce it); outside the book build glue() prints "name = value".
+    medium.run("ch3p6", tmp_path, collect=_fake_stabilisation)
+    path = tmp_path / "ch3p6.json"
+    for commit, shown in (("0123456789abcdef0123456789abcdef01234567+dirty", "0123456789+dirty"),
+                          ("0123456789abcdef0123456789abcdef01234567", "0123456789)"), (None, "(no commit)")):
+        record = json.loads(path.read_text())
+        record["provenance"]["git_commit"] = commit
+        path.write_text(json.dumps(record))
+        capsys.readouterr()
+        medium.show("ch3p6", "x", tmp_path)
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("x_medium_version"))
+        assert shown in line, line
+
+
 def test_bad_key_and_missing_result(tmp_path):
     with pytest.raises(ValueError, match="key"):
         medium.settings("ch9p9")

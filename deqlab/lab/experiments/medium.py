@@ -277,6 +277,28 @@ def load(key: str, directory: Any = None) -> dict[str, Any]:
     return record
 
 
+def short_commit(commit: str | None) -> str:
+    """A stored run's commit as a page shows it: 10 hex digits, and ``+dirty`` kept where the
+    run's tracked files differed from that commit (a reader must see that the commit alone does
+    not reproduce it).
+
+    Args:
+        commit: the provenance's ``git_commit`` (40 hex digits, ``+dirty`` appended where the
+            tree was dirty), or None (run outside a git checkout).
+
+    Returns:
+        ``"<10 digits>"``, ``"<10 digits>+dirty"`` or ``"no commit"``.
+
+    Example:
+        >>> from deqlab.lab.experiments.medium import short_commit
+        >>> short_commit("8246044ffda018e4ec13b656cea55ca2e77e650e+dirty"), short_commit(None)
+        ('8246044ffd+dirty', 'no commit')
+    """
+    if not commit:
+        return "no commit"
+    return commit[:10] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], Any]:
     """What a page shows of a stored medium result: its claims as a table, and its provenance glued.
 
@@ -312,8 +334,7 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
          else "The stored run's settings are those of the current code.", display=False)
     glue(f"{prefix}_medium_seeds", record["options"]["seeds"], display=False)
     glue(f"{prefix}_medium_wall", prov["wall_time_s"] / 60, display=False)
-    glue(f"{prefix}_medium_version", f"{prov['deqlab_version']} ({(prov['git_commit'] or 'no commit')[:10]})",
-         display=False)
+    glue(f"{prefix}_medium_version", f"{prov['deqlab_version']} ({short_commit(prov['git_commit'])})", display=False)
     glue(f"{prefix}_medium_date", prov["date"][:10], display=False)
     glue(f"{prefix}_medium_cpus", prov["machine"]["cpus"], display=False)
     for verdict in ("holds", "contradicted", "not resolved"):
