@@ -96,6 +96,8 @@ MODULES = (
     "deqlab.backward.api",
     "deqlab.backward.check",
     "deqlab.implicit",
+    # the book's code (deqlab.lab), where a module's examples can run without training
+    "deqlab.lab.experiments.kglm.denoising",
 )
 
 #: Names re-exported by a module in MODULES but defined in a module not (yet) checked.
