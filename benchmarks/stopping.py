@@ -21,6 +21,13 @@ reported with
 The configurations: each solver with its defaults (the residual rule, judged at every step), with
 ``stop="error"`` (the error the user asked for), and each of those with ``check_every="auto"``
 (judged where the slowest sample is predicted to stop).
+
+Each solver's *oracle* row is the bound no stopping rule of that solver can beat: its loop run for
+exactly the fewest steps after which every sample's iterate is within tol (found by solving with
+an unreachable tolerance under a per-call step budget, :class:`deqlab.solvers.Budget`, for each
+step count in turn: one compilation).
+Its time is that solve's, judged at every step. An accelerated solver whose oracle row is above
+the target of a stopping rule cannot meet that target with any rule.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ SIZES = {"tiny": dict(width=32, batch=8, repeats=2), "quick": dict(width=384, ba
 TOL = 1e-5
 MAX_STEPS = 1000
 LIMIT = "limit (plain iteration, fewest steps)"
+ORACLE = " [oracle stop]"
+ORACLE_SOLVERS = ("picard", "anderson", "broyden")
 
 
 def configs():
@@ -90,6 +99,24 @@ def main(argv=None) -> dict:
                        missed=int(np.sum((errors > TOL) & np.isfinite(estimate))))
         return out
 
+    def oracle_steps(name):
+        """The fewest steps after which every sample's iterate is within TOL (MAX_STEPS if never)."""
+        from deqlab import solvers
+
+        solver = solvers.get_solver(name, tol=TOL, max_steps=MAX_STEPS)
+
+        @jax.jit
+        def iterate_after(a, k):
+            sol = deqlab.solve(case.f, case.z0, *a, solver=solver, batch_axis=0, on_failure="ignore",
+                               budget=solvers.Budget(k, jnp.float32(0.0)))
+            return sol.state.z  # the last iterate (the value of a solve that failed is its best one)
+
+        for k in range(1, MAX_STEPS + 1):
+            z = np.asarray(iterate_after(case.args, jnp.int32(k)), np.float64).reshape(reference.shape)
+            if np.max(np.abs(z - reference)) <= TOL:
+                return k, solver
+        return MAX_STEPS, solver
+
     steps, limit_error = common.limit_steps(case, MAX_STEPS, TOL)
     if limit_error > TOL:
         raise RuntimeError(f"plain iteration does not reach {TOL:g} in {MAX_STEPS} steps")
@@ -101,6 +128,15 @@ def main(argv=None) -> dict:
             return sol.value, (sol.stats.steps, sol.result, estimate)
 
         record(label, run, deqlab_steps)
+    for name in ORACLE_SOLVERS:
+        oracle, solver = oracle_steps(name)
+
+        def run_oracle(a, solver=solver, oracle=oracle):
+            sol = deqlab.solve(case.f, case.z0, *a, solver=solver, batch_axis=0, on_failure="ignore",
+                               budget=deqlab.solvers.Budget(jnp.int32(oracle), jnp.float32(0.0)))
+            return sol.state.z.reshape(case.z0.shape), oracle
+
+        record(f"deqlab {name}{ORACLE}", run_oracle, lambda o, _: dict(steps=int(o), converged=1.0))
     if peers.optimistix is not None:
         optx = peers.optimistix
 
@@ -127,6 +163,8 @@ def main(argv=None) -> dict:
               f"{row['converged']:5.2f} {row['ms']:8.2f} {row['x limit']:8.2f} {row['x optimistix']:7.2f}{extra}")
     print(f"   fallback: samples of {size['batch']} whose error estimate was unreliable where they stopped (the "
           "residual rule decided; stats.error_estimate inf); missed: samples over tol with a finite estimate")
+    print("   oracle stop: the solver's loop run for exactly the fewest steps after which every sample is within "
+          "tol (no stopping rule of that solver can stop sooner)")
     return dict(rows=rows, limit_steps=steps)
 
 

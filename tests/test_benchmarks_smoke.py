@@ -100,7 +100,12 @@ def test_scaling_benchmark_tiny():
 def test_stopping_benchmark_tiny():
     out = stopping.main(["--size", "tiny", "--repeats", "1", "--no-peers"])
     rows = {row["config"]: row for row in out["rows"]}
-    assert set(rows) == {stopping.LIMIT} | set(stopping.configs())
+    oracles = {f"deqlab {name}{stopping.ORACLE}" for name in stopping.ORACLE_SOLVERS}
+    assert set(rows) == {stopping.LIMIT} | set(stopping.configs()) | oracles
+    # An oracle row stops every sample within tol, at no fewer steps than plain iteration needs
+    # where its solver is plain iteration (Picard returns the iterate the limit counts one step later).
+    assert all(rows[label]["error"] <= stopping.TOL for label in oracles)
+    assert rows[f"deqlab picard{stopping.ORACLE}"]["steps"] == out["limit_steps"]
     # The limit is the fewest plain steps within the target; every solver converges on this
     # contraction and reports finite errors and times (no timing is asserted).
     assert rows[stopping.LIMIT]["error"] <= stopping.TOL and rows[stopping.LIMIT]["steps"] == out["limit_steps"]
