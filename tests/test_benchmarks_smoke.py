@@ -102,10 +102,11 @@ def test_stopping_benchmark_tiny():
     rows = {row["config"]: row for row in out["rows"]}
     oracles = {f"deqlab {name}{stopping.ORACLE}" for name in stopping.ORACLE_SOLVERS}
     assert set(rows) == {stopping.LIMIT} | set(stopping.configs()) | oracles
-    # An oracle row stops every sample within tol, at no fewer steps than plain iteration needs
-    # where its solver is plain iteration (Picard returns the iterate the limit counts one step later).
+    # An oracle row stops every sample within tol; Picard's iterates are plain iteration's, so its
+    # oracle stop is the limit's step count (within one step: the two programs are compiled apart,
+    # and an iterate at the tolerance can round to either side of it).
     assert all(rows[label]["error"] <= stopping.TOL for label in oracles)
-    assert rows[f"deqlab picard{stopping.ORACLE}"]["steps"] == out["limit_steps"]
+    assert abs(rows[f"deqlab picard{stopping.ORACLE}"]["steps"] - out["limit_steps"]) <= 1
     # The limit is the fewest plain steps within the target; every solver converges on this
     # contraction and reports finite errors and times (no timing is asserted).
     assert rows[stopping.LIMIT]["error"] <= stopping.TOL and rows[stopping.LIMIT]["steps"] == out["limit_steps"]
