@@ -1,6 +1,7 @@
 """The medium scale's store: run, provenance, staleness, and the stored results' own consistency."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -54,20 +55,43 @@ def test_a_change_to_the_drivers_configuration_changes_the_hash(monkeypatch):
     assert medium.config_hash("ch5p6") != before
 
 
-def test_show_keeps_dirty_in_the_commit_it_glues(tmp_path, capsys):
+def test_short_commit_keeps_dirty():
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert medium.short_commit(commit + "+dirty") == "0123456789+dirty"
+    assert medium.short_commit(commit) == "0123456789"
+    assert medium.short_commit(None) == medium.short_commit("") == "no commit"
+
+
+def test_show_keeps_dirty_in_the_commit_it_glues(tmp_path, monkeypatch):
     # A run from a tree that differed from its commit says so on the page (the commit alone does
-    # not reproduce it); outside the book build glue() prints "name = value".
+    # not reproduce it). The glued values are recorded (glue prints nothing in the book build).
+    import deqlab.lab.experiments as experiments
+
+    glued = {}
+    monkeypatch.setattr(experiments, "glue", lambda name, value, display=True: glued.__setitem__(name, value))
     medium.run("ch3p6", tmp_path, collect=_fake_stabilisation)
     path = tmp_path / "ch3p6.json"
-    for commit, shown in (("0123456789abcdef0123456789abcdef01234567+dirty", "0123456789+dirty"),
-                          ("0123456789abcdef0123456789abcdef01234567", "0123456789)"), (None, "(no commit)")):
+    for commit, shown in (("0123456789abcdef0123456789abcdef01234567+dirty", "(0123456789+dirty)"),
+                          ("0123456789abcdef0123456789abcdef01234567", "(0123456789)"), (None, "(no commit)")):
         record = json.loads(path.read_text())
         record["provenance"]["git_commit"] = commit
         path.write_text(json.dumps(record))
-        capsys.readouterr()
         medium.show("ch3p6", "x", tmp_path)
-        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("x_medium_version"))
-        assert shown in line, line
+        assert glued["x_medium_version"].endswith(shown), glued["x_medium_version"]
+
+
+def test_pages_glue_the_stored_commit_with_short_commit():
+    # Every page that glues a stored run's version does it through short_commit (directly or by
+    # medium.show), so none drops "+dirty".
+    import pathlib
+
+    pages = sorted(pathlib.Path(__file__).resolve().parents[1].glob("book/*/*.ipynb"))
+    gluing = [p for p in pages if "_medium_version" in p.read_text()]
+    assert len(gluing) >= 3, gluing
+    for page in gluing:
+        text = page.read_text()
+        assert not re.search(r"git_commit\\?[\"']\] or", text), page  # the hand-made label of before
+        assert "short_commit(" in text or "medium.show(" in text, page
 
 
 def test_bad_key_and_missing_result(tmp_path):

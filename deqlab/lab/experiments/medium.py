@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 from deqlab import checks
 
-__all__ = ["EXPERIMENTS", "DEFAULT_DIRECTORY", "settings", "config_hash", "path_for", "run", "load", "show", "main"]
+__all__ = ["EXPERIMENTS", "DEFAULT_DIRECTORY", "settings", "config_hash", "path_for", "run", "load", "short_commit", "show", "main"]
 
 _WHERE = "experiments.medium"
 

@@ -314,7 +314,8 @@ def kglm_filter(length_scale: Any, radius: int = RADIUS) -> np.ndarray:
     Entry ``[a, b, p, q]`` is ``kappa((i, j, a), (i + p - r, j + q - r, b)) = exp(-((p - r)^2 +
     (q - r)^2) / (2 l[a, b]^2))``: the kernel of 004 Eq. 18 between a filter's centre and its
     offsets (:meth:`deqlab.theory.kglm.kernels.ImageKernel.filter`), so that the convolution
-    with it is ``K = kappa(X, X)``. Every such bank is symmetric,
+    with it is ``K = kappa(X, X)`` (with zero padding, 004 Def. 9; this module's circular
+    convolution gives the periodic ``K`` of images wrapped around). Every such bank is symmetric,
     ``C[a, b, p, q] = C[b, a, -p, -q]``. Computed in JAX's default precision (float32 unless
     ``jax_enable_x64`` is on) and returned as float64.
 
@@ -485,13 +486,14 @@ def conv_eigenvalues(filters: Any, image_shape: Sequence[int]) -> np.ndarray:
 
     A negative eigenvalue means 004 Assumption 1 (``K`` strictly positive definite) fails;
     004 App. I, Prop. 13, bounds how far such a layer's fixed point can be from that of the
-    nearest PSD matrix by the size of its most negative eigenvalue.
+    nearest PSD matrix by a multiple of the size of its most negative eigenvalue (for a
+    contracting layer, ``C < 1``).
 
     Args:
         filters: a real symmetric filter bank ``(c, c, kh, kw)``, ``filters[a, b, p, q] =
             filters[b, a, -p, -q]`` (offsets from the centre ``((kh - 1) // 2, (kw - 1) // 2)``,
-            up to ``rtol = 1e-6``), e.g. :func:`kglm_filter` or a kGLM layer of
-            :func:`init_weights`.
+            up to ``rtol = 1e-6`` and ``atol = 1e-7 max(1, max |filters|)``), e.g.
+            :func:`kglm_filter` or a kGLM layer of :func:`init_weights`.
         image_shape: ``(h, w)``, integers >= ``2 ((kw - 1) // 2) + 1`` (``kw`` for odd ``kw``).
 
     Returns:
