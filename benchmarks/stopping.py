@@ -23,16 +23,17 @@ The configurations: each solver with its defaults (the residual rule, judged at 
 (judged where the slowest sample is predicted to stop).
 
 Each solver's *oracle* rows: the fewest steps after which every sample's value (the iterate, or
-for Picard, which returns one step further, that step) is within tol, found by solving with an
-unreachable tolerance under a per-call step budget (:class:`deqlab.solvers.Budget`) for each step
-count in turn (one compilation); no stopping rule of that solver can return every sample within
+for Picard, which returns one step further, that step) is within tol, found by running the
+solver's own steps (``init``, then ``propose``, f and ``record``) for each step count in turn (the
+count traced: one compilation). No stopping rule of that solver can return every sample within
 tol in fewer steps. (With deqlab's per-sample stopping, the bound is the largest of the samples'
 first steps within tol; the script raises if that differs from the batch's, which a sample whose
-error leaves tol again could cause.) They are timed twice: deqlab's loop, judged at every step (the cost of the default
-``check_every=1``), and the solver's own steps alone (``init``, then ``propose``, f and ``record``
-in a ``fori_loop``, with one residual check at the end: what an ideal rule that judges almost
-never would pay). Picard's loop row evaluates f once more, for its step from the iterate (about
-1 % of the time).
+error leaves tol again could cause.) They are timed twice: deqlab's loop run to that step by a
+per-call budget (:class:`deqlab.solvers.Budget`) with an unreachable tolerance, judged at every
+step (the cost of the default ``check_every=1``); and the solver's steps alone in a
+``fori_loop`` with one residual check at the end (what an ideal rule that judges almost never
+would pay). Picard's loop row evaluates f once more, for its step from the iterate (about 1 % of
+the time).
 """
 
 from __future__ import annotations
