@@ -1,13 +1,26 @@
-"""Write tests/durations.json (file -> seconds, summed over its items) from a pytest JUnit XML.
+"""Write tests/durations.json and tests/slow.json from the JUnit reports of a full `make test`.
 
-tests/conftest.py orders the collected items by this table, longest file first, so that with
-`pytest -n 2` the long notebooks start at once instead of last. The table is generated, never
-edited: either run the suite with DEQLAB_STORE_DURATIONS=tests/durations.json (the conftest writes
-it), or convert a JUnit report of a full run (`pytest ... --junitxml=report.xml`):
+* ``tests/durations.json`` (file -> seconds, summed over its items in every report):
+  tests/conftest.py orders the collected items by it, longest file first, so that with
+  `pytest -n 2` the long notebooks start at once instead of last.
+* ``tests/slow.json`` (the node ids of the unit tests that took at least ``SLOW_SECONDS`` in a
+  report): tests/conftest.py marks them ``slow``, so that `make unit`, the quick inner loop, leaves
+  them out (`make test`, `make unit-all` and CI run them). A test can also be marked slow in its
+  file (``@pytest.mark.slow``, with the reason), which holds whatever was measured.
 
-    python .ci/test_durations.py report.xml > tests/durations.json
+Both are generated, never edited. After a `make test` (which writes both passes' reports), from
+the repository root:
+
+    python .ci/test_durations.py _build/reports/tests.xml _build/reports/tests-float64.xml
+
+The times are those of `make test` on the 2-core machine: two workers, the notebooks running
+beside the unit tests, and a cold compilation cache in CI (compilation is most of a small test's
+time, and the first test of a file pays for the programs the next ones reuse). Rerun it on a cold
+cache (a fresh clone, or JAX_COMPILATION_CACHE_DIR pointing at an empty folder): measured on a warm
+one, tests that compile a lot look fast.
 """
 
+import argparse
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -15,32 +28,74 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: A unit test that took at least this long in `make test` (two workers beside the notebooks,
+#: cold cache) is slow. 3 s there is about 2 s on an idle core: with it, `make unit` runs the
+#: ~2,000 quicker tests in a few minutes instead of every test in 11 (measured, issue 24).
+SLOW_SECONDS = 3.0
 
-def file_of(classname: str) -> str | None:
+
+def file_of(classname: str) -> tuple[str, list[str]] | None:
     """The repository file of a JUnit classname ("tests.test_x", "tests.test_x.TestY",
-    "book.ch1_linear.01_page.ipynb"): the longest dotted prefix that names an existing file."""
+    "book.ch1_linear.01_page.ipynb") and the classes after it: the longest dotted prefix that
+    names an existing file."""
     parts = classname.split(".")
     if parts[-1] == "ipynb":
         parts = parts[:-1]
         candidates = [("/".join(parts[:i]) + "/" + ".".join(parts[i:])) + ".ipynb" for i in range(len(parts))]
-        return next((c.lstrip("/") for c in candidates if (ROOT / c.lstrip("/")).is_file()), None)
+        found = next((c.lstrip("/") for c in candidates if (ROOT / c.lstrip("/")).is_file()), None)
+        return None if found is None else (found, [])
     for end in range(len(parts), 0, -1):
         path = "/".join(parts[:end]) + ".py"
         if (ROOT / path).is_file():
-            return path
+            return path, parts[end:]
     return None
 
 
-def main(report: str) -> None:
+def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict[str, float], list[str]]:
+    """(file -> seconds summed over every report, sorted node ids of the unit tests over
+    ``slow_seconds``) from JUnit XML reports.
+
+    Raises:
+        ValueError: a report that is not JUnit XML, or a test time that is not a number.
+    """
     seconds: dict[str, float] = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        path = file_of(case.get("classname", ""))
-        if path is not None:
-            seconds[path] = seconds.get(path, 0.0) + float(case.get("time", 0.0))
+    slow: set[str] = set()
+    for report in reports:
+        try:
+            cases = list(ET.parse(report).getroot().iter("testcase"))
+        except ET.ParseError as error:
+            raise ValueError(f"`{report}` is not a JUnit XML report: {error}") from error
+        for case in cases:
+            found = file_of(case.get("classname", ""))
+            if found is None:
+                continue
+            path, classes = found
+            try:
+                took = float(case.get("time", 0.0))
+            except ValueError as error:
+                raise ValueError(f"`{report}`: test time {case.get('time')!r} is not a number") from error
+            seconds[path] = seconds.get(path, 0.0) + took
+            if path.endswith(".py") and took >= slow_seconds:
+                slow.add("::".join([path, *classes, case.get("name", "")]))
     table = {p: round(s, 1) for p, s in sorted(seconds.items(), key=lambda kv: -kv[1]) if s >= 0.05}
-    json.dump(table, sys.stdout, indent=0)
-    sys.stdout.write("\n")
+    return table, sorted(slow)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="+", help="JUnit XML reports of one full run (both passes)")
+    parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of durations.json and slow.json")
+    args = parser.parse_args(argv)
+    missing = [r for r in args.reports if not Path(r).is_file()]
+    if missing:
+        parser.error(f"no such report: {', '.join(missing)} (run `make test` first)")
+    table, slow = tables(args.reports)
+    out = Path(args.out)
+    (out / "durations.json").write_text(json.dumps(table, indent=0) + "\n")
+    (out / "slow.json").write_text(json.dumps(slow, indent=0) + "\n")
+    print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "
+          f"marked slow", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -65,46 +65,40 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-# --- Longest first ------------------------------------------------------------------------------
-# `make test` runs ~1,750 items on two xdist workers; the notebooks take minutes each and were
+# --- Longest first; slow by measurement ----------------------------------------------------------
+# `make test` runs ~1,800 items on two xdist workers; the notebooks take minutes each and were
 # collected last, so the run ended with one worker finishing a long notebook while the other idled.
 # Items are ordered by the measured duration of their file, longest first (files keep their
 # internal order, so module fixtures are not rebuilt); xdist's `load` scheduling hands out the
-# ordered items round-robin, then on demand. The table (tests/durations.json: file -> seconds,
-# summed over its items) is generated, never edited by hand: run the suite with
-# DEQLAB_STORE_DURATIONS=tests/durations.json (e.g. `DEQLAB_STORE_DURATIONS=tests/durations.json
-# make test`), or convert a JUnit report with .ci/test_durations.py. Without the file nothing is
-# reordered; files missing from it (new ones) count as 0 s and keep their collected order.
+# ordered items round-robin, then on demand. Tests that took at least 3 s in that run are marked
+# `slow`, so that `make unit` (the quick inner loop) leaves them out; `make test`, `make unit-all`
+# and CI run every test. Both tables (tests/durations.json: file -> seconds summed over its items;
+# tests/slow.json: node ids) are generated from the JUnit reports of a `make test` on a cold
+# compilation cache, never edited by hand: `python .ci/test_durations.py _build/reports/tests.xml
+# _build/reports/tests-float64.xml` (the script says why cold). Without them nothing is reordered
+# and only the tests marked in their files are slow; new files count as 0 s and keep their order.
 
-DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
-_measured: dict[str, float] = {}
+HERE = os.path.dirname(__file__)
+
+
+def _load(name: str, default):
+    try:
+        with open(os.path.join(HERE, name), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
 
 
 def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the measured `slow` marks must be on the items
 def pytest_collection_modifyitems(session, config, items):
-    try:
-        with open(DURATIONS, encoding="utf-8") as fh:
-            seconds = json.load(fh)
-    except (OSError, ValueError):
-        return
+    slow = set(_load("slow.json", []))
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+    seconds = _load("durations.json", {})
     # list.sort is stable: within a file, and among unmeasured files, the collected order stays.
     items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), 0.0))
-
-
-def pytest_runtest_logreport(report):
-    if os.environ.get("DEQLAB_STORE_DURATIONS"):
-        file = _file_of(report.nodeid)
-        _measured[file] = _measured.get(file, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("DEQLAB_STORE_DURATIONS")
-    if not path or hasattr(session.config, "workerinput") or not _measured:
-        return  # under xdist the controller, which receives every worker's reports, writes it
-    table = {file: round(s, 1) for file, s in sorted(_measured.items(), key=lambda kv: -kv[1]) if s >= 0.05}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(table, fh, indent=0, sort_keys=False)
-        fh.write("\n")

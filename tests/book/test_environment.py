@@ -245,9 +245,16 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     pytest_cfg = _pyproject()["tool"]["pytest"]["ini_options"]
     assert any(m.startswith("slow:") for m in pytest_cfg["markers"])
     recipes = _make_recipes()
-    assert '-m "not slow"' in recipes["unit"]
-    assert re.search(r"-m pytest -n \$\(JOBS\) tests\b", recipes["unit-all"])
-    assert " -m " not in recipes["unit-all"].replace("python -m pytest", ""), "make unit-all deselects tests"
+    # `make unit` and `make unit-all` run the two passes of `make test` (no worker switches x64):
+    # unit-all selects everything, unit everything but the slow tests.
+    for target, expected in (("unit", [['"not slow and not float64"'], ['"float64 and not slow"']]),
+                             ("unit-all", [['"not float64"'], ["float64"]])):
+        runs = [line for line in recipes[target].splitlines() if "python -m pytest" in line]
+        assert all(re.search(r"-m pytest -n \$\(JOBS\) tests\b", line) for line in runs), runs
+        chosen = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in runs]
+        assert chosen == expected, (target, chosen)
+        assert runs[1].lstrip().startswith("JAX_ENABLE_X64=1 "), runs
+        assert "$$status -eq 0" in recipes[target] and "$$status64 -eq 0" in recipes[target], target
     # `make test` (CI's test phase) and the floor environment run every test in two passes that
     # together select everything: `-m "not float64"` (with the notebooks), then `-m float64` with
     # x64 on from the start; and `make test` fails when either pass fails.
@@ -263,7 +270,7 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     selections = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in floor]
     assert selections == [['"not float64"'], ["float64"]], selections
     assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
-    assert 'pytest -n 2 tests -m "not slow"' in _readme()
+    assert 'pytest -n 2 tests -m "not slow and not float64"' in " ".join(_readme().split())
 
 
 def test_lint_is_ruff_with_the_pyproject_configuration():
