@@ -11,13 +11,14 @@
 Both are generated, never edited. After a `make test` (which writes both passes' reports), from
 the repository root:
 
-    python .ci/test_durations.py _build/reports/tests.xml _build/reports/tests-float64.xml
+    python .ci/test_durations.py        # reads _build/reports/tests.xml and tests-float64.xml
 
-The times are those of `make test` on the 2-core machine: two workers, the notebooks running
-beside the unit tests, and a cold compilation cache in CI (compilation is most of a small test's
-time, and the first test of a file pays for the programs the next ones reuse). Rerun it on a cold
-cache (a fresh clone, or JAX_COMPILATION_CACHE_DIR pointing at an empty folder): measured on a warm
-one, tests that compile a lot look fast.
+The times must be those of `make test` on the 2-core machine from a cold compilation cache: two
+workers, the notebooks running beside the unit tests, every program compiled (compilation is most
+of a small test's time, and the first test of a file pays for the programs the next ones reuse).
+A fresh clone is cold (`.ci/run` there, or `make test` with JAX_COMPILATION_CACHE_DIR pointing at
+an empty folder); the GitHub workflow restores `.jax_cache`, so its reports are warm: do not use
+them, since on a warm cache tests that compile a lot look fast.
 """
 
 import argparse
@@ -29,16 +30,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: A unit test that took at least this long in `make test` (two workers beside the notebooks,
-#: cold cache) is slow. Measured on the 2-core machine (issue 24): with it, `make unit` ran 2,056
-#: of 2,382 unit tests in 311 s from a cold cache (125 s warm), against 668 s for the 2,204 that the
-#: marks in the files alone left in.
+#: cold cache) is slow. Measured on the 2-core machine (issue 24; counts at the time): with it,
+#: `make unit` ran 2,056 of 2,382 unit tests in 311 s from a cold cache (125 s warm), against 668 s
+#: for the 2,204 of the previous `make unit` (marks in the files only, one pass).
 SLOW_SECONDS = 3.0
 
 
 def file_of(classname: str) -> tuple[str, list[str]] | None:
-    """The repository file of a JUnit classname ("tests.test_x", "tests.test_x.TestY",
-    "book.ch1_linear.01_page.ipynb") and the classes after it: the longest dotted prefix that
-    names an existing file."""
+    """The repository file of a JUnit classname ("tests.test_x", "tests.book.test_x.TestY",
+    "book.ch1_linear.01_page.ipynb") and the classes after it, or None: for a test module, the
+    longest dotted prefix that names an existing file; for a notebook (whose name has dots), the
+    first existing path with the fewest folders."""
     parts = classname.split(".")
     if parts[-1] == "ipynb":
         parts = parts[:-1]
@@ -53,11 +55,12 @@ def file_of(classname: str) -> tuple[str, list[str]] | None:
 
 
 def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict[str, float], list[str]]:
-    """(file -> seconds summed over every report, sorted node ids of the unit tests over
-    ``slow_seconds``) from JUnit XML reports.
+    """(file -> seconds summed over every report, files under 0.05 s left out; the sorted node
+    ids of the unit tests that took at least ``slow_seconds``) from JUnit XML reports.
 
     Raises:
-        ValueError: a report that is not JUnit XML, or a test time that is not a number.
+        ValueError: a report that is not JUnit XML, holds no test case (a run that stopped at
+            collection), or gives a test time that is not a number.
     """
     seconds: dict[str, float] = {}
     slow: set[str] = set()
@@ -66,6 +69,8 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
             cases = list(ET.parse(report).getroot().iter("testcase"))
         except ET.ParseError as error:
             raise ValueError(f"`{report}` is not a JUnit XML report: {error}") from error
+        if not cases:
+            raise ValueError(f"`{report}` holds no test case: not the report of a run")
         for case in cases:
             found = file_of(case.get("classname", ""))
             if found is None:
@@ -84,14 +89,22 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("reports", nargs="+", help="JUnit XML reports of one full run (both passes)")
+    parser.add_argument("reports", nargs="*", default=[str(ROOT / "_build" / "reports" / name) for name in
+                                                           ("tests.xml", "tests-float64.xml")],
+                        help="JUnit XML reports of one full `make test`, both passes (default: the two "
+                             "that `make test` writes into _build/reports)")
     parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of durations.json and slow.json")
     args = parser.parse_args(argv)
     missing = [r for r in args.reports if not Path(r).is_file()]
     if missing:
         parser.error(f"no such report: {', '.join(missing)} (run `make test` first)")
-    table, slow = tables(args.reports)
     out = Path(args.out)
+    if not out.is_dir():
+        parser.error(f"--out: no such folder: {out}")
+    try:
+        table, slow = tables(args.reports)
+    except ValueError as error:
+        parser.error(str(error))
     (out / "durations.json").write_text(json.dumps(table, indent=0) + "\n")
     (out / "slow.json").write_text(json.dumps(slow, indent=0) + "\n")
     print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "

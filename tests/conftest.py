@@ -66,7 +66,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # --- Longest first; slow by measurement ----------------------------------------------------------
-# `make test` runs ~1,800 items on two xdist workers; the notebooks take minutes each and were
+# `make test` runs ~2,400 items on two xdist workers; the notebooks take minutes each and were
 # collected last, so the run ended with one worker finishing a long notebook while the other idled.
 # Items are ordered by the measured duration of their file, longest first (files keep their
 # internal order, so module fixtures are not rebuilt); xdist's `load` scheduling hands out the
@@ -82,11 +82,14 @@ HERE = os.path.dirname(__file__)
 
 
 def _load(name: str, default):
+    """A generated table, or ``default`` when it is missing, not JSON or of another type (a broken
+    table must not stop the tests; tests/book/test_test_durations.py checks the stored ones)."""
     try:
         with open(os.path.join(HERE, name), encoding="utf-8") as fh:
-            return json.load(fh)
+            table = json.load(fh)
     except (OSError, ValueError):
         return default
+    return table if isinstance(table, type(default)) else default
 
 
 def _file_of(nodeid: str) -> str:
@@ -95,10 +98,10 @@ def _file_of(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the measured `slow` marks must be on the items
 def pytest_collection_modifyitems(session, config, items):
-    slow = set(_load("slow.json", []))
+    slow = {node for node in _load("slow.json", []) if isinstance(node, str)}
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
-    seconds = _load("durations.json", {})
+    seconds = {file: s for file, s in _load("durations.json", {}).items() if isinstance(s, (int, float))}
     # list.sort is stable: within a file, and among unmeasured files, the collected order stays.
     items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), 0.0))

@@ -270,7 +270,9 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     selections = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in floor]
     assert selections == [['"not float64"'], ["float64"]], selections
     assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
-    assert 'pytest -n 2 tests -m "not slow and not float64"' in " ".join(_readme().split())
+    readme = " ".join(_readme().split())
+    assert '`pytest -n 2 tests -m "not slow and not float64"`' in readme
+    assert '`JAX_ENABLE_X64=1 pytest -n 2 tests -m "float64 and not slow"`' in readme
 
 
 def test_lint_is_ruff_with_the_pyproject_configuration():

@@ -5,6 +5,7 @@ how tests/conftest.py uses them: items ordered longest file first, measured slow
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,57 +17,85 @@ _spec = importlib.util.spec_from_file_location("test_durations_script", ROOT / "
 durations = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(durations)
 
-# Two passes as `make test` writes them: a module-level test, a parametrised one, a test in a class,
-# a notebook (classname as pytest's junitxml writes it), and an unknown file (ignored).
+# Two passes as `make test` writes them: a module-level test, a parametrised one, a test in a
+# class, one in a nested class, one in a subfolder, a notebook (classname as pytest's junitxml
+# writes it), and a file that does not exist (left out).
 PASS_1 = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.test_solvers" name="test_quick" time="0.4"/>
-<testcase classname="tests.test_solvers" name="test_cases[anderson-1e-05]" time="3.0"/>
-<testcase classname="tests.test_solvers" name="test_cases[picard-1e-05]" time="2.99"/>
-<testcase classname="tests.test_float_modes.TestModes" name="test_in_a_class" time="7.5"/>
+<testcase classname="tests.test_a" name="test_quick" time="0.4"/>
+<testcase classname="tests.test_a" name="test_cases[anderson-1e-05]" time="3.0"/>
+<testcase classname="tests.test_a" name="test_cases[picard-1e-05]" time="2.99"/>
+<testcase classname="tests.test_b.TestModes" name="test_in_a_class" time="7.5"/>
+<testcase classname="tests.test_b.TestModes.TestInner" name="test_nested" time="4.0"/>
+<testcase classname="tests.book.test_c" name="test_in_a_subfolder" time="3.5"/>
 <testcase classname="book.ch1_linear.01_ensembles.ipynb" name="01_ensembles.ipynb" time="40.0"/>
 <testcase classname="tests.test_gone" name="test_renamed" time="9.0"/>
 </testsuite></testsuites>"""
 PASS_2 = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.test_solvers" name="test_in_float64" time="1.2"/>
+<testcase classname="tests.test_a" name="test_in_float64" time="1.2"/>
 </testsuite></testsuites>"""
 
 
-def test_tables_sum_files_over_both_passes_and_list_tests_at_the_threshold(tmp_path):
-    first, second = tmp_path / "tests.xml", tmp_path / "tests-float64.xml"
-    first.write_text(PASS_1)
-    second.write_text(PASS_2)
-    table, slow = durations.tables([str(first), str(second)], slow_seconds=3.0)
-    assert table == {"book/ch1_linear/01_ensembles.ipynb": 40.0, "tests/test_float_modes.py": 7.5,
-                     "tests/test_solvers.py": 7.6}  # 0.4 + 3.0 + 2.99 + 1.2, rounded
+@pytest.fixture
+def repository(tmp_path, monkeypatch):
+    """A repository of the files the reports name (the script maps classnames to existing files)."""
+    for path in ("tests/test_a.py", "tests/test_b.py", "tests/book/test_c.py", "book/ch1_linear/01_ensembles.ipynb"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    monkeypatch.setattr(durations, "ROOT", tmp_path)
+    (tmp_path / "tests.xml").write_text(PASS_1)
+    (tmp_path / "tests-float64.xml").write_text(PASS_2)
+    return tmp_path
+
+
+def test_tables_sum_files_over_both_passes_and_list_tests_at_the_threshold(repository):
+    table, slow = durations.tables([str(repository / "tests.xml"), str(repository / "tests-float64.xml")],
+                                   slow_seconds=3.0)
+    assert table == {"book/ch1_linear/01_ensembles.ipynb": 40.0, "tests/test_b.py": 11.5,
+                     "tests/test_a.py": 7.6,  # 0.4 + 3.0 + 2.99 + 1.2, rounded
+                     "tests/book/test_c.py": 3.5}
     # at the threshold counts, just under does not; notebooks are never unit tests; classes kept
-    assert slow == ["tests/test_float_modes.py::TestModes::test_in_a_class",
-                    "tests/test_solvers.py::test_cases[anderson-1e-05]"]
+    assert slow == ["tests/book/test_c.py::test_in_a_subfolder",
+                    "tests/test_a.py::test_cases[anderson-1e-05]",
+                    "tests/test_b.py::TestModes::TestInner::test_nested",
+                    "tests/test_b.py::TestModes::test_in_a_class"]
 
 
-def test_main_writes_both_tables_and_refuses_bad_reports(tmp_path, capsys):
-    report = tmp_path / "tests.xml"
-    report.write_text(PASS_1)
-    durations.main([str(report), "--out", str(tmp_path)])
-    assert json.loads((tmp_path / "durations.json").read_text())["tests/test_float_modes.py"] == 7.5
-    assert len(json.loads((tmp_path / "slow.json").read_text())) == 2
-    with pytest.raises(SystemExit) as exit_info:
-        durations.main([str(tmp_path / "missing.xml"), "--out", str(tmp_path)])
-    assert exit_info.value.code == 2 and "no such report" in capsys.readouterr().err
-    (tmp_path / "broken.xml").write_text("<testsuites><testcase")
-    with pytest.raises(ValueError, match="broken.xml` is not a JUnit XML report"):
-        durations.tables([str(tmp_path / "broken.xml")])
-    (tmp_path / "odd.xml").write_text('<testsuites><testcase classname="tests.test_solvers" name="t" time="x"/>'
-                                      "</testsuites>")
-    with pytest.raises(ValueError, match="test time 'x' is not a number"):
-        durations.tables([str(tmp_path / "odd.xml")])
+def test_main_writes_both_tables_and_refuses_bad_reports(repository, capsys):
+    out = repository / "out"
+    out.mkdir()
+    durations.main([str(repository / "tests.xml"), str(repository / "tests-float64.xml"), "--out", str(out)])
+    assert json.loads((out / "durations.json").read_text())["tests/test_b.py"] == 11.5
+    assert len(json.loads((out / "slow.json").read_text())) == 4
+    (repository / "broken.xml").write_text("<testsuites><testcase")
+    (repository / "odd.xml").write_text('<testsuites><testcase classname="tests.test_a" name="t" time="x"/>'
+                                        "</testsuites>")
+    (repository / "empty.xml").write_text("<testsuites><testsuite/></testsuites>")
+    for argv, message in (
+        ([str(repository / "missing.xml")], "no such report: .*missing.xml .run `make test` first"),
+        ([str(repository / "tests.xml"), "--out", str(repository / "nowhere")], "--out: no such folder"),
+        ([str(repository / "broken.xml")], "broken.xml` is not a JUnit XML report"),
+        ([str(repository / "odd.xml")], "test time 'x' is not a number"),
+        ([str(repository / "empty.xml")], "empty.xml` holds no test case"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            durations.main([*argv, "--out", str(out)] if "--out" not in argv else argv)
+        assert exit_info.value.code == 2
+        assert re.search(message, capsys.readouterr().err), message
+    # with no report named, the two that `make test` writes into _build/reports
+    with pytest.raises(SystemExit):
+        durations.main(["--out", str(out)])
+    assert "_build/reports/tests.xml" in capsys.readouterr().err
 
 
-def test_stored_tables_name_existing_files():
+def test_stored_tables_name_existing_tests():
     table = json.loads((ROOT / "tests" / "durations.json").read_text())
     slow = json.loads((ROOT / "tests" / "slow.json").read_text())
     assert table and all((ROOT / path).is_file() for path in table), "durations.json names a missing file"
     assert slow == sorted(set(slow)) and all("::test" in node for node in slow)
-    assert all((ROOT / node.split("::")[0]).is_file() for node in slow), "slow.json names a missing file"
+    for node in slow:  # a renamed test would silently go back into `make unit`: regenerate the tables
+        path, *_, name = node.split("::")
+        assert (ROOT / path).is_file(), f"slow.json names a missing file: {node}"
+        assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), f"slow.json names a missing test: {node}"
 
 
 @pytest.mark.slow  # a second pytest process that imports jax (about 5 s)
