@@ -70,7 +70,7 @@ def pytest_runtest_protocol(item, nextitem):
 # collected last, so the run ended with one worker finishing a long notebook while the other idled.
 # Items are ordered by the measured duration of their file, longest first (files keep their
 # internal order, so module fixtures are not rebuilt); xdist's `load` scheduling hands out the
-# ordered items round-robin, then on demand. Tests that took at least 3 s in that run are marked
+# ordered items round-robin, then on demand. Unit tests that took at least 3 s there are marked
 # `slow`, so that `make unit` (the quick inner loop) leaves them out; `make test`, `make unit-all`
 # and CI run every test. Both tables (tests/durations.json: file -> seconds summed over its items;
 # tests/slow.json: node ids) are generated from the JUnit reports of a `make test` on a cold
