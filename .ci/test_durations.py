@@ -1,4 +1,5 @@
-"""Write tests/durations.json and tests/slow.json from the JUnit reports of a full `make test`.
+"""Write tests/slow.json (and, asked, tests/durations.json) from the JUnit reports of a full
+`make test`.
 
 * ``tests/durations.json`` (file -> seconds, summed over its items in every report):
   tests/conftest.py orders the collected items by it, longest file first, so that with
@@ -11,7 +12,14 @@
 Both are generated, never edited. After a `make test` (which writes both passes' reports), from
 the repository root:
 
-    python .ci/test_durations.py        # reads _build/reports/tests.xml and tests-float64.xml
+    python .ci/test_durations.py               # slow.json from _build/reports/tests{,-float64}.xml
+    python .ci/test_durations.py --durations   # durations.json too
+
+durations.json only on request: it sets the order in which every CI run hands tests to the workers,
+and on the floor's jaxlib (0.7.2) XLA's CPU compiler has segfaulted depending on what a worker
+compiled before (issue 24: the first table summed over both passes crashed a worker in
+`tests/test_dry_run.py`'s fixture, in the float32 pass of the floor phase). After writing it, run
+the floor phase of `.ci/run` before committing it.
 
 The times must be those of `make test` on the 2-core machine from a cold compilation cache: two
 workers, the notebooks running beside the unit tests, every program compiled (compilation is most
@@ -94,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="JUnit XML reports of one full `make test`, both passes (default: the two "
                              "that `make test` writes into _build/reports)")
     parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of durations.json and slow.json")
+    parser.add_argument("--durations", action="store_true",
+                        help="write durations.json (the test order) too; see the module's docstring first")
     args = parser.parse_args(argv)
     missing = [r for r in args.reports if not Path(r).is_file()]
     if missing:
@@ -105,10 +115,11 @@ def main(argv: list[str] | None = None) -> None:
         table, slow = tables(args.reports)
     except ValueError as error:
         parser.error(str(error))
-    (out / "durations.json").write_text(json.dumps(table, indent=0) + "\n")
+    if args.durations:
+        (out / "durations.json").write_text(json.dumps(table, indent=0) + "\n")
     (out / "slow.json").write_text(json.dumps(slow, indent=0) + "\n")
-    print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "
-          f"marked slow", file=sys.stderr)
+    print(f"{len(table)} files, {sum(table.values()):.0f} s{' (durations.json written)' if args.durations else ''}; "
+          f"{len(slow)} tests of at least {SLOW_SECONDS:g} s marked slow", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -74,9 +74,10 @@ def pytest_runtest_protocol(item, nextitem):
 # `slow`, so that `make unit` (the quick inner loop) leaves them out; `make test`, `make unit-all`
 # and CI run every test. Both tables (tests/durations.json: file -> seconds summed over its items;
 # tests/slow.json: node ids) are generated from the JUnit reports of a `make test` on a cold
-# compilation cache, never edited by hand: `python .ci/test_durations.py _build/reports/tests.xml
-# _build/reports/tests-float64.xml` (the script says why cold). Without them nothing is reordered
-# and only the tests marked in their files are slow; new files count as 0 s and keep their order.
+# compilation cache, never edited by hand: `python .ci/test_durations.py [--durations]` (the script
+# says why cold, and why the order is rewritten only on request). Without them nothing is
+# reordered and only the tests marked in their files are slow; new files count as 0 s and keep
+# their collected order.
 
 HERE = os.path.dirname(__file__)
 
