@@ -255,9 +255,10 @@ def test_slow_tests_are_left_out_of_make_unit_only():
         assert chosen == expected, (target, chosen)
         assert runs[1].lstrip().startswith("JAX_ENABLE_X64=1 "), runs
         assert "$$status -eq 0" in recipes[target] and "$$status64 -eq 0" in recipes[target], target
-    # `make test` (CI's test phase) and the floor environment run every test in two passes that
-    # together select everything: `-m "not float64"` (with the notebooks), then `-m float64` with
-    # x64 on from the start; and `make test` fails when either pass fails.
+    # `make test` (CI's test phase) runs every test in two passes that together select everything:
+    # `-m "not float64"` (with the notebooks), then `-m float64` with x64 on from the start; and
+    # `make test` fails when either pass fails. The floor phase runs the quick tier (the selections
+    # of `make unit`) and every notebook: the slow tests run once, in the main phase.
     passes = [line for line in recipes["test"].splitlines() if "python -m pytest" in line]
     assert len(passes) == 2, passes
     chosen = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in passes]
@@ -268,7 +269,7 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     floor = [line for line in block.splitlines() if ".venv-floor/bin/python -m pytest" in line]
     assert len(floor) == 2 and all(" tests book " in line for line in floor), floor
     selections = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in floor]
-    assert selections == [['"not float64"'], ["float64"]], selections
+    assert selections == [['"not float64 and not slow"'], ['"float64 and not slow"']], selections
     assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
     readme = " ".join(_readme().split())
     assert '`pytest -n 2 tests -m "not slow and not float64"`' in readme
