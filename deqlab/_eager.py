@@ -210,17 +210,19 @@ def _finite_flags(leaves):
     return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
 
 
-def check_finite(named: list[tuple[str, Any]]) -> None:
-    """Raise ValueError naming the first input that holds NaN or inf (concrete floating leaves
+def check_finite(named: list[tuple[str, Any]], where: str = "") -> None:
+    """Raise ValueError naming the first input leaf that holds NaN or inf (concrete floating leaves
     only: tracers are skipped, and inside ``jit`` such inputs surface as ``Result.NONFINITE``).
-    One compiled reduction for all the leaves."""
+    One compiled reduction for all the leaves. The leaf is named by its path in the input
+    (``args[1]['w']``, or ``cell.recurrent.kernel`` for a module's state named ``cell``), and the
+    message starts with ``where`` when given."""
     owners, leaves = [], []
     for name, tree in named:
-        for leaf in jax.tree_util.tree_leaves(tree):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
             if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
                 continue
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
-                owners.append(name)
+                owners.append(name + _path_text(path))
                 leaves.append(leaf)
     if not leaves:
         return
@@ -228,4 +230,12 @@ def check_finite(named: list[tuple[str, Any]]) -> None:
         flags = np.asarray(_finite_flags(leaves))
     for name, finite in zip(owners, flags):
         if not finite:
-            raise ValueError(f"`{name}` contains NaN or inf; inputs must be finite.")
+            prefix = f"{where}: " if where else ""
+            raise ValueError(f"{prefix}`{name}` contains NaN or inf; inputs must be finite.")
+
+
+def _path_text(path) -> str:
+    """A leaf's path as the user wrote it: ``['w']`` / ``[0]`` for dicts and sequences, ``.name``
+    for attributes; a Flax ``Variable``'s trailing ``.value`` is dropped (``cell.recurrent.kernel``)."""
+    text = jax.tree_util.keystr(tuple(path))
+    return text[: -len(".value")] if text.endswith(".value") else text

@@ -6,23 +6,38 @@ for :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` (its forwa
 :class:`deqlab.nn.DEQ`:
 
 ``"warn"`` (the default everywhere)
-    a :class:`SolverWarning` (:class:`deqlab.backward.BackwardWarning` for the solves behind a
-    gradient) naming the number of failing samples and the worst residual, attributed to the
-    caller's line;
+    called eagerly, a :class:`SolverWarning` (:class:`deqlab.backward.BackwardWarning` for the
+    solves behind a gradient) naming the number of failing samples and the worst residual,
+    attributed to the caller's line. Inside a transformation of the caller's (``jit``, ``grad``,
+    ``vmap``) it puts nothing in the compiled program: the result codes are returned, and
+    :func:`check` turns them into an error where you choose (below);
 ``"raise"``
-    :class:`SolverError` naming the failing samples and their result codes;
+    :class:`SolverError` naming the failing samples and their result codes; inside a
+    transformation, from a host callback when the program runs (the error then reaches the caller
+    wrapped in JAX's runtime error, and the program is not written to JAX's persistent compilation
+    cache);
 ``"nan"``
-    the failing samples' values (and so their gradients) become NaN, and nothing else happens: a
-    loss that uses them is NaN. Its compiled program contains no host callback, so this is the
-    policy to choose where host callbacks fail (some TPU set-ups);
+    the failing samples' values become NaN, and nothing else happens. The gradient does not flow
+    through a failed sample's value (it is replaced, not multiplied), so a loss that leaves the
+    failed samples out (``jnp.where(sol.converged, loss, 0)``) has the gradient of the converged
+    samples alone, finite; a loss that uses them is NaN. A sample whose *adjoint* solve failed gets
+    a NaN gradient (it cannot be masked by the caller, who never sees that solve);
 ``"ignore"``
-    the result codes are the only record.
+    the result codes are the only record;
+``"callback"``
+    ``"warn"`` from inside compiled programs: a host callback (``jax.debug.callback``) warns when
+    the program runs, once per lane under ``vmap``. This was ``"warn"``'s behaviour under ``jit``
+    up to deqlab 0.8. It costs about 1.5 ms per call of a small jitted solve, keeps the program
+    out of JAX's persistent compilation cache, and fails on some TPU set-ups; choose it knowingly.
 
-Called eagerly, ``"warn"`` and ``"raise"`` act on the concrete results after the computation
-returns. Inside a transformation of the caller's (``jit``, ``grad``, ``vmap``) the results are
-not concrete: they act from a host callback (``jax.debug.callback``) when the program runs, and
-``"raise"`` then reaches the caller wrapped in JAX's runtime error, with this module's message in
-it.
+The default compiled program holds no host callback: ``"warn"``, ``"nan"`` and ``"ignore"`` compile
+to the same solve. Under ``jit`` there are two ways to act on a failure:
+
+- return ``sol.result`` (or ``sol.converged``) from the jitted function and call :func:`check` on
+  the concrete solution, or look at it yourself;
+- call :func:`check` *inside* the jitted function and run it under
+  ``jax.experimental.checkify.checkify``: ``err, out = checkify.checkify(step)(...)``, then
+  ``err.throw()`` raises with :func:`check`'s message, intact (no host callback either).
 """
 
 from __future__ import annotations
@@ -39,11 +54,11 @@ import numpy as np
 
 from deqlab import checks
 
-__all__ = ["Result", "SolverError", "SolverWarning", "FAILURE_POLICIES", "check_policy", "signal",
+__all__ = ["Result", "SolverError", "SolverWarning", "FAILURE_POLICIES", "check", "check_policy", "signal",
            "nan_where_failed", "user_stacklevel"]
 
 #: The values of ``on_failure`` (module docstring).
-FAILURE_POLICIES = ("warn", "raise", "nan", "ignore")
+FAILURE_POLICIES = ("warn", "raise", "nan", "ignore", "callback")
 
 
 class Result(enum.IntEnum):
@@ -96,7 +111,7 @@ def check_policy(value, where: str) -> str:
         where: the public function named in the error message.
 
     Returns:
-        ``value``, one of ``"warn"``, ``"raise"``, ``"nan"``, ``"ignore"``.
+        ``value``, one of ``"warn"``, ``"raise"``, ``"nan"``, ``"ignore"``, ``"callback"``.
 
     Raises:
         ValueError: ``value`` is not one of :data:`FAILURE_POLICIES`.
@@ -146,7 +161,8 @@ def _magnitude(residual: np.ndarray) -> str:
     finite = residual[np.isfinite(residual)]
     if finite.size < residual.size or finite.size == 0:
         return "non-finite"
-    return f"below 1e{int(math.ceil(math.log10(max(float(finite.max()), 1e-300))))}"
+    # the smallest power of ten strictly above the worst residual: 1.0 is "below 1e1", 0.5 "below 1e0"
+    return f"below 1e{int(math.floor(math.log10(max(float(finite.max()), 1e-300)))) + 1}"
 
 
 def _report(caller, what, policy, result, residual, category, hint):
@@ -156,6 +172,7 @@ def _report(caller, what, policy, result, residual, category, hint):
     failed = np.flatnonzero(result != Result.SUCCESS)
     if failed.size == 0:  # under vmap, lax.cond runs both branches
         return
+    policy = "warn" if policy == "callback" else policy
     solve = f"the {what} solve" if what else "the solve"
     if policy == "raise":
         shown = ", ".join(
@@ -174,13 +191,18 @@ def _report(caller, what, policy, result, residual, category, hint):
 def signal(caller: str, what: str, policy: str, result, residual, *, category=SolverWarning,
            hint: str = "raise max_steps, loosen tol, or check that f contracts (Solution.result "
                        "reports each sample)") -> None:
-    """Apply a ``"warn"`` or ``"raise"`` policy to the per-sample results of a solve.
+    """Apply the ``on_failure`` policy ``policy`` to the per-sample results of a solve.
+
+    Concrete results (an eager call): ``"warn"`` and ``"callback"`` warn, ``"raise"`` raises,
+    here. Traced results (inside the caller's ``jit``, ``grad`` or ``vmap``): ``"raise"`` and
+    ``"callback"`` act from a host callback when the program runs; ``"warn"`` adds nothing to the
+    program (the result codes are returned; see :func:`check`). ``"nan"`` and ``"ignore"`` never
+    do anything here (NaN is the caller's, :func:`nan_where_failed`).
 
     Args:
         caller: the public function named in the message (``"solve"``, ``"fixed_point"``).
         what: which solve (``"forward"``, ``"adjoint"``, or ``""``).
-        policy: one of :data:`FAILURE_POLICIES`; ``"nan"`` and ``"ignore"`` do nothing here (NaN
-            is the caller's, :func:`nan_where_failed`).
+        policy: one of :data:`FAILURE_POLICIES`.
         result, residual: ``Solution.result`` and ``Solution.stats.best_residual``.
         category: the warning class.
         hint: what to try, appended to the warning.
@@ -204,6 +226,8 @@ def signal(caller: str, what: str, policy: str, result, residual, *, category=So
     if not checks.is_traced((result, residual)):
         _report(caller, what, policy, result, residual, category, hint)
         return
+    if policy == "warn":  # nothing in the compiled program: the result codes are the record
+        return
     jax.lax.cond(
         jnp.any(result != Result.SUCCESS),
         lambda: jax.debug.callback(lambda r, s: _report(caller, what, policy, r, s, category, hint),
@@ -212,12 +236,67 @@ def signal(caller: str, what: str, policy: str, result, residual, *, category=So
     )
 
 
+def check(solution, where: str = "solve") -> None:
+    """Raise if some sample of ``solution`` failed: eagerly, or under ``jit`` through ``checkify``.
+
+    The opt-in way to stop on a failure inside compiled code without a host callback. On concrete
+    values it raises :class:`SolverError` at once, naming the failing samples. On traced values
+    (inside ``jit``, ``vmap``, ``grad``) it adds a ``jax.experimental.checkify`` check: run the
+    function under ``checkify.checkify`` and ``err.throw()`` raises with this message (count of
+    failed samples, the first one's index, result code and residual). A traced check that is
+    not functionalised by ``checkify.checkify`` makes JAX refuse to compile the function, saying so.
+    Batch with ``batch_axis`` inside the checked function, not with ``jax.vmap`` around
+    ``checkify.checkify``: JAX's checkify does not support a vmapped ``while_loop`` (jax 0.10).
+
+    Args:
+        solution: a :class:`~deqlab.solvers.Solution` (anything with ``result`` and
+            ``stats.best_residual``).
+        where: the name the message starts with.
+
+    Raises:
+        SolverError: concrete values with some sample whose result is not ``SUCCESS``.
+        jax.experimental.checkify.JaxRuntimeError: from ``err.throw()``, for traced values.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> from jax.experimental import checkify
+        >>> f = lambda z, x: 0.9 * jnp.tanh(z) + x
+        >>> def step(x):
+        ...     sol = deqlab.solve(f, jnp.zeros(2), x, solver=deqlab.Picard(max_steps=2))
+        ...     deqlab.failures.check(sol)
+        ...     return sol.value
+        >>> err, value = checkify.checkify(jax.jit(step))(jnp.ones(2))
+        >>> print(err.get().split(" (first")[0])   # err.throw() raises with the whole message
+        solve: the solve failed for 1/1 samples
+    """
+    result = solution.result
+    residual = solution.stats.best_residual
+    if not checks.is_traced((result, residual)):
+        _report(where, "", "raise", result, residual, SolverWarning, "")
+        return
+    from jax.experimental import checkify  # imported here: not every program needs it
+
+    flat = jnp.ravel(result)
+    failed = flat != Result.SUCCESS
+    first = jnp.argmax(failed)
+    worst = jnp.max(jnp.where(failed, jnp.ravel(residual).astype(jnp.float32), -jnp.inf))
+    codes = "; ".join(f"{int(r)} = {r.name.lower()}" for r in Result if r != Result.SUCCESS)
+    checkify.check(
+        ~jnp.any(failed),
+        f"{where}: the solve failed for {{count}}/{flat.size} samples (first: sample {{first}}, "
+        f"result code {{code}}; worst relative residual {{worst}}; codes: {codes})",
+        count=jnp.sum(failed), first=first, code=flat[first], worst=worst,
+    )
+
+
 def nan_where_failed(tree, result, batch_axis: int | None):
     """``tree`` with every entry of the failing samples NaN: the ``"nan"`` failure policy.
 
-    Multiplied, not selected: a ``where`` would cut the gradient of the failing samples (the NaN
-    branch is a constant), and even an added NaN leaves the derivative at 1; times NaN, both the
-    value and every gradient through it are NaN, whatever the loss.
+    Replaced, not multiplied: the gradient of a failing sample's entries is zero, so a loss that
+    leaves the failed samples out (``jnp.where(converged, loss, 0)``) has a finite gradient, the
+    converged samples' alone. (Multiplying by NaN, as deqlab up to 0.8 did, made that gradient NaN:
+    the masked loss sends a zero cotangent, and zero times NaN is NaN, into every shared
+    parameter.) A loss that uses a failed sample's value is NaN.
 
     Args:
         tree: a pytree of arrays (a solution, or anything computed per sample).
@@ -238,10 +317,10 @@ def nan_where_failed(tree, result, batch_axis: int | None):
     failed = jnp.asarray(result) != Result.SUCCESS
 
     def poison(leaf):
-        factor = jnp.where(failed, jnp.nan, 1.0)
-        if batch_axis is not None and jnp.ndim(factor) == 1:
+        mask = failed
+        if batch_axis is not None and jnp.ndim(mask) == 1:
             axis = batch_axis % jnp.ndim(leaf)
-            factor = jnp.reshape(factor, (1,) * axis + (-1,) + (1,) * (jnp.ndim(leaf) - axis - 1))
-        return leaf * factor.astype(jnp.result_type(leaf))
+            mask = jnp.reshape(mask, (1,) * axis + (-1,) + (1,) * (jnp.ndim(leaf) - axis - 1))
+        return jnp.where(mask, jnp.asarray(jnp.nan, jnp.result_type(leaf)), leaf)
 
     return jax.tree_util.tree_map(poison, tree)

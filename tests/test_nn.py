@@ -213,12 +213,23 @@ def test_shared_layer_records_every_call():
 
 @pytest.mark.slow  # the probe table covers forward failures quickly
 def test_failed_forward_solve_is_signalled_in_training():
-    # max_steps = 2 cannot reach 1e-5: the gradient step warns (default), or gives NaN with "nan".
+    # max_steps = 2 cannot reach 1e-5. Under nnx.grad (a trace) "callback" warns from inside the
+    # program; "nan" makes the loss NaN while the gradient, which no converged sample feeds here,
+    # stays finite (zero): a failed sample's value is replaced, not multiplied, by NaN.
     x = jax.random.normal(jax.random.PRNGKey(3), (4, 3), jnp.float32)
-    layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2)
+    layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2, on_failure="callback")
     with pytest.warns(BackwardWarning, match="forward solve did not converge"):
         grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+        jax.effects_barrier()
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
     strict = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), max_steps=2, on_failure="nan")
-    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(strict)
-    assert all(bool(jnp.all(jnp.isnan(g))) for g in jax.tree_util.tree_leaves(grads))
+    loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(strict)
+    assert bool(jnp.isnan(loss))
+    assert all(bool(jnp.all(g == 0)) for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_non_finite_parameter_is_named_by_its_path():
+    layer = DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)))
+    layer.cell.recurrent.kernel[...] = layer.cell.recurrent.kernel[...].at[0, 0].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"nn.DEQ: `cell\['recurrent'\]\['kernel'\]` contains NaN or inf"):
+        layer(jnp.ones((2, 3)))

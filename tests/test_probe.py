@@ -158,11 +158,13 @@ def _singular_adjoint_grad(backward, on_failure="warn"):
 
 
 def _starved_adjoint():
-    """Contractive tanh map: the forward solve converges, the adjoint gets 1 step."""
+    """Contractive tanh map: the forward solve converges, the adjoint gets 1 step. The adjoint runs
+    inside the gradient's program (an eager jax.grad traces fixed_point): "callback" reports it."""
     _, w, x = _near_critical()
     f = lambda z, w, x: jnp.tanh(0.5 * w @ z + x)  # noqa: E731
     backward = Implicit(max_steps=1)
-    loss = lambda w: jnp.sum(fixed_point(f, jnp.zeros(4), w, x, solver="picard", backward=backward).value ** 2)  # noqa: E731
+    loss = lambda w: jnp.sum(fixed_point(f, jnp.zeros(4), w, x, solver="picard", backward=backward,  # noqa: E731
+                                         on_failure="callback").value ** 2)
     return jax.block_until_ready(jax.grad(loss)(w))
 
 
@@ -215,6 +217,10 @@ def _is(result, *codes):
 
 def _all_nan(tree):
     return all(bool(jnp.all(jnp.isnan(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _all_zero(tree):
+    return all(bool(jnp.all(leaf == 0)) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +282,7 @@ PROBES: list[Probe] = [
     E("solve-z0-inf", "solvers", lambda: solve(_half, jnp.array([0.0, INF])), "z0", valid=r"must be finite"),
     E("solve-z0-no-entries", "solvers", lambda: solve(_half, jnp.zeros(0)), "z0"),
     E("solve-args-nan-in-pytree", "solvers",
-      lambda: solve(lambda z, p: 0.5 * z + p["b"], jnp.ones(2), {"b": jnp.array([1.0, NAN])}), "args[0]",
+      lambda: solve(lambda z, p: 0.5 * z + p["b"], jnp.ones(2), {"b": jnp.array([1.0, NAN])}), "args[0]['b']",
       valid=r"must be finite"),
     E("solve-f-none", "solvers", lambda: solve(None, jnp.ones(3)), "f", valid=r"must be callable"),
     E("solve-f-wrong-arity", "solvers", lambda: solve(lambda z: z, jnp.ones(3), 1.0), "f",
@@ -364,12 +370,14 @@ PROBES: list[Probe] = [
       "backward"),
     # ----------------------------------------------------------------------------- implicit: reported failures
     *[
-        R(f"forward-failure-{mode}-warn", "implicit", _forward_failure(cls, "warn"), warns=BackwardWarning,
+        # an eager jax.grad traces fixed_point: "callback" is the policy that warns from there
+        R(f"forward-failure-{mode}-callback", "implicit", _forward_failure(cls, "callback"), warns=BackwardWarning,
           match=r"forward solve did not converge")
         for mode, cls in _BACKWARDS.items()
     ],
     *[
-        R(f"forward-failure-{mode}-nan", "implicit", _forward_failure(cls, "nan"), check=_all_nan)
+        # the failed sample's value is NaN (the loss is NaN), and no gradient flows through it
+        R(f"forward-failure-{mode}-nan", "implicit", _forward_failure(cls, "nan"), check=_all_zero)
         for mode, cls in _BACKWARDS.items()
     ],
     *[

@@ -18,7 +18,10 @@ the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolv
 ``"gmres"`` is its alias). All are hashable pytrees with static fields:
 
 - :class:`Implicit` ``(solver, tol, max_steps)``: the above (003 Theorem 1), through
-  ``jax.custom_vjp``. Memory does not depend on the number of forward iterations.
+  ``jax.custom_jvp``: the tangent solve (I - J) z_dot = (df/dargs) args_dot is a
+  ``lax.custom_linear_solve`` whose transpose is the adjoint solve, so one rule serves reverse
+  mode (``grad``) and forward mode (``jvp``, ``jacfwd``, ``hessian``). Memory does not depend on
+  the number of forward iterations.
 - :class:`Unrolled` ``(checkpoint)``: reverse-mode differentiation through ``max_steps`` forward
   iterations (``lax.scan``; memory grows linearly with ``max_steps``, or as sqrt(max_steps) with
   ``checkpoint="sqrt"``, which recomputes blocks of iterations in the backward pass). The
@@ -41,10 +44,12 @@ Failures are never silent. ``fixed_point(..., on_failure=...)`` is one policy fo
 behind a gradient, the same argument as :func:`deqlab.solvers.solve`'s and :class:`deqlab.nn.DEQ`'s
 (:mod:`deqlab.failures`): a sample whose forward solve failed (its value, hence its gradient, is
 not the equilibrium's) and a sample whose adjoint solve failed (its gradient is inexact).
-``"warn"`` (default) issues a :class:`BackwardWarning`; ``"nan"`` makes the failing samples'
-values and gradients NaN, so a loss that uses them is NaN (no host callback: the choice for
-TPUs); ``"raise"`` raises :class:`~deqlab.failures.SolverError`; ``"ignore"`` leaves the
-per-sample ``Solution.result`` as the only record (never an adjoint that is silently zero).
+``"warn"`` (default) issues a :class:`BackwardWarning` when called eagerly (inside ``jit`` it adds
+nothing to the program: ``Solution.result`` is the record); ``"nan"`` makes the failed samples'
+values NaN with a zero gradient (a loss that masks them out trains on the others) and a failed
+adjoint's gradient NaN; ``"raise"`` raises :class:`~deqlab.failures.SolverError`; ``"ignore"``
+leaves the per-sample ``Solution.result`` as the only record (never an adjoint that is silently
+zero); ``"callback"`` warns from a host callback inside compiled programs.
 """
 
 # Failures are reported rather than returned as a zero adjoint, which jaxopt's backward linear

@@ -102,36 +102,60 @@ def _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision):
     if not isinstance(args, tuple):
         raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
     _check_cotangent(cotangent, z_star)
+
+    def transposed_jacobian(level):
+        with precision_module.matmul_precision(level):
+            _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
+        return lambda u: vjp_z(u)[0]
+
+    return _linear_fixed_point(transposed_jacobian, z_star, cotangent, solver, batch_axis, precision, "adjoint_solve")
+
+
+def _tangent_solve(f, z_star, args, rhs, solver, batch_axis, precision):
+    """The tangent fixed point v = rhs + J_f(z*) v, the forward-mode twin of :func:`adjoint_solve`
+    (the derivative of z* along a tangent of the arguments, with rhs = (df/dargs) dargs)."""
+
+    def jacobian(level):
+        with precision_module.matmul_precision(level):
+            _, jvp_z = jax.linearize(lambda z: f(z, *args), z_star)
+        return jvp_z
+
+    return _linear_fixed_point(jacobian, z_star, rhs, solver, batch_axis, precision, "fixed_point")
+
+
+def _linear_fixed_point(make_product, z_star, rhs, solver, batch_axis, precision, where):
+    """u = rhs + A u per sample, where ``make_product(level)`` returns u -> A u at matmul precision
+    ``level``; A is J_f(z*)^T (adjoint) or J_f(z*) (tangent). A forward solver iterates the affine
+    map; a :class:`LinearSolver` solves (I - A) u = rhs."""
     flattener = Flattener(z_star, batch_axis, "z_star")
     config = get_adjoint_solver(solver)
     resolved_tol = config.resolved_tol(flattener.dtype)
     level = precision_module.required_precision(resolved_tol, flattener.dtype) if precision is None else precision
-    with precision_module.matmul_precision(level):
-        _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
+    product = make_product(level)
 
-    def adjoint_map(u):
-        return jax.tree_util.tree_map(jnp.add, cotangent, vjp_z(u)[0])
+    def affine_map(u):
+        return jax.tree_util.tree_map(jnp.add, rhs, product(u))
 
     if isinstance(config, Solver):
-        # A sample whose cotangent is NaN (a loss that is NaN there, e.g. on_failure="nan") keeps
-        # NaN and is reported NONFINITE; the others are solved as usual.
-        g_flat = flattener.flatten(cotangent)
+        # A sample whose right-hand side is NaN (a loss that is NaN there) keeps NaN and is
+        # reported NONFINITE; the others are solved as usual.
+        g_flat = flattener.flatten(rhs)
         finite_rows = jnp.all(jnp.isfinite(g_flat), axis=1)
         clean = flattener.unflatten(jnp.where(finite_rows[:, None], g_flat, 0.0))
-        sol = solve(adjoint_map, clean, solver=config.replace(tol=resolved_tol), batch_axis=batch_axis,
+        sol = solve(affine_map, clean, solver=config.replace(tol=resolved_tol), batch_axis=batch_axis,
                     on_failure="ignore")
         u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
         result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)
         return sol._replace(value=flattener.unflatten(u_flat), result=result)
 
-    precision_module.check_tol(resolved_tol, flattener.dtype, "adjoint_solve")
+    precision_module.check_tol(resolved_tol, flattener.dtype, where)
 
     def operator(u):
-        return jax.tree_util.tree_map(jnp.subtract, u, vjp_z(u)[0])
+        return jax.tree_util.tree_map(jnp.subtract, u, product(u))
 
-    u = config.solve(operator, cotangent, tol=resolved_tol, max_steps=config.max_steps)
+    u = config.solve(operator, rhs, tol=resolved_tol, max_steps=config.max_steps)
     u_flat = flattener.flatten(u)
-    residual = relative_residual(flattener.flatten(adjoint_map(u)), u_flat)
+    residual = relative_residual(flattener.flatten(affine_map(u)), u_flat)
     finite = jnp.all(jnp.isfinite(u_flat), axis=1) & jnp.isfinite(residual)
     result = jnp.where(
         ~finite,
@@ -148,4 +172,3 @@ def _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision):
         tol=jnp.asarray(resolved_tol, residual.dtype),
     )
     return Solution(u, per_sample(result), stats)
-

@@ -25,7 +25,7 @@ __all__ = ["fixed_point"]
 def _close_over_nothing(f, z0, args, level):
     """``f`` with closed-over traced values hoisted into explicit arguments (``jax.closure_convert``).
 
-    ``jax.custom_vjp`` cannot differentiate a value f closes over, so ``lambda z, x: w @ z + x``
+    A custom derivative rule cannot differentiate a value f closes over, so ``lambda z, x: w @ z + x``
     with ``w`` being differentiated would fail with an UnexpectedTracerError; after conversion
     ``w`` is one more argument, and its gradient is the implicit one. The converted f is traced
     once, here, at the matmul precision ``level`` of the solve; an f that closes over nothing
@@ -82,9 +82,12 @@ def fixed_point(
             :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), one of their
             names for the defaults, or an instance of your own :class:`Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
-            (default, :class:`BackwardWarning` attributed to your line), ``"raise"``, ``"nan"``
-            (its value and gradient NaN; no host callback) or ``"ignore"`` (:mod:`deqlab.backward`,
-            :mod:`deqlab.failures`).
+            (default; called eagerly, :class:`BackwardWarning` attributed to your line; inside a
+            transformation, nothing in the program, ``Solution.result`` is the record),
+            ``"raise"``, ``"nan"`` (a failed forward sample's value NaN with a zero gradient, so
+            a loss that masks it out trains; a failed adjoint sample's gradient NaN),
+            ``"ignore"`` or ``"callback"`` (warn from a host callback inside compiled programs)
+            (:mod:`deqlab.backward`, :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
         tol, max_steps: removed in deqlab 0.7 (they live on the solver object:
@@ -102,7 +105,7 @@ def fixed_point(
         SolverError: with ``on_failure="raise"``, when a solve failed: eagerly, raised directly
             after the computation returns; under ``jit`` / ``grad`` / ``vmap``, from a host
             callback (wrapped in JAX's runtime error). ``on_failure="warn"`` issues
-            :class:`BackwardWarning` the same way.
+            :class:`BackwardWarning` eagerly; ``"callback"`` issues it from inside programs.
         TypeError: ``tol``, ``max_steps`` or ``throw`` given (removed arguments; the message
             says what replaces them).
 
@@ -154,7 +157,7 @@ def fixed_point(
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer
-    # transformation, from a host callback inside it (_signal).
+    # transformation, as deqlab.failures.signal says (nothing in the program for "warn").
     inside = _eager.is_traced((z0, args, init_state))
     sol = _eager.cached_call(
         _fixed_point_traced, f, (z0, args, init_state, budget),

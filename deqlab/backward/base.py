@@ -94,7 +94,7 @@ class Problem:
                 budget: Any = _SAME, **options) -> Solution:
         """:func:`deqlab.solvers.solve` of this problem, with the problem's solver and options.
 
-        A mode that wraps the solve in ``jax.custom_vjp`` passes ``init_state`` and ``budget`` in
+        A mode that wraps the solve in ``jax.custom_vjp`` or ``jax.custom_jvp`` passes ``init_state`` and ``budget`` in
         as primal inputs (never through a closure: they may be traced).
 
         Args:
@@ -204,6 +204,9 @@ dataclasses.dataclass(frozen=True, kw_only=True)(Backward)
 _HINTS = {
     "forward": "their values and gradients are not the equilibrium's. Raise max_steps, loosen tol, or "
                "check that f contracts (Solution.result reports each sample)",
+    "tangent": "their derivatives (jvp, jacfwd) are inaccurate. Raise the backward max_steps "
+               "(deqlab.backward.Implicit(max_steps=...)), try Implicit(solver='gmres'), or check that "
+               "the forward solve converged",
     "adjoint": "their gradients are inaccurate. Raise the backward max_steps "
                "(deqlab.backward.Implicit(max_steps=...)), try Implicit(solver='gmres'), or check that "
                "the forward solve converged",
@@ -216,10 +219,11 @@ def report(what: str, policy: str, result, residual) -> None:
     A mode with solves of its own (an adjoint solve, as :class:`Implicit`) applies the caller's
     policy to them with ``report("adjoint", problem.on_failure, sol.result,
     sol.stats.best_residual)``; the message names :func:`fixed_point` and says what to try.
-    Traced results (inside ``jit`` or a ``custom_vjp`` backward pass) report from a host callback.
+    Traced results (inside ``jit`` or a ``custom_vjp`` backward pass) report from a host callback
+    with ``"raise"`` and ``"callback"``, and not at all with ``"warn"`` (:func:`deqlab.failures.signal`).
 
     Args:
-        what: ``"forward"`` or ``"adjoint"`` (a solve inside :func:`fixed_point`), or
+        what: ``"forward"``, ``"adjoint"`` or ``"tangent"`` (a solve inside :func:`fixed_point`), or
             ``"adjoint-alone"`` (the solve of :func:`adjoint_solve`, named in the message).
         policy: one of :data:`FAILURE_POLICIES`; ``"nan"`` and ``"ignore"`` do nothing here.
         result, residual: ``Solution.result`` and ``Solution.stats.best_residual`` of the solve.

@@ -1,5 +1,6 @@
-"""The implicit backward pass (003 Theorem 1, Eq. 8 and 11): the forward solve under
-``jax.custom_vjp``, the adjoint solve as its backward pass."""
+"""The implicit derivative (003 Theorem 1, Eq. 8 and 11): the forward solve under
+``jax.custom_jvp``, with a tangent solve for forward mode and its transpose, the adjoint solve,
+for reverse mode."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 
 from deqlab import checks
 from deqlab import precision as precision_module
-from deqlab.backward.adjoint import adjoint_solve
+from deqlab.backward.adjoint import _adjoint_solve, _tangent_solve
 from deqlab.backward.base import Backward, Problem, _matmul_level, report, zero_cotangent
 from deqlab.backward.linear import LinearSolver, get_adjoint_solver
 from deqlab.failures import nan_where_failed
@@ -90,33 +91,47 @@ class Implicit(Backward):
 
 
 def _implicit(problem, mode):
-    """The forward solve under ``jax.custom_vjp``, with the adjoint solve as its backward pass."""
+    """The forward solve under ``jax.custom_jvp``: its tangent solves (I - J) z_dot = (df/dargs)
+    args_dot through ``lax.custom_linear_solve``, whose transpose, the adjoint solve
+    u = g + J^T u, is what reverse mode runs (003 Eq. 8 and 11). One rule serves ``jvp``,
+    ``jacfwd``, ``grad`` and their compositions (``hessian``)."""
     adjoint_solver = mode.adjoint_solver(problem)
-    backward_options = dict(solver=adjoint_solver, batch_axis=problem.batch_axis, precision=problem.precision)
+    options = dict(solver=adjoint_solver, batch_axis=problem.batch_axis, precision=problem.precision)
+    level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
     f = problem.f
 
-    @jax.custom_vjp
+    def apply_policy(sol, what):
+        report(what, problem.on_failure, sol.result, sol.stats.best_residual)
+        if problem.on_failure == "nan":
+            return nan_where_failed(sol.value, sol.result, problem.batch_axis)
+        return sol.value
+
+    @jax.custom_jvp
     def equilibrium(z0, args, init_state, budget):
         return problem.forward(z0, args, init_state=init_state, budget=budget)
 
-    def equilibrium_fwd(z0, args, init_state, budget):
-        sol = problem.forward(z0, args, init_state=init_state, budget=budget)
-        return sol, (sol.value, z0, args, init_state, budget)
-
-    def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, init_state, budget = residuals
-        adjoint = adjoint_solve(f, z_star, args, cotangent.value, on_failure="ignore", **backward_options)
-        report("adjoint", problem.on_failure, adjoint.result, adjoint.stats.best_residual)
-        u = adjoint.value
-        if problem.on_failure == "nan":
-            u = nan_where_failed(u, adjoint.result, problem.batch_axis)
-        level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
+    @equilibrium.defjvp
+    def equilibrium_jvp(primals, tangents):
+        z0, args, init_state, budget = primals
+        args_dot = tangents[1]  # z0, init_state and budget: the equilibrium does not depend on them
+        # the custom rule again, not the bare solve: a derivative of this rule (a hessian) is
+        # implicit too
+        sol = equilibrium(z0, args, init_state, budget)
+        z_star = sol.value
         with precision_module.matmul_precision(level):
-            _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
-        (args_bar,) = vjp_args(u)
-        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state), zero_cotangent(budget)
+            _, rhs = jax.jvp(lambda a: f(z_star, *a), (args,), (args_dot,))
+            _, jacobian = jax.linearize(lambda z: f(z, *args), z_star)
 
-    equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
+        def identity_minus_jacobian(v):  # linear in v; JAX transposes it for reverse mode
+            return jax.tree_util.tree_map(jnp.subtract, v, jacobian(v))
+
+        def tangent(_, b):
+            return apply_policy(_tangent_solve(f, z_star, args, b, **options), "tangent")
+
+        def adjoint(_, g):
+            return apply_policy(_adjoint_solve(f, z_star, args, g, **options), "adjoint")
+
+        z_dot = jax.lax.custom_linear_solve(identity_minus_jacobian, rhs, tangent, adjoint)
+        return sol, zero_cotangent(sol)._replace(value=z_dot)
+
     return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget)
-
-

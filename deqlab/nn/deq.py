@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward import fixed_point, get_backward
 from deqlab.failures import check_policy
@@ -76,9 +76,11 @@ class DEQ(nnx.Module):
               estimate (needs ``solver="broyden"``);
             * an instance of your own :class:`deqlab.backward.Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
-            (default), ``"raise"``, ``"nan"`` (its value and gradient become NaN; no host callback:
-            the choice for TPUs) or ``"ignore"``, as for :func:`deqlab.backward.fixed_point`
-            (:mod:`deqlab.failures`).
+            (default; eagerly a warning, under ``nnx.jit`` nothing in the program: read
+            ``capture_solver_stats``), ``"raise"``, ``"nan"`` (its value becomes NaN with a zero
+            gradient, so a loss masked by ``converged`` trains), ``"ignore"`` or ``"callback"``
+            (warn from a host callback inside compiled programs), as for
+            :func:`deqlab.backward.fixed_point` (:mod:`deqlab.failures`).
         batch_axis: axis of x and z indexing independent samples (default 0; it must not be the
             feature axis). None: x is a single sample.
         precision: matmul precision of the solve (``"default"``, ``"high"``, ``"highest"``); None:
@@ -307,6 +309,9 @@ class DEQ(nnx.Module):
                              "`dropout_masks` method); build the cell with dropout=p.")
         # split after drawing: the state carries the advanced mask stream out of this call
         graphdef, state = nnx.split(self.cell)
+        # named here, in the layer's terms ("cell['recurrent']['kernel']"), before fixed_point would
+        # name the same leaf by its position among its arguments
+        _eager.check_finite([("cell", nnx.state(self.cell, nnx.Param)), ("x", x)], "nn.DEQ")
         # masks are constants of the map, not parameters: no gradient flows to them
         extra = () if masks is None else (jax.lax.stop_gradient(masks),)
 

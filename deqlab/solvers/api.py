@@ -54,12 +54,16 @@ def solve(
             (the stopping rule, see :mod:`deqlab.solvers`); change them with
             :meth:`Solver.replace`.
         batch_axis: axis of every leaf of ``z0`` that indexes independent samples, or None.
-        on_failure: what a sample that did not converge does: ``"warn"`` (default; a
-            :class:`~deqlab.failures.SolverWarning` attributed to your line), ``"raise"``
-            (:class:`~deqlab.failures.SolverError`), ``"nan"`` (its value becomes NaN; no host callback, the
-            choice for TPUs) or ``"ignore"`` (``Solution.result`` is the only record); the same
-            policy as :func:`deqlab.backward.fixed_point` and :class:`deqlab.nn.DEQ`
-            (:mod:`deqlab.failures`).
+        on_failure: what a sample that did not converge does: ``"warn"`` (default; called
+            eagerly, a :class:`~deqlab.failures.SolverWarning` attributed to your line; inside
+            your ``jit``, nothing is added to the program and ``Solution.result`` is the record,
+            see :func:`deqlab.failures.check`), ``"raise"``
+            (:class:`~deqlab.failures.SolverError`), ``"nan"`` (its value becomes NaN),
+            ``"ignore"`` (``Solution.result`` is the only record) or ``"callback"`` (warn from a
+            host callback inside compiled programs); the same policy as
+            :func:`deqlab.backward.fixed_point` and :class:`deqlab.nn.DEQ`
+            (:mod:`deqlab.failures`). Only ``"raise"`` and ``"callback"`` put a host callback in
+            a compiled program.
         unrolled: iterate with ``lax.scan`` for exactly ``max_steps`` (frozen samples masked) so
             that reverse-mode autodiff can go through the iterations.
         checkpoint: with ``unrolled=True``, rematerialise the scan in blocks (``jax.checkpoint``)
@@ -92,7 +96,8 @@ def solve(
             in concrete inputs, a bad ``init_state`` or option).
         SolverError: with ``on_failure="raise"``, when some sample failed (eagerly, raised
             after the computation returns; inside your ``jit``, from a host callback, wrapped in
-            JAX's runtime error).
+            JAX's runtime error; :func:`deqlab.failures.check` under ``checkify`` raises with the
+            message intact and no callback).
         TypeError: ``tol``, ``max_steps``, ``stop`` or ``throw`` given (removed arguments; the
             message says what replaces them).
 

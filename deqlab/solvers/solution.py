@@ -133,6 +133,6 @@ def raise_if_failed(solution: Solution, what: str = "solve") -> None:
         not converged after 2 steps
     """
     if checks.is_traced(solution.result):
-        raise ValueError("raise_if_failed needs concrete values: inside jit, pass on_failure='raise' "
-                         "to the solve instead.")
+        raise ValueError("raise_if_failed needs concrete values: inside jit, call deqlab.failures.check(solution) "
+                         "under jax.experimental.checkify instead.")
     signal(what, "", "raise", solution.result, solution.stats.best_residual)

@@ -1,0 +1,184 @@
+"""Program size and compile time of deqlab's core beside optimistix's, and the per-call cost of the
+failure policy (issue 38, "[20/25] A lean core", items 2 and 3).
+
+Run: ``python -m benchmarks.compile [--size tiny|quick|full] [--no-peers] [--repeats R]``.
+
+Problem: z = tanh(z W^T + x), W a Haar orthogonal matrix at scale 0.5, N = 8 and batch 4
+(``full``: N = 64, batch 32), float32, tolerance 1e-5 and at most 100 steps for every library.
+For each program, in one process:
+
+* ``HLO``: instructions of XLA's optimised module (every ``name = op(...)`` line of
+  ``compiled.as_text()``, all computations: the loop body and condition included);
+* ``compile s``: the best of ``--repeats`` lowerings and compilations of a fresh ``jax.jit``
+  (the persistent compilation cache is switched off for the run);
+
+for the Picard solve (deqlab's ``solve(..., solver="picard", batch_axis=0)``; optimistix's
+``fixed_point`` with ``FixedPointIteration`` under ``jax.vmap``, its way of batching), the Anderson
+solve (deqlab only: optimistix has none), and ``jax.grad`` of L = sum(z*^2) with respect to W
+through ``deqlab.fixed_point`` (Anderson forward, implicit backward: the defaults) and through
+optimistix's ``fixed_point`` with its default ``ImplicitAdjoint``. The ratio column is against
+optimistix's Picard solve (solves) or optimistix's gradient (gradient).
+
+Then the per-call time of a jitted default solve against the same solve with
+``on_failure="ignore"`` and with ``"callback"`` (a host callback in the program, deqlab 0.8's
+``"warn"`` under jit), medians of interleaved rounds.
+
+Targets (issue 38): Picard solve and gradient at most 1.3x optimistix's instructions and compile
+seconds; Anderson at most 2x optimistix's Picard; the default jitted solve at most 1.1x
+``"ignore"``'s time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import time
+
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # compile times of this run, never a cache hit
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if not __package__:  # run as `python benchmarks/compile.py`: the repository root is not on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common
+
+SIZES = {"tiny": (4, 8), "quick": (4, 8), "full": (32, 64)}
+REPEATS = {"tiny": 1, "quick": 3, "full": 3}
+CALL_ROUNDS = {"tiny": 20, "quick": 300, "full": 300}
+TOL, MAX_STEPS = 1e-5, 100
+
+# One instruction per line of the optimised module: "  name = type op(...)", with or without ROOT.
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?[\w.\-]+\s*=\s", re.MULTILINE)
+
+
+def hlo_instructions(compiled) -> int:
+    """Instructions in the optimised HLO module of a compiled program (all its computations)."""
+    return len(_INSTRUCTION.findall(compiled.as_text()))
+
+
+def compile_stats(fn, args, repeats: int) -> tuple[int, float]:
+    """(instructions, best compile seconds) of ``jax.jit(fn)`` at ``args``; a fresh ``jit`` each
+    time, so that nothing is reused from JAX's in-memory caches."""
+    best, compiled = float("inf"), None
+    for _ in range(repeats):
+        jax.clear_caches()
+        start = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        best = min(best, time.perf_counter() - start)
+    return hlo_instructions(compiled), best
+
+
+def _tanh_map(z, w, x):
+    return jnp.tanh(z @ w.T + x)
+
+
+def _problem(batch: int, width: int):
+    rng = np.random.default_rng(0)
+    q, r = np.linalg.qr(rng.standard_normal((width, width)))
+    w = jnp.asarray(0.5 * q * np.sign(np.diag(r)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
+    return w, x
+
+
+def deqlab_programs(batch: int, width: int):
+    import deqlab
+
+    picard = deqlab.Picard(tol=TOL, max_steps=MAX_STEPS)
+    anderson = deqlab.Anderson(tol=TOL, max_steps=MAX_STEPS)
+    z0 = jnp.zeros((batch, width), jnp.float32)
+
+    def picard_solve(w, x):
+        return deqlab.solve(_tanh_map, z0, w, x, solver=picard, batch_axis=0).value
+
+    def anderson_solve(w, x):
+        return deqlab.solve(_tanh_map, z0, w, x, solver=anderson, batch_axis=0).value
+
+    def gradient(w, x):
+        loss = lambda w: jnp.sum(deqlab.fixed_point(_tanh_map, z0, w, x, solver=anderson,  # noqa: E731
+                                                    batch_axis=0).value ** 2)
+        return jax.grad(loss)(w)
+
+    return picard_solve, anderson_solve, gradient
+
+
+def optimistix_programs(optx, width: int):
+    solver = optx.FixedPointIteration(rtol=TOL, atol=TOL)
+
+    def one(w, x):
+        return optx.fixed_point(lambda z, a: _tanh_map(z, *a), solver, jnp.zeros(width, jnp.float32), args=(w, x),
+                                max_steps=MAX_STEPS, throw=False).value
+
+    def picard_solve(w, x):
+        return jax.vmap(one, in_axes=(None, 0))(w, x)
+
+    def gradient(w, x):
+        return jax.grad(lambda w: jnp.sum(picard_solve(w, x) ** 2))(w)
+
+    return picard_solve, gradient
+
+
+def policy_call_times(batch: int, width: int, rounds: int) -> dict[str, float]:
+    """Median seconds per call of a small jitted Picard solve under three failure policies."""
+    import deqlab
+
+    w, x = _problem(batch, width)
+    z0 = jnp.zeros((batch, width), jnp.float32)
+    picard = deqlab.Picard(tol=TOL, max_steps=MAX_STEPS)
+    calls = {}
+    policies = [("default", {}), ("ignore", {"on_failure": "ignore"})]
+    if "callback" in deqlab.failures.FAILURE_POLICIES:  # deqlab 0.9; 0.8's default is the callback
+        policies.append(("callback", {"on_failure": "callback"}))
+    for name, options in policies:
+        fn = jax.jit(lambda w, x, options=options: deqlab.solve(_tanh_map, z0, w, x, solver=picard, batch_axis=0,
+                                                                **options).value)
+        calls[name] = (fn, (w, x))
+    times = common.interleaved_times(calls, rounds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args(__doc__.splitlines()[0], argv)
+    batch, width = SIZES[args.size]
+    repeats = args.repeats or REPEATS[args.size]
+    with common.jax_session():
+        common.header("compile: program size and compile time", args.size)
+        peers = common.load_peers(args.no_peers)
+        w, x = _problem(batch, width)
+        rows = {}
+        picard_solve, anderson_solve, gradient = deqlab_programs(batch, width)
+        rows["deqlab Picard solve"] = compile_stats(picard_solve, (w, x), repeats)
+        rows["deqlab Anderson solve"] = compile_stats(anderson_solve, (w, x), repeats)
+        rows["deqlab grad(fixed_point)"] = compile_stats(gradient, (w, x), repeats)
+        if peers.optimistix is not None:
+            o_solve, o_grad = optimistix_programs(peers.optimistix, width)
+            rows["optimistix Picard solve"] = compile_stats(o_solve, (w, x), repeats)
+            rows["optimistix grad(fixed_point)"] = compile_stats(o_grad, (w, x), repeats)
+        base_solve = rows.get("optimistix Picard solve")
+        base_grad = rows.get("optimistix grad(fixed_point)")
+        print(f"\nbatch {batch}, N = {width}, float32, tol {TOL}, max_steps {MAX_STEPS}; best of {repeats} compiles")
+        print(f"{'program':32s} {'HLO':>6s} {'compile s':>10s} {'HLO ratio':>10s} {'time ratio':>11s}")
+        for name, (count, seconds) in rows.items():
+            base = base_grad if "grad" in name else base_solve
+            ratio = f"{count / base[0]:10.2f} {seconds / base[1]:11.2f}" if base else f"{'':10s} {'':11s}"
+            print(f"{name:32s} {count:6d} {seconds:10.2f} {ratio}")
+        calls = policy_call_times(batch, width, CALL_ROUNDS[args.size])
+        print("\njitted Picard solve, median per call:")
+        for name, seconds in calls.items():
+            print(f"  on_failure={name:9s} {1e3 * seconds:8.3f} ms  ({seconds / calls['ignore']:.2f}x 'ignore')")
+        headline = f"HEADLINE compile: default jitted solve {calls['default'] / calls['ignore']:.2f}x 'ignore'"
+        if "callback" in calls:
+            headline += f" ('callback' {calls['callback'] / calls['ignore']:.2f}x)"
+        if base_solve and base_grad:
+            headline += (f"; Picard {rows['deqlab Picard solve'][0] / base_solve[0]:.2f}x optimistix's HLO, "
+                         f"grad {rows['deqlab grad(fixed_point)'][0] / base_grad[0]:.2f}x, "
+                         f"Anderson {rows['deqlab Anderson solve'][0] / base_solve[0]:.2f}x its Picard")
+        print(headline)
+    return {"rows": rows, "calls": calls}
+
+
+if __name__ == "__main__":
+    main()
