@@ -200,16 +200,17 @@ def number(value: Any, name: str, where: str | None = None, *, lower: float | No
     return x
 
 
-def positive_number(value: Any, name: str, where: str | None = None) -> float:
+def positive_number(value: Any, name: str, where: str | None = None, *, allow_traced: bool = False) -> float:
     """A finite real number > 0.
 
     Args:
         value: the value to check.
         name: the argument's name, for the message.
         where: the public function, for the message.
+        allow_traced: let a traced real scalar through unchecked.
 
     Returns:
-        ``value`` as a Python float.
+        ``value`` as a Python float (a traced scalar unchanged).
 
     Raises:
         ValueError: ``value`` is not a finite real number > 0.
@@ -219,19 +220,20 @@ def positive_number(value: Any, name: str, where: str | None = None) -> float:
         >>> positive_number(1e-5, "tol")
         1e-05
     """
-    return number(value, name, where, lower=0.0, lower_open=True)
+    return number(value, name, where, lower=0.0, lower_open=True, allow_traced=allow_traced)
 
 
-def unit_interval(value: Any, name: str, where: str | None = None) -> float:
+def unit_interval(value: Any, name: str, where: str | None = None, *, allow_traced: bool = False) -> float:
     """A number in (0, 1] (damping factors, step lengths).
 
     Args:
         value: the value to check.
         name: the argument's name, for the message.
         where: the public function, for the message.
+        allow_traced: let a traced real scalar through unchecked.
 
     Returns:
-        ``value`` as a Python float.
+        ``value`` as a Python float (a traced scalar unchanged).
 
     Raises:
         ValueError: ``value`` is not a finite real number in (0, 1].
@@ -241,7 +243,7 @@ def unit_interval(value: Any, name: str, where: str | None = None) -> float:
         >>> unit_interval(1, "damping")
         1.0
     """
-    return number(value, name, where, lower=0.0, upper=1.0, lower_open=True)
+    return number(value, name, where, lower=0.0, upper=1.0, lower_open=True, allow_traced=allow_traced)
 
 
 def choice(value: Any, name: str, options: Iterable[str], where: str | None = None) -> str:

@@ -165,6 +165,8 @@ def check_tol(tol: float, dtype: Any, where: str = "solve") -> None:
         >>> from deqlab.precision import check_tol
         >>> check_tol(1e-5, jnp.float32)  # reachable: silent
     """
+    if checks.is_traced(tol):  # its value is not known here; the solve still honours it
+        return
     tol = checks.positive_number(tol, "tol", where)
     floor = attainable_tol(dtype)
     name = _dtype_name(dtype)
@@ -229,7 +231,8 @@ def required_precision(tol: float, dtype: Any) -> str:
     (``"highest"``).
 
     Args:
-        tol: the solve's tolerance, a finite number > 0.
+        tol: the solve's tolerance, a finite number > 0 (a traced tolerance, whose value cannot
+            be read, gives ``"highest"``).
         dtype: the dtype of the iterate.
 
     Returns:
@@ -244,6 +247,8 @@ def required_precision(tol: float, dtype: Any) -> str:
         >>> [required_precision(t, jnp.float32) for t in (1e-2, 1e-5, 1e-6)]
         ['default', 'high', 'highest']
     """
+    if checks.is_traced(tol):  # a traced tolerance (a swept or differentiated setting): be safe
+        return "highest"
     checks.positive_number(tol, "tol", "precision.required_precision")
     dtype = checks.floating_dtype(dtype, "dtype", "precision.required_precision")
     if _dtype_name(dtype) != "float32":

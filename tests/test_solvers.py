@@ -711,3 +711,63 @@ def test_check_every_auto_under_jit_vmap_and_grad(name):
 def test_bad_stopping_options_raise_value_error(argument, make):
     with pytest.raises(ValueError, match=argument):
         make()
+
+
+@pytest.mark.float64
+def test_real_number_settings_trace_sweep_and_differentiate():
+    """Real-number settings are pytree leaves (issue 38, item 5): a damping, an Anderson ridge and
+    a tolerance swept with vmap give, lane by lane, the solves with those settings as Python
+    numbers (one compiled program for the sweep); a damping is differentiated (three unrolled
+    Picard steps of a linear map, whose value is a polynomial in the damping: exact to rounding)."""
+    a, b = 0.5, 1.0
+    f = lambda z: a * z + b  # noqa: E731
+    z0 = jnp.zeros(2)
+    sweeps = {
+        "damping": (jnp.array([0.3, 0.7, 1.0]), lambda d: Picard(damping=d, tol=1e-8, max_steps=200)),
+        "ridge": (jnp.array([1e-6, 1e-2, 1.0]), lambda r: Anderson(ridge=r, tol=1e-8, max_steps=200)),
+        "tol": (jnp.array([1e-3, 1e-6, 1e-9]), lambda t: Picard(tol=t, max_steps=200)),
+    }
+    for name, (values, make) in sweeps.items():
+        swept = jax.vmap(lambda v: solve(f, z0, solver=make(v), on_failure="ignore").stats.steps)(values)
+        alone = [int(solve(f, z0, solver=make(float(v)), on_failure="ignore").stats.steps) for v in values]
+        assert swept.tolist() == alone, (name, swept, alone)
+    assert alone[0] < alone[1] < alone[2]  # tighter tolerances take more steps
+
+    def three_steps(d):
+        solver = Picard(damping=d, tol=1e-30, max_steps=3)  # unreachable tol: exactly 3 steps
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", precision.PrecisionWarning)
+            return solve(f, z0, solver=solver, unrolled=True, on_failure="ignore").value[0]
+
+    def closed_form(d):  # z <- z + d (a z + b - z), three times from 0
+        z = 0.0
+        for _ in range(3):
+            z = z + d * (a * z + b - z)
+        return z
+
+    d = 0.6
+    np.testing.assert_allclose(jax.grad(three_steps)(d), jax.grad(closed_form)(d), rtol=1e-12)
+    np.testing.assert_allclose(three_steps(d), closed_form(d), rtol=1e-12)
+
+
+def test_settings_that_set_shapes_stay_static_and_validation_runs_at_every_level():
+    # an array in a static setting is an error naming it (it would be compiled as a constant)
+    with pytest.raises(ValueError, match="Anderson: `m` sets the shape"):
+        Anderson(m=jnp.array(5))
+    leaves = jax.tree_util.tree_leaves(Anderson(ridge=1e-3))
+    assert 1e-3 in leaves and 5 not in leaves and len(leaves) == 4  # divergence, safety, ridge, damping
+
+    class Lazy(deqlab.Solver):  # forgets super().__post_init__()
+        def __post_init__(self):
+            pass
+
+        def init(self, z, fz):
+            return ()
+
+        def propose(self, z, fz, state):
+            return fz, state
+
+    with pytest.raises(ValueError, match="solvers.Lazy: `tol` must be a finite real number > 0"):
+        Lazy(tol=-1.0)
+    with pytest.raises(ValueError, match="`max_steps`"):
+        Lazy().replace(max_steps=0)

@@ -17,6 +17,8 @@ from deqlab.solvers.registry import _removed_settings
 
 __all__ = ["adjoint_solve"]
 
+_SAMPLES = "deqlab_samples"  # the vmap axis of a linear solver's per-sample solves
+
 
 def _check_cotangent(cotangent, z_star):
     got = jax.tree_util.tree_structure(cotangent)
@@ -153,8 +155,19 @@ def _linear_fixed_point(make_product, z_star, rhs, solver, batch_axis, precision
     def operator(u):
         return jax.tree_util.tree_map(jnp.subtract, u, product(u))
 
-    u = config.solve(operator, rhs, tol=resolved_tol, max_steps=config.max_steps)
-    u_flat = flattener.flatten(u)
+    # One sample at a time, batched by vmap: each sample has its own Krylov space, inner products
+    # and stopping, so no sample's solve depends on its neighbours (a batched GMRES couples them
+    # through its inner products). The operator is evaluated once for the whole batch: the lanes'
+    # vectors are gathered into the (B, D) rows f acts on, and each lane takes back its own row.
+    def operator_on_sample(v):
+        rows = jax.lax.all_gather(v, _SAMPLES)
+        return flattener.flatten(operator(flattener.unflatten(rows)))[jax.lax.axis_index(_SAMPLES)]
+
+    def solve_sample(b):
+        return config.solve(operator_on_sample, b, tol=resolved_tol, max_steps=config.max_steps)
+
+    u_flat = jax.vmap(solve_sample, axis_name=_SAMPLES)(flattener.flatten(rhs))
+    u = flattener.unflatten(u_flat)
     residual = relative_residual(flattener.flatten(affine_map(u)), u_flat)
     finite = jnp.all(jnp.isfinite(u_flat), axis=1) & jnp.isfinite(residual)
     result = jnp.where(

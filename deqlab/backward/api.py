@@ -160,8 +160,8 @@ def fixed_point(
     # transformation, as deqlab.failures.signal says (nothing in the program for "warn").
     inside = _eager.is_traced((z0, args, init_state))
     sol = _eager.cached_call(
-        _fixed_point_traced, f, (z0, args, init_state, budget),
-        dict(mode=mode, config=config, batch_axis=batch_axis, has_aux=has_aux, precision=precision,
+        _fixed_point_traced, f, (z0, args, init_state, budget, config),
+        dict(mode=mode, batch_axis=batch_axis, has_aux=has_aux, precision=precision,
              on_failure=on_failure, signal=inside),
     )
     if not inside:
@@ -169,7 +169,7 @@ def fixed_point(
     return sol
 
 
-def _fixed_point_traced(f, z0, args, init_state, budget, *, mode, config, batch_axis, has_aux, precision, on_failure,
+def _fixed_point_traced(f, z0, args, init_state, budget, config, *, mode, batch_axis, has_aux, precision, on_failure,
                         signal):
     """The computation of :func:`fixed_point` (run under its cached jit, see ``deqlab._eager``);
     ``signal``: report forward failures here (under an outer transformation)."""

@@ -91,16 +91,18 @@ class Problem:
         return _matmul_level(self.precision, self.tol, self.dtype)
 
     def forward(self, z0: Any = None, args: tuple | None = None, *, init_state: Any = _SAME,
-                budget: Any = _SAME, **options) -> Solution:
+                budget: Any = _SAME, solver: Any = _SAME, **options) -> Solution:
         """:func:`deqlab.solvers.solve` of this problem, with the problem's solver and options.
 
-        A mode that wraps the solve in ``jax.custom_vjp`` or ``jax.custom_jvp`` passes ``init_state`` and ``budget`` in
-        as primal inputs (never through a closure: they may be traced).
+        A mode that wraps the solve in ``jax.custom_vjp`` or ``jax.custom_jvp`` passes ``init_state``,
+        ``budget`` and ``solver`` in as primal inputs (never through a closure: they may be traced;
+        a solver's real-number settings are pytree leaves).
 
         Args:
             z0, args: replace the problem's where given.
             init_state: replaces the problem's where given (None: a cold start).
             budget: replaces the problem's where given (None: the solver's settings).
+            solver: replaces the problem's solver where given.
             **options: further arguments of :func:`deqlab.solvers.solve`, e.g. ``unrolled=True``
                 (``on_failure`` defaults to ``"ignore"``: :func:`fixed_point` reports the
                 forward solve).
@@ -112,8 +114,9 @@ class Problem:
         args = self.args if args is None else args
         init_state = self.init_state if init_state is _SAME else init_state
         budget = self.budget if budget is _SAME else budget
+        solver = self.solver if solver is _SAME else solver
         options.setdefault("on_failure", "ignore")  # fixed_point reports the forward solve
-        return solve(self.f, z0, *args, solver=self.solver, batch_axis=self.batch_axis,
+        return solve(self.f, z0, *args, solver=solver, batch_axis=self.batch_axis,
                      precision=self.precision, init_state=init_state, budget=budget, **options)
 
 

@@ -4,6 +4,7 @@ for reverse mode."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -95,9 +96,6 @@ def _implicit(problem, mode):
     args_dot through ``lax.custom_linear_solve``, whose transpose, the adjoint solve
     u = g + J^T u, is what reverse mode runs (003 Eq. 8 and 11). One rule serves ``jvp``,
     ``jacfwd``, ``grad`` and their compositions (``hessian``)."""
-    adjoint_solver = mode.adjoint_solver(problem)
-    options = dict(solver=adjoint_solver, batch_axis=problem.batch_axis, precision=problem.precision)
-    level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
     f = problem.f
 
     def apply_policy(sol, what):
@@ -106,18 +104,25 @@ def _implicit(problem, mode):
             return nan_where_failed(sol.value, sol.result, problem.batch_axis)
         return sol.value
 
+    # the solver is an input, not a closure: its real-number settings may be traced
     @jax.custom_jvp
-    def equilibrium(z0, args, init_state, budget):
-        return problem.forward(z0, args, init_state=init_state, budget=budget)
+    def equilibrium(z0, args, init_state, budget, solver):
+        return problem.forward(z0, args, init_state=init_state, budget=budget, solver=solver)
 
     @equilibrium.defjvp
     def equilibrium_jvp(primals, tangents):
-        z0, args, init_state, budget = primals
-        args_dot = tangents[1]  # z0, init_state and budget: the equilibrium does not depend on them
+        z0, args, init_state, budget, solver = primals
+        # z0, init_state, budget and the solver's settings: the equilibrium does not depend on them
+        args_dot = tangents[1]
         # the custom rule again, not the bare solve: a derivative of this rule (a hessian) is
         # implicit too
-        sol = equilibrium(z0, args, init_state, budget)
+        sol = equilibrium(z0, args, init_state, budget, solver)
         z_star = sol.value
+        # settings read from the rule's own inputs, never from the enclosing trace: JAX may run
+        # this rule after that trace has ended (linearising an outer jit)
+        adjoint_solver = mode.adjoint_solver(dataclasses.replace(problem, solver=solver, tol=solver.tol))
+        options = dict(solver=adjoint_solver, batch_axis=problem.batch_axis, precision=problem.precision)
+        level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
         with precision_module.matmul_precision(level):
             _, rhs = jax.jvp(lambda a: f(z_star, *a), (args,), (args_dot,))
             _, jacobian = jax.linearize(lambda z: f(z, *args), z_star)
@@ -134,4 +139,4 @@ def _implicit(problem, mode):
         z_dot = jax.lax.custom_linear_solve(identity_minus_jacobian, rhs, tangent, adjoint)
         return sol, zero_cotangent(sol)._replace(value=z_dot)
 
-    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget)
+    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget, problem.solver)

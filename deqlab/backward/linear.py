@@ -72,7 +72,7 @@ class LinearSolver:
     def __post_init__(self):
         where = f"backward.{type(self).__name__}"
         if self.tol is not None:
-            checks.positive_number(self.tol, "tol", where)
+            checks.positive_number(self.tol, "tol", where, allow_traced=True)
         checks.positive_int(self.max_steps, "max_steps", where)
 
     def replace(self, **changes: Any) -> LinearSolver:
@@ -106,19 +106,25 @@ class LinearSolver:
         Returns:
             ``tol`` as a float where it is set, else the default of ``dtype``.
         """
-        return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
+        if self.tol is None:
+            return precision_module.default_tol(dtype)
+        return self.tol if checks.is_traced(self.tol) else float(self.tol)
 
     def solve(self, operator: Callable[[Any], Any], b: Any, *, tol: float, max_steps: int) -> Any:
         """Solve ``operator(u) = b`` (required in a subclass).
 
+        Called for one sample at a time (batched by ``jax.vmap``; the samples of a batch never
+        share inner products or a stopping decision).
+
         Args:
-            operator: the linear map ``u -> u - J_f^T u`` on pytrees shaped like ``b``.
-            b: the right-hand side, the cotangent g.
+            operator: the linear map ``u -> u - J_f^T u`` (or ``u - J_f u`` for a tangent) on one
+                sample's flattened vector, shape ``(D,)``.
+            b: that sample's right-hand side (the cotangent g, flattened), shape ``(D,)``.
             tol: relative residual to aim for (the result is checked per sample afterwards).
             max_steps: bound on the applications of ``operator``.
 
         Returns:
-            ``u``, a pytree shaped like ``b``.
+            ``u``, shaped like ``b``.
         """
         raise NotImplementedError
 
@@ -131,8 +137,9 @@ class GMRES(LinearSolver):
 
     ``max_steps`` bounds the operator applications: ``ceil(max_steps / restart)`` restart cycles
     of ``min(restart, max_steps)`` products each. ``Implicit(solver="gmres")`` is this with its
-    defaults. The linear system is solved for the whole batch at once (its samples are coupled
-    only through GMRES's inner products); each sample's residual is checked afterwards.
+    defaults. Each sample is solved on its own (its own Krylov space and stopping, batched by
+    ``vmap``), so a sample's gradient does not depend on the other samples of its batch; each
+    sample's residual is checked afterwards.
 
     Attributes:
         restart: Krylov subspace size between restarts (>= 1).

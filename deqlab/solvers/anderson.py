@@ -57,8 +57,8 @@ class Anderson(Solver):
     def __post_init__(self):
         super().__post_init__()
         checks.positive_int(self.m, "m", "solvers.Anderson")
-        checks.number(self.ridge, "ridge", "solvers.Anderson", lower=0.0)
-        checks.unit_interval(self.damping, "damping", "solvers.Anderson")
+        checks.number(self.ridge, "ridge", "solvers.Anderson", lower=0.0, allow_traced=True)
+        checks.unit_interval(self.damping, "damping", "solvers.Anderson", allow_traced=True)
 
     # History layout: f(z_i) and g_i = f(z_i) - z_i in (B, m, D) ring buffers (dtype of z), plus
     # their Gram matrix G^T G (B, m, m, at least float32), updated one row and column per step
@@ -99,7 +99,7 @@ class Anderson(Solver):
         has_weight = total != 0
         alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), newest)
         mixed_f = exact_einsum("bi,bid->bd", alpha, fs).astype(z.dtype)
-        if self.damping == 1.0:  # one pass over the history instead of two
+        if isinstance(self.damping, (int, float)) and self.damping == 1.0:  # one pass over the history instead of two
             return mixed_f, state
         # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
         mixed_g = exact_einsum("bi,bid->bd", alpha, gs).astype(z.dtype)

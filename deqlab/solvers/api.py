@@ -147,9 +147,11 @@ def solve(
     # Checks on concrete values run here, eagerly; the structural checks (check_problem) run where
     # f is traced, in _solve_traced, once per compilation.
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
+    # The solver is an input, not a key: its real-number settings are pytree leaves (traced where
+    # they are arrays or tracers, part of the key by value where they are Python numbers).
     solution = _eager.cached_call(
-        _solve_traced, f, (z0, args, init_state, budget),
-        dict(config=config, batch_axis=batch_axis, unrolled=unrolled, checkpoint=checkpoint, has_aux=has_aux,
+        _solve_traced, f, (z0, args, init_state, budget, config),
+        dict(batch_axis=batch_axis, unrolled=unrolled, checkpoint=checkpoint, has_aux=has_aux,
              precision=precision),
     )
     signal("solve", "", on_failure, solution.result, solution.stats.best_residual)
@@ -167,7 +169,7 @@ def _check_init_state(init_state, where):
                      f"(a deqlab.solvers.SolverState) or None, got {type(init_state).__name__}{hint}.")
 
 
-def _solve_traced(f, z0, args, init_state, budget, *, config, batch_axis, unrolled, has_aux, precision,
+def _solve_traced(f, z0, args, init_state, budget, config, *, batch_axis, unrolled, has_aux, precision,
                   checkpoint=None):
     """The computation of :func:`solve` (run under its cached jit, see ``deqlab._eager``)."""
     flattener = Flattener(z0, batch_axis)

@@ -4,9 +4,11 @@ hooks through which the shared loop (:mod:`deqlab.solvers.loop`) treats every so
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, ClassVar
 
 import jax
+import numpy as np
 
 from deqlab import checks
 from deqlab import precision as precision_module
@@ -181,15 +183,22 @@ class Solver:
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Validate the shared settings; subclasses validate theirs and call this first."""
+        """A subclass's own validation goes here (the shared settings are checked by the
+        constructor whether or not it calls ``super().__post_init__()``)."""
+
+    def _check_settings(self):
+        """Validate the shared settings (run by the constructor of every subclass, and by
+        :meth:`replace`). Real-number settings may be traced scalars: their range is then not
+        checked (it cannot be read inside ``jit``)."""
         where = f"solvers.{type(self).__name__}"
         if self.tol is not None:
-            checks.positive_number(self.tol, "tol", where)
+            checks.positive_number(self.tol, "tol", where, allow_traced=True)
         checks.positive_int(self.max_steps, "max_steps", where)
-        checks.number(self.divergence_factor, "divergence_factor", where, lower=1.0, lower_open=True)
+        checks.number(self.divergence_factor, "divergence_factor", where, lower=1.0, lower_open=True,
+                      allow_traced=True)
         if self.stop not in STOPPING_RULES:
             raise checks.fail("stop", f"one of {list(STOPPING_RULES)}", self.stop, where)
-        checks.number(self.safety, "safety", where, lower=1.0)
+        checks.number(self.safety, "safety", where, lower=1.0, allow_traced=True)
         if not (isinstance(self.check_every, str) and self.check_every == "auto"):
             if isinstance(self.check_every, str):
                 raise checks.fail("check_every", "'auto' or an integer >= 1", self.check_every, where)
@@ -235,7 +244,9 @@ class Solver:
             >>> deqlab.Anderson().resolved_tol(jnp.float32), deqlab.Anderson(tol=1e-3).resolved_tol(jnp.float32)
             (1e-05, 0.001)
         """
-        return precision_module.default_tol(dtype) if self.tol is None else float(self.tol)
+        if self.tol is None:
+            return precision_module.default_tol(dtype)
+        return self.tol if checks.is_traced(self.tol) else float(self.tol)
 
     def init(self, z: jax.Array, fz: jax.Array) -> Any:
         """The solver's state at the first iterate (required in a subclass).
@@ -298,7 +309,6 @@ class Solver:
         return 1.0 / (1.0 - q)
 
 
-dataclasses.dataclass(frozen=True, kw_only=True)(Solver)
 
 
 def _replace_settings(config: Any, changes: dict) -> Any:
@@ -313,11 +323,72 @@ def _replace_settings(config: Any, changes: dict) -> Any:
     return dataclasses.replace(config, **changes) if changes else config
 
 
+def _is_static_setting(field: dataclasses.Field) -> bool:
+    """A setting is static (pytree metadata, part of a compiled program's identity) unless it is a
+    real number that sets no shape: annotated ``float`` (``float | None`` too). Integers (history
+    sizes, step limits) and strings (rules) set shapes or the program's structure. An explicit
+    ``dataclasses.field(metadata={"static": ...})`` decides otherwise."""
+    if "static" in field.metadata:
+        return bool(field.metadata["static"])
+    annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    words = set(annotation.replace("|", " ").replace(",", " ").replace("[", " ").replace("]", " ").split())
+    return not ("float" in words and not words & {"int", "str", "bool", "Any"})
+
+
 def _configuration_class(cls):
-    """Make ``cls`` a frozen keyword-only dataclass and a pytree whose fields are all static
-    (metadata): it has no leaves, is hashable, and can be passed to ``jax.jit``-ed functions."""
+    """Make ``cls`` a frozen keyword-only dataclass and a pytree: its real-number settings
+    (``tol``, ``damping``, ...) are leaves, so they can be traced (swept with ``vmap``,
+    differentiated, changed without compiling again); the others are static metadata. Unflattening
+    bypasses the constructor (JAX rebuilds pytrees with placeholders and tracers). The constructor
+    checks that no static setting holds an array, and runs every class's validation even where a
+    subclass's ``__post_init__`` forgets ``super().__post_init__()``."""
     dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-    fields = [field.name for field in dataclasses.fields(cls)]
-    jax.tree_util.register_dataclass(cls, data_fields=[], meta_fields=fields)
+    fields = dataclasses.fields(cls)
+    static = tuple(field.name for field in fields if _is_static_setting(field))
+    leaves = tuple(field.name for field in fields if field.name not in static)
+    cls._static_settings = static
+
+    def flatten_with_keys(config):
+        children = [(jax.tree_util.GetAttrKey(name), getattr(config, name)) for name in leaves]
+        return children, tuple(getattr(config, name) for name in static)
+
+    def unflatten(meta, children):
+        config = object.__new__(cls)
+        for name, value in zip(static, meta):
+            object.__setattr__(config, name, value)
+        for name, value in zip(leaves, children):
+            object.__setattr__(config, name, value)
+        return config
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten)
+    constructor = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        constructor(self, *args, **kwargs)
+        _check_static_settings(self)
+        for klass in type(self).__mro__:  # every level's checks, whatever the subclass calls
+            check = klass.__dict__.get("_check_settings")
+            if check is not None:
+                check(self)
+
+    __init__.__doc__ = constructor.__doc__
+    __init__.__signature__ = inspect.signature(constructor)
+    cls.__init__ = __init__
     return cls
 
+
+def _check_static_settings(config) -> None:
+    """An array in a static setting would be hashed by identity and compiled as a constant: an
+    error naming the setting (real-number settings are leaves and may hold arrays)."""
+    for name in type(config)._static_settings:
+        value = getattr(config, name)
+        if isinstance(value, (jax.Array, np.ndarray)) or isinstance(value, jax.core.Tracer):
+            raise ValueError(
+                f"{type(config).__name__}: `{name}` sets the shape or structure of the compiled "
+                f"program and must be a plain Python value, got an array ({type(value).__name__}). "
+                f"Traceable settings are the real-number ones: "
+                f"{', '.join(f.name for f in dataclasses.fields(config) if f.name not in type(config)._static_settings) or 'none'}."
+            )
+
+
+_configuration_class(Solver)

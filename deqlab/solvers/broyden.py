@@ -95,7 +95,7 @@ class Broyden(Solver):
     def __post_init__(self):
         super().__post_init__()
         checks.positive_int(self.m, "m", "solvers.Broyden")
-        checks.unit_interval(self.step, "step", "solvers.Broyden")
+        checks.unit_interval(self.step, "step", "solvers.Broyden", allow_traced=True)
 
     # State: BroydenState(us, vs, count, z, g, direction) with direction = B g at the current z.
     # The pair counter is a scalar for the reason given in Anderson (all active samples share it).

@@ -44,13 +44,13 @@ class Picard(Solver):
 
     def __post_init__(self):
         super().__post_init__()
-        checks.unit_interval(self.damping, "damping", "solvers.Picard")
+        checks.unit_interval(self.damping, "damping", "solvers.Picard", allow_traced=True)
 
     def init(self, z, fz):
         return ()
 
     def propose(self, z, fz, state):
-        if self.damping == 1.0:
+        if isinstance(self.damping, (int, float)) and self.damping == 1.0:  # a static 1: no arithmetic
             return fz, state
         return z + self.damping * (fz - z), state
 
@@ -64,5 +64,5 @@ class Picard(Solver):
         Returns:
             ``damping q / (1 - q)``, shape ``(B,)``.
         """
-        return q * float(self.damping) / (1.0 - q)
+        return q * self.damping / (1.0 - q)
 
