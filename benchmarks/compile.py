@@ -52,7 +52,7 @@ CALL_ROUNDS = {"tiny": 20, "quick": 300, "full": 300}
 TOL, MAX_STEPS = 1e-5, 100
 
 # One instruction per line of the optimised module: "  name = type op(...)", with or without ROOT.
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?[\w.\-]+\s*=\s", re.MULTILINE)
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?[\w.\-]+\s*=\s", re.MULTILINE)
 
 
 def hlo_instructions(compiled) -> int:

@@ -11,6 +11,9 @@ The core in five lines::
 
     sol = deqlab.solve(f, z0, *args, solver=Anderson(m=5), batch_axis=0)   # value, result, stats, state
     sol = deqlab.fixed_point(f, z0, *args, backward=Implicit(solver="gmres"), on_failure="nan")
+    jax.grad / jax.jvp / jax.jacfwd / jax.hessian through fixed_point (one implicit rule, both modes)
+    deqlab.failures.check(sol)   # raise on failure: eagerly, or inside jit under checkify.checkify
+    jax.vmap(lambda d: deqlab.solve(f, z0, x, solver=Picard(damping=d)))(dampings)   # settings trace
     backward = "implicit" | Implicit(...) | Unrolled() | Phantom(steps=5, damping=0.5) | JacobianFree() | SHINE()
     deqlab.stability.spectral_radius(f, z_star, *args, key=key)   # monitor rho(df/dz) at z*
     tol=None follows z0's dtype (float32 1e-5, float64 1e-10); precision=None follows tol (TPUs)
@@ -23,7 +26,6 @@ from deqlab import (
     checks,
     ensembles,
     failures,
-    implicit,  # noqa: F401  (the former home of deqlab.backward, for old code)
     precision,
     solvers,
     stability,
@@ -42,7 +44,7 @@ from deqlab.backward import (
 from deqlab.failures import SolverWarning
 from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 
 def __getattr__(name):

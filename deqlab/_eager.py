@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -40,7 +41,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["cached_call", "is_array", "check_finite", "is_traced"]
+__all__ = ["cached_call", "is_array", "check_finite", "is_traced", "UncachedCallWarning"]
+
+
+class UncachedCallWarning(UserWarning):
+    """An eager :func:`deqlab.solve` / :func:`deqlab.fixed_point` call that runs uncached (it
+    traces and compiles again at every call), with the reason; issued once per function.
+
+    Example:
+        >>> import warnings, deqlab
+        >>> warnings.simplefilter("ignore", deqlab.solvers.UncachedCallWarning)   # silence it
+    """
+
+
+_warned: set = set()  # (code location of f, reason) already warned about
+
+
+def _warn_uncached(f, reason: str) -> None:
+    """Warn once per function and reason that an eager call of it runs uncached."""
+    target = f.func if isinstance(f, functools.partial) else f
+    code = getattr(target, "__code__", None)
+    where = (code.co_filename, code.co_firstlineno) if code is not None else type(target).__qualname__
+    if (where, reason) in _warned:
+        return
+    _warned.add((where, reason))
+    from deqlab.failures import user_stacklevel  # here: failures imports nothing of this module
+
+    name = getattr(target, "__qualname__", type(target).__qualname__)
+    warnings.warn(f"{name} runs uncached (traced and compiled at every call, about a second each): "
+                  f"{reason}. Wrap the caller in jax.jit, or pass what changes as arguments of f.",
+                  UncachedCallWarning, stacklevel=user_stacklevel())
 
 # A function that needs concrete argument values cannot run under the internal jit: such calls
 # fall back to the uncached computation (where the arguments are concrete, as before the cache).
@@ -194,14 +224,27 @@ def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, 
     """
     dynamic, static = _partition(inputs)
     key = tuple(sorted(options.items()))
+    # Under an outer transformation the caller's own trace compiles once: nothing to cache or warn.
+    outer = is_traced(inputs)
     try:
         captured = _captured(f)
         hash((f, static, key, captured))
-    except (TypeError, _Uncacheable):
+    except _Uncacheable:
+        if not outer:
+            _warn_uncached(f, "f reads state the cache cannot follow (a callable object such as an nnx.Module, "
+                              "a bound method, a list or dict in its closure or globals)")
+        return body(f, *inputs, **options)
+    except TypeError:
+        if not outer:
+            _warn_uncached(f, "an argument that is not an array is unhashable (a list, a dict, an object "
+                              "without __hash__)")
         return body(f, *inputs, **options)
     try:
         return _unwrap(_jitted(body, f, static, key, captured, dynamic))
     except _NEEDS_CONCRETE:
+        if not outer:
+            _warn_uncached(f, "f needs the concrete values of its arguments (float(arg), NumPy on an argument), "
+                              "which a compiled call cannot give")
         return body(f, *inputs, **options)
 
 

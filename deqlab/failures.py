@@ -90,19 +90,6 @@ class SolverWarning(RuntimeWarning):
     """Issued with ``on_failure="warn"`` when some sample of a solve did not converge."""
 
 
-def removed_throw(throw, where: str) -> None:
-    """A clear error for the ``throw`` argument that ``on_failure`` replaced in deqlab 0.6."""
-    if throw is not _NOT_GIVEN:
-        replacement = {True: '"raise"', False: '"ignore"'}.get(throw, '"raise" or "ignore"')
-        raise TypeError(f"{where}: `throw` was replaced by `on_failure` in deqlab 0.6: pass "
-                        f"on_failure={replacement} (one of {', '.join(map(repr, FAILURE_POLICIES))}).")
-
-
-_NOT_GIVEN = object()
-#: Default of the removed ``throw`` arguments (see :func:`removed_throw`).
-NOT_GIVEN = _NOT_GIVEN
-
-
 def check_policy(value, where: str) -> str:
     """``value`` if it is one of :data:`FAILURE_POLICIES`, else an error naming ``on_failure``.
 

@@ -95,7 +95,6 @@ MODULES = (
     "deqlab.backward.registry",
     "deqlab.backward.api",
     "deqlab.backward.check",
-    "deqlab.implicit",
     # the book's code (deqlab.lab), where a module's examples can run without training
     "deqlab.lab.experiments.kglm.denoising",
 )

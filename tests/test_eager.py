@@ -241,7 +241,8 @@ def test_rebinding_a_closed_over_array_compiles_again():
 
 def test_a_callable_object_with_state_is_never_stale():
     """An nnx.Module (or any object) passed as f can change its parameters between calls (training):
-    such calls run uncached, so the second solve sees the new parameters."""
+    such calls run uncached, so the second solve sees the new parameters, and the first call says
+    so, once (UncachedCallWarning, naming the reason); under jit nothing is said."""
     from flax import nnx
 
     class Cell(nnx.Module):
@@ -253,9 +254,17 @@ def test_a_callable_object_with_state_is_never_stale():
 
     cell = Cell(nnx.Rngs(0))
     x = jnp.ones(8, F32)
-    before = deqlab.solve(cell, jnp.zeros(8, F32), x).value
+    with pytest.warns(deqlab.solvers.UncachedCallWarning, match=r"Cell runs uncached.*callable object"):
+        before = deqlab.solve(cell, jnp.zeros(8, F32), x).value
     cell.linear.kernel[...] = -cell.linear.kernel[...]
-    after = deqlab.solve(cell, jnp.zeros(8, F32), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", deqlab.solvers.UncachedCallWarning)  # once per function
+        after = deqlab.solve(cell, jnp.zeros(8, F32), x)
+        class Other(Cell):  # a new type, not warned about yet: traced, it is still not warned about
+            pass
+
+        other = Other(nnx.Rngs(1))
+        jax.jit(lambda x: deqlab.solve(other, jnp.zeros(8, F32), x).value)(x)
     assert not np.allclose(before, after.value)
     np.testing.assert_allclose(after.value, cell(after.value, x), atol=1e-4)
 

@@ -10,7 +10,16 @@ import pytest
 from flax import nnx
 
 import deqlab
-from deqlab.backward import GMRES, Backward, Implicit, JacobianFree, Phantom, Unrolled, adjoint_solve
+from deqlab.backward import (
+    GMRES,
+    Backward,
+    Implicit,
+    JacobianFree,
+    Phantom,
+    Unrolled,
+    adjoint_solve,
+    zero_cotangent,
+)
 from deqlab.nn import DEQ, TanhCell
 from deqlab.solvers import Result, SolverState
 
@@ -222,7 +231,9 @@ def test_nn_deq_with_a_custom_solver():
 
 def test_solver_and_backward_objects_are_jit_arguments():
     x = jax.random.normal(jax.random.key(9), (4, N), jnp.float32)
-    assert jax.tree_util.tree_leaves(Damped()) == [] and jax.tree_util.tree_leaves(Implicit(solver=GMRES())) == []
+    # real-number settings are leaves (traced as jit arguments), the others static
+    assert jax.tree_util.tree_leaves(Damped(tol=1e-6)) == [1e-6, 1e4, 1.5]
+    assert jax.tree_util.tree_leaves(Implicit(solver=GMRES())) == []
     assert hash(Damped(tol=1e-6)) == hash(Damped(tol=1e-6)) and Damped(tol=1e-6) != Damped(tol=1e-5)
     traces = []
 
@@ -233,7 +244,9 @@ def test_solver_and_backward_objects_are_jit_arguments():
 
     fast, slow = run(Damped(tol=1e-3), x), run(Damped(tol=1e-6), x)
     assert np.all(np.asarray(fast) < np.asarray(slow))
-    run(Damped(tol=1e-3), x)  # same configuration: cached
+    run(Damped(tol=1e-4), x)  # another tolerance: the same program (tol is traced)
+    assert len(traces) == 1
+    run(Damped(tol=1e-4, max_steps=50), x)  # another static setting: a new program
     assert len(traces) == 2
     np.testing.assert_array_equal(run(deqlab.Anderson(m=3, tol=1e-6), x),
                                   deqlab.solve(tanh_map, jnp.zeros_like(x), x, solver=deqlab.Anderson(m=3, tol=1e-6),
@@ -319,3 +332,63 @@ def test_broyden_public_inverse_jacobian():
     explicit = -np.eye(N) + np.einsum("id,i,ie->de", np.asarray(history.us[0]), used, np.asarray(history.vs[0]))
     np.testing.assert_allclose(dense, explicit, rtol=1e-12, atol=1e-14)
     assert int(history.count) > 0 and not np.allclose(dense, -np.eye(N))
+
+
+class Neumann(Backward):
+    """A user's backward mode in 20 lines: the adjoint u = g + J^T u approximated by the first
+    ``terms`` terms of its Neumann series (which Phantom(steps=terms, damping=1) also computes, by
+    differentiating ``terms`` steps of f from the equilibrium)."""
+
+    terms: int = 4
+
+    def solve(self, problem):  # every traced value the rule uses is an input, never a closure
+        @jax.custom_vjp
+        def equilibrium(z0, args):
+            return problem.forward(z0, args)
+
+        def forward(z0, args):
+            sol = equilibrium(z0, args)
+            return sol, (sol.value, z0, args)
+
+        def backward(residuals, cotangent):
+            z, z0, args = residuals
+            _, vjp_z = jax.vjp(lambda z: problem.f(z, *args), z)
+            u = term = cotangent.value
+            for _ in range(self.terms - 1):
+                term = vjp_z(term)[0]
+                u = u + term
+            return zero_cotangent(z0), jax.vjp(lambda a: problem.f(z, *a), args)[1](u)[0]
+
+        equilibrium.defvjp(forward, backward)
+        return equilibrium(problem.z0, problem.args)
+
+
+def test_a_users_backward_mode_works_under_jit_vmap_and_grad():
+    xs = jax.random.normal(jax.random.key(11), (3, N), jnp.float32)
+    solver = deqlab.Anderson(tol=1e-6, max_steps=200)
+
+    def loss(x, backward):
+        return jnp.sum(deqlab.fixed_point(tanh_map, jnp.zeros(N), x, solver=solver, backward=backward).value ** 2)
+
+    ours = jax.jit(jax.vmap(jax.grad(lambda x: loss(x, Neumann(terms=4)))))(xs)
+    phantom = jax.vmap(jax.grad(lambda x: loss(x, Phantom(steps=4, damping=1.0))))(xs)
+    np.testing.assert_allclose(ours, phantom, rtol=1e-4, atol=1e-6)
+    exact = jax.vmap(jax.grad(lambda x: loss(x, "implicit")))(xs)
+    # four terms of a series contracting at about 0.5 (W's scale): close to, not equal to, exact
+    assert 0 < float(jnp.max(jnp.abs(ours - exact))) < 0.1 * float(jnp.max(jnp.abs(exact)))
+
+
+def test_mistakes_in_a_backward_mode_are_named():
+    class ReturnsArray(Backward):
+        def solve(self, problem):
+            return problem.forward().value
+
+    class ReturnsHalf(Backward):
+        def solve(self, problem):
+            sol = problem.forward()
+            return sol._replace(value=sol.value[:1])
+
+    with pytest.raises(TypeError, match=r"ReturnsArray.solve must return a deqlab.solvers.Solution"):
+        deqlab.fixed_point(tanh_map, jnp.zeros(N), jnp.ones(N), backward=ReturnsArray())
+    with pytest.raises(ValueError, match=r"ReturnsHalf.solve returned a value of .*shapes \[\(1,\)\].*z0's"):
+        deqlab.fixed_point(tanh_map, jnp.zeros(N), jnp.ones(N), backward=ReturnsHalf())

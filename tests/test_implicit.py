@@ -349,16 +349,6 @@ def test_backward_names_are_shortcuts_for_the_objects():
         adjoint_solve(f, jnp.ones(4), (0.5,), jnp.ones(3))
 
 
-def test_former_module_reexports_the_backward_package():
-    # deqlab.implicit was the home of the backward modes until 0.7: old imports keep working.
-    import deqlab.backward
-    import deqlab.implicit
-
-    assert deqlab.implicit.__all__ == deqlab.backward.__all__
-    for name in deqlab.backward.__all__:
-        assert getattr(deqlab.implicit, name) is getattr(deqlab.backward, name), name
-
-
 def test_forward_mode_through_the_implicit_rule():
     """jax.jvp, jax.jacfwd and jax.hessian go through fixed_point's implicit rule (one custom_jvp
     whose linear solve JAX transposes for reverse mode) and match central finite differences and
@@ -423,3 +413,17 @@ def test_gmres_adjoint_of_a_sample_does_not_depend_on_its_neighbours():
     easy = first_sample_gradient(jnp.array([0.3, 0.3, 0.3]))
     hard = first_sample_gradient(jnp.array([0.3, 0.3, 0.995]))
     np.testing.assert_allclose(hard, easy, rtol=1e-12, atol=1e-15)
+
+
+def test_check_gradients_compiles_once_per_signature():
+    """A second check of the same f at the same shapes (new values) compiles no program."""
+    from deqlab.backward import check as check_module
+
+    n = 4
+    w = 0.5 * ensembles.sample("orthogonal", jax.random.PRNGKey(8), n, 1.0, jnp.float64)
+    programs = (check_module._gradient, check_module._unrolled_value, check_module._residuals)
+    first = check_gradients(tanh_map, jnp.zeros(n), w, jnp.eye(n), jnp.zeros(n), jnp.ones(n), directions=1)
+    sizes = [program._cache_size() for program in programs]
+    second = check_gradients(tanh_map, jnp.zeros(n), 0.9 * w, jnp.eye(n), jnp.zeros(n), -jnp.ones(n), directions=1)
+    assert [program._cache_size() for program in programs] == sizes
+    assert first["implicit_vs_fd"] <= GRADIENT_RTOL and second["implicit_vs_fd"] <= GRADIENT_RTOL

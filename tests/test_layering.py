@@ -84,20 +84,17 @@ def test_core_dependencies_are_the_library_s():
         assert "deqlab[lab]" in extras[extra], f"extra {extra!r} must include deqlab[lab]"
 
 
-def test_old_names_say_where_they_went():
-    """0.5's paths and arguments fail with a message that names their 0.6 replacement."""
+def test_a_whole_solution_as_init_state_is_named_and_subpackages_load_on_access():
+    """The shims of 0.5-0.7 (stub modules, removed keywords) are gone in 0.9 (CHANGELOG's migration
+    table); an easy mistake still gets a message that says what to pass."""
     import jax.numpy as jnp
     import pytest
 
     import deqlab
 
-    for module in ("experiments", "exercises", "data", "stats"):
-        with pytest.raises(ImportError, match=rf"deqlab\.{module} moved to deqlab\.lab\.{module}.*deqlab\[lab\]"):
+    for module in ("experiments", "exercises", "data", "stats", "implicit"):
+        with pytest.raises(ImportError):
             __import__(f"deqlab.{module}")
-    with pytest.raises(TypeError, match=r'`throw` was replaced by `on_failure`.*on_failure="raise"'):
-        deqlab.solve(lambda z: 0.5 * z, jnp.ones(2), throw=True)
-    with pytest.raises(TypeError, match=r'on_failure="ignore"'):
-        deqlab.fixed_point(lambda z: 0.5 * z, jnp.ones(2), throw=False)
     with pytest.raises(ValueError, match=r"`init_state`.*got Solution \(pass its \.state\)"):
         previous = deqlab.solve(lambda z: 0.5 * z, jnp.ones(2))
         deqlab.solve(lambda z: 0.5 * z, jnp.ones(2), init_state=previous)

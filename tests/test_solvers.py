@@ -252,35 +252,6 @@ def test_vmap_over_problems():
     np.testing.assert_allclose(sols.value, exact, atol=1e-9)
 
 
-# Settings live on the solver object only (deqlab 0.7): a call given one says where it went.
-REMOVED_SETTINGS = [
-    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), tol=1e-6),
-     r"solve\(tol=\.\.\.\) was removed in deqlab 0\.7: tolerances live on the solver: "
-     r"solver=deqlab\.Anderson\(tol=1e-06\) or solver\.replace\(tol=1e-06\)"),
-    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), solver="picard", max_steps=5),
-     r"solve\(max_steps=\.\.\.\).*step limits.*solver=deqlab\.Picard\(max_steps=5\)"),
-    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), solver=Broyden(m=2), stop="error"),
-     r"solve\(stop=\.\.\.\).*stopping rules.*solver=deqlab\.Broyden\(stop='error'\)"),
-    (lambda: deqlab.solve(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), tol=None),
-     r"solve\(tol=\.\.\.\).*solver\.replace\(tol=None\)"),
-    (lambda: deqlab.fixed_point(linear_map, jnp.zeros(2), jnp.eye(2) * 0.5, jnp.ones(2), tol=1e-6, max_steps=9),
-     r"fixed_point\(tol=\.\.\., max_steps=\.\.\.\).*solver settings.*"
-     r"solver=deqlab\.Anderson\(tol=1e-06, max_steps=9\)"),
-    (lambda: deqlab.backward.adjoint_solve(linear_map, jnp.zeros(2), (jnp.eye(2) * 0.5, jnp.ones(2)), jnp.ones(2),
-                                           solver="gmres", tol=1e-8),
-     r"adjoint_solve\(tol=\.\.\.\).*solver=deqlab\.GMRES\(tol=1e-08\)"),
-    (lambda: deqlab.backward.adjoint_solve(linear_map, jnp.zeros(2), (jnp.eye(2) * 0.5, jnp.ones(2)), jnp.ones(2),
-                                           max_steps=3),
-     r"adjoint_solve\(max_steps=\.\.\.\).*solver=deqlab\.Anderson\(max_steps=3\)"),
-]
-
-
-@pytest.mark.parametrize("call, message", REMOVED_SETTINGS)
-def test_call_level_settings_say_where_they_went(call, message):
-    with pytest.raises(TypeError, match=message):
-        call()
-
-
 def test_replace_changes_only_what_it_names_and_validates():
     solver = Anderson(m=3, tol=1e-6)
     stricter = solver.replace(tol=1e-9, max_steps=7)

@@ -15,7 +15,8 @@ Backward modes of :func:`fixed_point` are objects, like the forward solvers (the
 ``"implicit"``, ``"unrolled"``, ``"phantom"`` are shortcuts for their defaults). Each is a
 subclass of :class:`Backward` that defines ``solve(problem)``, and so can be a mode of your own;
 the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolver`; the string
-``"gmres"`` is its alias). All are hashable pytrees with static fields:
+``"gmres"`` is its alias). All are pytrees, their ``float`` settings leaves and the others static,
+as solvers are:
 
 - :class:`Implicit` ``(solver, tol, max_steps)``: the above (003 Theorem 1), through
   ``jax.custom_jvp``: the tangent solve (I - J) z_dot = (df/dargs) args_dot is a
@@ -64,7 +65,7 @@ from deqlab.backward import linear as _linear
 from deqlab.backward import registry as _registry
 from deqlab.backward.adjoint import adjoint_solve
 from deqlab.backward.api import fixed_point
-from deqlab.backward.base import Backward, BackwardWarning, Problem
+from deqlab.backward.base import Backward, BackwardWarning, Problem, zero_cotangent
 from deqlab.backward.check import check_gradients
 from deqlab.backward.implicit import Implicit
 from deqlab.backward.linear import GMRES, LinearSolver, get_adjoint_solver
@@ -101,4 +102,5 @@ __all__ = [
     "BACKWARDS",
     "FAILURE_POLICIES",
     "BackwardWarning",
+    "zero_cotangent",
 ]

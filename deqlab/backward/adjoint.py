@@ -10,10 +10,9 @@ import jax.numpy as jnp
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.base import report
-from deqlab.backward.linear import LINEAR_SOLVERS, get_adjoint_solver
-from deqlab.failures import NOT_GIVEN, Result, check_policy, nan_where_failed
-from deqlab.solvers import SOLVERS, Flattener, Solution, Solver, SolveStats, relative_residual, solve
-from deqlab.solvers.registry import _removed_settings
+from deqlab.backward.linear import get_adjoint_solver
+from deqlab.failures import Result, check_policy, nan_where_failed
+from deqlab.solvers import Flattener, Solution, Solver, SolveStats, relative_residual, solve
 
 __all__ = ["adjoint_solve"]
 
@@ -42,8 +41,6 @@ def adjoint_solve(
     batch_axis: int | None = None,
     precision: Any = None,
     on_failure: str = "warn",
-    tol: Any = NOT_GIVEN,
-    max_steps: Any = NOT_GIVEN,
 ) -> Solution:
     """Solve the adjoint fixed point u = g + J_f(z*)^T u matrix-free (003 Eq. 11).
 
@@ -62,9 +59,6 @@ def adjoint_solve(
             tolerance needs (:func:`deqlab.precision.required_precision`).
         on_failure: ``"warn"`` (default), ``"raise"``, ``"nan"`` or ``"ignore"``, as for
             :func:`fixed_point` (:mod:`deqlab.failures`).
-        tol, max_steps: removed in deqlab 0.7 (they live on the solver object:
-            ``solver=GMRES(tol=1e-8)`` or ``solver.replace(tol=1e-8)``); given, they raise a
-            TypeError that says so.
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
@@ -72,7 +66,6 @@ def adjoint_solve(
     Raises:
         ValueError: ``args`` not a tuple, a ``cotangent`` of another structure or shape than
             ``z_star``, an unknown solver or ``on_failure``.
-        TypeError: ``tol`` or ``max_steps`` given (removed; the message says what replaces them).
         SolverError: with ``on_failure="raise"``, when some sample's adjoint solve failed.
 
     Example:
@@ -91,7 +84,6 @@ def adjoint_solve(
         >>> bool(jnp.allclose(grad_w, direct, rtol=1e-3))
         True
     """
-    _removed_settings("adjoint_solve", solver, {**SOLVERS, **LINEAR_SOLVERS}, tol=tol, max_steps=max_steps)
     check_policy(on_failure, "adjoint_solve")
     sol = _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
     report("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)

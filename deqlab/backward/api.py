@@ -7,17 +7,17 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward.base import Problem, _matmul_level, report
 from deqlab.backward.registry import get_backward
 from deqlab.backward.shine import SHINE
-from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw
+from deqlab.failures import check_policy, nan_where_failed
 from deqlab.solvers import Flattener, Solution, check_problem, get_solver
 from deqlab.solvers.api import _check_init_state
 from deqlab.solvers.budget import check_budget
-from deqlab.solvers.registry import _removed_settings
 
 __all__ = ["fixed_point"]
 
@@ -55,9 +55,6 @@ def fixed_point(
     precision: Any = None,
     init_state: Any = None,
     budget: Any = None,
-    tol: Any = NOT_GIVEN,
-    max_steps: Any = NOT_GIVEN,
-    throw: Any = NOT_GIVEN,
 ) -> Solution:
     """Differentiable fixed point ``z* = f(z*, *args)`` (003 Theorem 1, Eq. 8 and 11).
 
@@ -90,12 +87,6 @@ def fixed_point(
             (:mod:`deqlab.backward`, :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
             value, differentiable (through z* implicitly).
-        tol, max_steps: removed in deqlab 0.7 (they live on the solver object:
-            ``solver=Anderson(tol=1e-6)`` or ``solver.replace(tol=1e-6)``); given, they raise a
-            TypeError that says so.
-        throw: removed in deqlab 0.6 (use ``on_failure``); given, it raises a TypeError that
-            says so.
-
     Returns:
         The forward :class:`~deqlab.solvers.Solution`; differentiate through ``.value``.
 
@@ -106,8 +97,6 @@ def fixed_point(
             after the computation returns; under ``jit`` / ``grad`` / ``vmap``, from a host
             callback (wrapped in JAX's runtime error). ``on_failure="warn"`` issues
             :class:`BackwardWarning` eagerly; ``"callback"`` issues it from inside programs.
-        TypeError: ``tol``, ``max_steps`` or ``throw`` given (removed arguments; the message
-            says what replaces them).
 
     Caching and warm starts:
         The computation runs under an internal ``jax.jit`` keyed on the function object ``f``
@@ -135,8 +124,6 @@ def fixed_point(
         0.592
     """
     mode = get_backward(backward)
-    removed_throw(throw, "fixed_point")
-    _removed_settings("fixed_point", solver, tol=tol, max_steps=max_steps)
     config = get_solver(solver)
     check_policy(on_failure, "fixed_point")
     if not isinstance(has_aux, bool):
@@ -169,6 +156,23 @@ def fixed_point(
     return sol
 
 
+def _checked_mode_output(mode, sol, z0):
+    """A backward mode's ``solve`` must return a :class:`Solution` whose value is shaped like
+    ``z0``: anything else is a mistake in the mode, named here rather than downstream."""
+    where = f"{type(mode).__name__}.solve"
+    if not isinstance(sol, Solution):
+        raise TypeError(f"{where} must return a deqlab.solvers.Solution (problem.forward(...), or such a "
+                        f"solution with its value replaced: sol._replace(value=...)), got {type(sol).__name__}.")
+    got = [(jnp.shape(leaf), jnp.result_type(leaf)) for leaf in jax.tree_util.tree_leaves(sol.value)]
+    want = [(jnp.shape(leaf), jnp.result_type(leaf)) for leaf in jax.tree_util.tree_leaves(z0)]
+    same_tree = jax.tree_util.tree_structure(sol.value) == jax.tree_util.tree_structure(z0)
+    if not same_tree or [shape for shape, _ in got] != [shape for shape, _ in want]:
+        raise ValueError(f"{where} returned a value of structure {jax.tree_util.tree_structure(sol.value)} "
+                         f"and shapes {[shape for shape, _ in got]}; it must have z0's, "
+                         f"{jax.tree_util.tree_structure(z0)} and {[shape for shape, _ in want]}.")
+    return sol
+
+
 def _fixed_point_traced(f, z0, args, init_state, budget, config, *, mode, batch_axis, has_aux, precision, on_failure,
                         signal):
     """The computation of :func:`fixed_point` (run under its cached jit, see ``deqlab._eager``);
@@ -185,7 +189,7 @@ def _fixed_point_traced(f, z0, args, init_state, budget, config, *, mode, batch_
     problem = Problem(f=step_map, z0=z0, args=tuple(args), solver=config, batch_axis=batch_axis,
                       precision=precision, init_state=init_state, tol=resolved_tol, dtype=probe.dtype,
                       on_failure=on_failure, budget=budget)
-    sol = mode.solve(problem)
+    sol = _checked_mode_output(mode, mode.solve(problem), z0)
 
     if signal:
         report("forward", on_failure, sol.result, sol.stats.best_residual)

@@ -130,8 +130,17 @@ class Backward:
     differentiable step from the detached fixed point). :func:`fixed_point` then applies its
     ``on_failure`` policy to the forward result and adds ``aux``; a mode with solves of its own
     (an adjoint solve) applies ``problem.on_failure`` to them. Subclasses are made frozen,
-    keyword-only dataclasses and pytrees with static fields (do not decorate them), so a
-    backward object can be an argument of a ``jax.jit``-ed function.
+    keyword-only dataclasses and pytrees whose ``float`` fields are leaves and other fields
+    static, as solvers are (do not decorate them), so a backward object can be an argument of a
+    ``jax.jit``-ed function.
+
+    A mode with a custom derivative rule (``jax.custom_vjp`` or ``jax.custom_jvp``) takes every
+    traced value its rule uses as an input of the rule, never through a closure: ``problem.z0`` and
+    ``problem.args``, and ``problem.init_state``, ``problem.budget`` and ``problem.solver`` where
+    they matter (JAX otherwise fails with "No constant handler" or an UnexpectedTracerError), and
+    returns :func:`zero_cotangent` for the inputs the gradient does not depend on.
+    :func:`fixed_point` checks what ``solve`` returns: a TypeError names the method when it is not a
+    ``Solution``, a ValueError when its value is not shaped like ``z0``.
 
     Attributes:
         name: the mode's short name (a class attribute, not a setting; the built-in modes are

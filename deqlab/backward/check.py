@@ -3,6 +3,7 @@ differences."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -19,6 +20,37 @@ from deqlab.backward.unrolled import Unrolled
 from deqlab.solvers import Flattener, get_solver, solve
 
 __all__ = ["check_gradients"]
+
+
+def _sum_of_squares(z):
+    """The default loss of :func:`check_gradients`, L = sum(z*^2) (one function, so that it keys
+    the compiled programs the same way at every call)."""
+    return sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(z))
+
+
+def _objective(args, z0, f, loss, backward, solver, batch_axis):
+    # failures are reported in the result (the residuals), not by the policy
+    return loss(fixed_point(f, z0, *args, solver=solver, backward=backward, batch_axis=batch_axis,
+                            on_failure="ignore").value)
+
+
+@functools.partial(jax.jit, static_argnames=("f", "loss", "backward", "solver", "batch_axis"))
+def _gradient(args, z0, *, f, loss, backward, solver, batch_axis):
+    return jax.grad(_objective)(args, z0, f, loss, backward, solver, batch_axis)
+
+
+@functools.partial(jax.jit, static_argnames=("f", "loss", "solver", "batch_axis"))
+def _unrolled_value(args, z0, *, f, loss, solver, batch_axis):
+    return _objective(args, z0, f, loss, Unrolled(), solver, batch_axis)
+
+
+@functools.partial(jax.jit, static_argnames=("f", "loss", "solver", "adjoint_solver", "batch_axis"))
+def _residuals(args, z0, *, f, loss, solver, adjoint_solver, batch_axis):
+    sol = solve(f, z0, *args, solver=solver, batch_axis=batch_axis, on_failure="ignore")
+    cotangent = jax.grad(loss)(sol.value)
+    adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, batch_axis=batch_axis,
+                            on_failure="ignore")
+    return sol, adjoint
 
 
 def _tree_dot(a, b):
@@ -78,6 +110,11 @@ def check_gradients(
         and the forward and adjoint solves' worst residuals, ``"forward_residual"`` and
         ``"adjoint_residual"``. A gradient with a NaN gives a NaN error, never a small one.
 
+    Compilation:
+        Its programs (the two gradients, the unrolled loss, the residuals) are module-level
+        ``jax.jit`` functions keyed on ``f``, ``loss`` and the settings: a second check of the same
+        ``f`` and ``loss`` objects at the same shapes compiles nothing.
+
     Raises:
         ValueError: a bad ``eps``, ``directions``, ``key``, ``backward`` or ``solver``, or a
             malformed problem (as :func:`fixed_point`).
@@ -95,8 +132,7 @@ def check_gradients(
         (True, True)
         >>> jax.config.update("jax_enable_x64", False)
     """
-    if loss is None:
-        loss = lambda z: sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(z))  # noqa: E731
+    loss = _sum_of_squares if loss is None else loss
     directions = checks.positive_int(directions, "directions", "check_gradients")
     eps = checks.positive_number(eps, "eps", "check_gradients")
     key = jax.random.key(0) if key is None else checks.prng_key(key, "key", "check_gradients")
@@ -107,15 +143,13 @@ def check_gradients(
     # The solver objects are built here, once: check_gradients' own tol and max_steps are its
     # defaults for a diagnostic (tighter and longer than a solve's).
     config = get_solver(solver, tol=tol, max_steps=max_steps)
-    options = dict(solver=config, batch_axis=batch_axis)
-
-    def objective(args, backward):
-        # failures are reported in the result (the residuals below)
-        return loss(fixed_point(f, z0, *args, backward=backward, on_failure="ignore", **options).value)
-
-    grad_checked = jax.jit(jax.grad(lambda a: objective(a, mode)))(args)
-    grad_unrolled = jax.jit(jax.grad(lambda a: objective(a, Unrolled())))(args)
-    value = jax.jit(lambda a: objective(a, Unrolled()))
+    mode_solver = getattr(mode, "solver", None)  # Implicit's adjoint solver, if any
+    adjoint_solver = get_adjoint_solver(config if mode_solver is None else mode_solver, tol=tol, max_steps=max_steps)
+    # Module-level jitted programs keyed on (f, loss, the configuration): a second check of the
+    # same problem at the same shapes compiles nothing.
+    static = dict(f=f, loss=loss, solver=config, batch_axis=batch_axis)
+    grad_checked = _gradient(args, z0, backward=mode, **static)
+    grad_unrolled = _gradient(args, z0, backward=Unrolled(), **static)
 
     difference = jax.tree_util.tree_map(jnp.subtract, grad_checked, grad_unrolled)
     errors = {
@@ -132,23 +166,12 @@ def check_gradients(
         v = jax.tree_util.tree_map(lambda x: x / _tree_norm(v), v)
         plus = jax.tree_util.tree_map(lambda a, d: a + eps * d, args, v)
         minus = jax.tree_util.tree_map(lambda a, d: a - eps * d, args, v)
-        fd = float((value(plus) - value(minus)) / (2 * eps))
+        fd = float((_unrolled_value(plus, z0, **static) - _unrolled_value(minus, z0, **static)) / (2 * eps))
         scale = max(abs(fd), 1e-300)
         errors["implicit_vs_fd"] = _worst(errors["implicit_vs_fd"], abs(float(_tree_dot(grad_checked, v)) - fd) / scale)
         errors["unrolled_vs_fd"] = _worst(errors["unrolled_vs_fd"], abs(float(_tree_dot(grad_unrolled, v)) - fd) / scale)
 
-    @jax.jit
-    def residuals(args):
-        sol = solve(f, z0, *args, on_failure="ignore", **options)
-        cotangent = jax.grad(loss)(sol.value)
-        mode_solver = getattr(mode, "solver", None)  # Implicit's adjoint solver, if any
-        adjoint_solver = get_adjoint_solver(config if mode_solver is None else mode_solver, tol=tol,
-                                            max_steps=max_steps)
-        adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, batch_axis=batch_axis,
-                                on_failure="ignore")
-        return sol, adjoint
-
-    sol, adjoint = residuals(args)
+    sol, adjoint = _residuals(args, z0, adjoint_solver=adjoint_solver, **static)
     errors["forward_residual"] = float(jnp.max(sol.stats.best_residual))
     errors["adjoint_residual"] = float(jnp.max(adjoint.stats.best_residual))
     return errors

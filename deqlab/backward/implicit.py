@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import _adjoint_solve, _tangent_solve
 from deqlab.backward.base import Backward, Problem, _matmul_level, report, zero_cotangent
@@ -104,19 +104,25 @@ def _implicit(problem, mode):
             return nan_where_failed(sol.value, sol.result, problem.batch_axis)
         return sol.value
 
-    # the solver is an input, not a closure: its real-number settings may be traced
+    # The solver's array settings (a traced damping or tol) are inputs of the rule, never a
+    # closure; its Python numbers stay Python numbers (custom_jvp would turn every input into a
+    # tracer, and a Python tol chooses the matmul precision and warns where it is unreachable).
+    traced_settings, static_settings = _eager._partition(problem.solver)
+
     @jax.custom_jvp
-    def equilibrium(z0, args, init_state, budget, solver):
+    def equilibrium(z0, args, init_state, budget, settings):
+        solver = _eager._combine(settings, static_settings)
         return problem.forward(z0, args, init_state=init_state, budget=budget, solver=solver)
 
     @equilibrium.defjvp
     def equilibrium_jvp(primals, tangents):
-        z0, args, init_state, budget, solver = primals
+        z0, args, init_state, budget, settings = primals
+        solver = _eager._combine(settings, static_settings)
         # z0, init_state, budget and the solver's settings: the equilibrium does not depend on them
         args_dot = tangents[1]
         # the custom rule again, not the bare solve: a derivative of this rule (a hessian) is
         # implicit too
-        sol = equilibrium(z0, args, init_state, budget, solver)
+        sol = equilibrium(z0, args, init_state, budget, settings)
         z_star = sol.value
         # settings read from the rule's own inputs, never from the enclosing trace: JAX may run
         # this rule after that trace has ended (linearising an outer jit)
@@ -139,4 +145,4 @@ def _implicit(problem, mode):
         z_dot = jax.lax.custom_linear_solve(identity_minus_jacobian, rhs, tangent, adjoint)
         return sol, zero_cotangent(sol)._replace(value=z_dot)
 
-    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget, problem.solver)
+    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget, traced_settings)

@@ -21,7 +21,8 @@ class LinearSolver:
     The adjoint of :func:`adjoint_solve` can be found either as a fixed point (any
     :class:`deqlab.solvers.Solver`) or as the solution of this linear system by a Krylov method, a
     subclass of this class. A subclass defines ``solve(operator, b, *, tol, max_steps)`` and is
-    made a frozen keyword-only dataclass and a pytree with static fields, as solvers are.
+    made a frozen keyword-only dataclass and a pytree (``float`` fields leaves), as solvers are.
+    Its ``solve`` sees one sample at a time (batched by ``jax.vmap``).
 
     Attributes:
         tol: relative residual of the linear system to reach per sample (> 0); None: the

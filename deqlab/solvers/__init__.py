@@ -18,8 +18,12 @@ Writing a solver
     stopping, result codes, statistics, ``init_state`` warm starts, ``stop="error"``). The loop
     has no special case for any solver: what differs between them is declared by hooks on
     :class:`Solver` (``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``,
-    ``freeze_state``). Solver objects are hashable pytrees with static fields, so they can be
-    passed to ``jax.jit``-ed functions.
+    ``freeze_state``). Solver objects are pytrees: their real-number settings (``tol``,
+    ``damping``, ``ridge``, ``step``, ``safety``, ``divergence_factor``) are leaves, so they can be
+    swept with ``jax.vmap``, differentiated, or changed without compiling again when passed as
+    arrays; the settings that set shapes or the program's structure (``max_steps``, ``m``,
+    ``stop``, ``check_every``) are static. With Python numbers in every setting a solver is also
+    hashable (a static argument of ``jax.jit``, as before).
 
 Tolerance rule (one rule for every solver)
     A sample has converged when its *relative residual*
@@ -149,6 +153,7 @@ Failure is reported, never hidden
 from deqlab.failures import Result as Result  # noqa: F401  (importable from here too)
 from deqlab.failures import SolverError as SolverError  # noqa: F401
 from deqlab.failures import SolverWarning as SolverWarning  # noqa: F401
+from deqlab._eager import UncachedCallWarning
 from deqlab.solvers import base as _base
 from deqlab.solvers import registry as _registry
 from deqlab.solvers.anderson import Anderson
@@ -179,7 +184,6 @@ __all__ = [
     "SolveStats",
     "SolverState",
     "Solution",
-    "Flattener",
     "check_problem",
     "raise_if_failed",
     "Solver",
@@ -194,4 +198,5 @@ __all__ = [
     "relative_residual",
     "Budget",
     "make_budget",
+    "UncachedCallWarning",
 ]

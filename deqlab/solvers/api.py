@@ -9,12 +9,12 @@ import jax.numpy as jnp
 
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
-from deqlab.failures import NOT_GIVEN, check_policy, nan_where_failed, removed_throw, signal
+from deqlab.failures import check_policy, nan_where_failed, signal
 from deqlab.solvers.base import Solver
 from deqlab.solvers.budget import Budget, check_budget, limits
 from deqlab.solvers.flatten import Flattener
 from deqlab.solvers.loop import _run, check_checkpoint
-from deqlab.solvers.registry import _removed_settings, get_solver
+from deqlab.solvers.registry import get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats
 
 __all__ = ["solve", "check_problem"]
@@ -33,10 +33,6 @@ def solve(
     precision: Any = None,
     init_state: SolverState | None = None,
     budget: Budget | None = None,
-    tol: Any = NOT_GIVEN,
-    max_steps: Any = NOT_GIVEN,
-    stop: Any = NOT_GIVEN,
-    throw: Any = NOT_GIVEN,
 ) -> Solution:
     """Find ``z* = f(z*, *args)`` starting from ``z0`` (003 Eq. 4-6).
 
@@ -82,12 +78,6 @@ def solve(
         budget: a :class:`~deqlab.solvers.Budget`: this call's iteration limit (at most
             the solver's ``max_steps``, the cap) and tolerance as traced values, so that changing
             them does not compile again (:class:`deqlab.solvers.Budget`); None: the solver's.
-        tol, max_steps, stop: removed in deqlab 0.7 (they live on the solver object:
-            ``solver=Anderson(tol=1e-6)`` or ``solver.replace(tol=1e-6)``); given, they raise a
-            TypeError that says so.
-        throw: removed in deqlab 0.6 (``on_failure="raise"`` / ``"ignore"``); given, it raises a
-            TypeError that says so.
-
     Returns:
         :class:`Solution` with per-sample ``result``, ``converged``, ``stats`` and ``state``.
 
@@ -98,8 +88,6 @@ def solve(
             after the computation returns; inside your ``jit``, from a host callback, wrapped in
             JAX's runtime error; :func:`deqlab.failures.check` under ``checkify`` raises with the
             message intact and no callback).
-        TypeError: ``tol``, ``max_steps``, ``stop`` or ``throw`` given (removed arguments; the
-            message says what replaces them).
 
     Caching:
         The computation runs under an internal ``jax.jit`` whose cache key is the function
@@ -113,7 +101,8 @@ def solve(
         compiles again. What ``f`` reads besides its arguments is part of the key: arrays from its
         closure or globals by identity (rebinding ``W`` compiles again), scalars by value, the
         functions it calls followed likewise; an ``f`` that reads state the key cannot follow (a
-        callable object such as an ``nnx.Module``, a list) runs uncached, so it is never stale.
+        callable object such as an ``nnx.Module``, a list) runs uncached, so it is never stale, and
+        says so once per function (:class:`~deqlab.solvers.UncachedCallWarning`, with the reason).
         NumPy arrays changed in place are not seen: pass changing arrays in ``args``. Checks on
         concrete values and the failure policy run outside the jit (see ``deqlab._eager``).
 
@@ -124,8 +113,6 @@ def solve(
         >>> bool(sol.converged)
         True
     """
-    removed_throw(throw, "solve")
-    _removed_settings("solve", solver, tol=tol, max_steps=max_steps, stop=stop)
     check_policy(on_failure, "solve")
     if not isinstance(has_aux, bool):
         raise checks.fail("has_aux", "True or False", has_aux, "solve")

@@ -49,8 +49,13 @@ class Solver:
     :mod:`deqlab.solvers`), freezes samples that stopped, keeps the statistics and returns a
     :class:`SolverState` for warm starts (``init_state``). Subclasses are made frozen, keyword-only
     dataclasses and pytrees automatically (do not decorate them with ``@dataclasses.dataclass``):
-    their annotated class attributes are configuration fields, static in the pytree (hashable,
-    so a solver can be an argument of a ``jax.jit``-ed function and is part of its cache key).
+    their annotated class attributes are configuration fields. A field annotated ``float`` (or
+    ``float | None``) is a pytree leaf, which may be a traced scalar (a ``vmap`` over a damping,
+    a ``grad`` with respect to it; its range is then not checked); any other field (``int``,
+    ``str``) is static and must be a plain Python value (an array there is an error naming it).
+    ``dataclasses.field(metadata={"static": True})`` makes a ``float`` field static. The
+    constructor runs the validation of every class of the hierarchy, even where a subclass's
+    ``__post_init__`` does not call ``super().__post_init__()``.
 
     Optional hooks (class attributes and methods a subclass may override; the defaults suit a
     solver that returns its last accepted iterate and keeps no per-sample history):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from deqlab.failures import NOT_GIVEN
 from deqlab.solvers.anderson import Anderson
 from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden
@@ -53,35 +52,3 @@ def get_solver(solver: str | Solver = "anderson", *, name: str = "solver", **set
         f"`{name}` must be one of {sorted(SOLVERS)} or a solver object such as "
         f"deqlab.solvers.Anderson(m=5) (an instance of a deqlab.Solver subclass), got {solver!r}."
     )
-
-
-_SETTING_NOUNS = {"tol": "tolerances", "max_steps": "step limits", "stop": "stopping rules"}
-
-
-def _removed_settings(where: str, solver: Any, classes: dict | None = None, **given: Any) -> None:
-    """A TypeError for solver settings passed to a call (``solve(tol=...)``): since deqlab 0.7
-    they live on the solver object only.
-
-    Args:
-        where: the call, e.g. ``"solve"``.
-        solver: the call's ``solver`` argument (a name or an object), used in the suggestion.
-        classes: names the call accepts, mapped to their classes (default :data:`SOLVERS`).
-        **given: the call's removed arguments; those equal to ``NOT_GIVEN`` were not given.
-
-    Raises:
-        TypeError: some setting was given; the message names the solver call that replaces it.
-    """
-    given = {k: v for k, v in given.items() if v is not NOT_GIVEN}
-    if not given:
-        return
-    classes = SOLVERS if classes is None else classes
-    if isinstance(solver, str) and solver in classes:
-        cls = classes[solver]
-    else:
-        cls = type(solver) if not isinstance(solver, str) else Anderson
-    module = cls.__module__.split(".")[0]
-    constructor = ("deqlab." if module == "deqlab" else "") + cls.__name__
-    arguments = ", ".join(f"{k}={v!r}" for k, v in given.items())
-    nouns = _SETTING_NOUNS[next(iter(given))] if len(given) == 1 else "solver settings"
-    raise TypeError(f"{where}({', '.join(f'{k}=...' for k in given)}) was removed in deqlab 0.7: {nouns} "
-                    f"live on the solver: solver={constructor}({arguments}) or solver.replace({arguments}).")

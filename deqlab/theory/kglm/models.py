@@ -508,7 +508,7 @@ def _compiled_builtin_solve(solver: Any, tol: float, max_steps: int) -> Callable
 
 def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, family: Any, *,
                 solver: Any = "anderson", z0: Any = None, tol: float = 1e-12, max_steps: int = 500,
-                on_failure: str = "raise", throw: Any = failures.NOT_GIVEN) -> DEQFit:
+                on_failure: str = "raise") -> DEQFit:
     """The kGLM predictions of :func:`kglm_predict` computed as a DEQ (004 Thm. 3, Eq. 7-8).
 
     Solves ``z* = sigma(W1 z* + W2 T(Y) + W3 rho(z*))`` with :func:`deqlab.solvers.solve` and returns
@@ -526,8 +526,6 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
             ``"raise"`` (default here: a prediction from a solve that failed is not the kGLM's)
             :class:`deqlab.failures.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
             ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
-        throw: removed in deqlab 0.6 (use ``on_failure``); given, it raises a TypeError that
-            says so.
 
     Returns:
         :class:`DEQFit`.
@@ -535,7 +533,6 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
     Raises:
         ValueError: an argument is out of range or of the wrong shape, or ``Y`` is outside the
             family's support.
-        TypeError: ``throw`` is given.
         deqlab.failures.SolverError: with ``on_failure="raise"``, the solve did not converge.
 
     Example:
@@ -551,7 +548,6 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
     """
     where = "deq_predict"
     family, Y, lam, K, K_test = _problem(X, Y, X_test, kernel, lam, family, where)
-    failures.removed_throw(throw, where)
     failures.check_policy(on_failure, where)
     params = deq_parameters(K, K_test, lam)
     T = jnp.asarray(family.statistic(Y))
