@@ -12,7 +12,8 @@ from deqlab import precision as precision_module
 from deqlab.backward.base import report
 from deqlab.backward.linear import get_adjoint_solver
 from deqlab.failures import Result, check_policy, nan_where_failed
-from deqlab.solvers import Flattener, Solution, Solver, SolveStats, relative_residual, solve
+from deqlab.solvers import Solution, Solver, SolveStats, relative_residual, solve
+from deqlab.solvers.flatten import Flattener
 
 __all__ = ["adjoint_solve"]
 

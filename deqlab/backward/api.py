@@ -15,9 +15,10 @@ from deqlab.backward.base import Problem, _matmul_level, report
 from deqlab.backward.registry import get_backward
 from deqlab.backward.shine import SHINE
 from deqlab.failures import check_policy, nan_where_failed
-from deqlab.solvers import Flattener, Solution, check_problem, get_solver
+from deqlab.solvers import Solution, check_problem, get_solver
 from deqlab.solvers.api import _check_init_state
 from deqlab.solvers.budget import check_budget
+from deqlab.solvers.flatten import Flattener
 
 __all__ = ["fixed_point"]
 

@@ -17,7 +17,8 @@ from deqlab.backward.api import fixed_point
 from deqlab.backward.linear import get_adjoint_solver
 from deqlab.backward.registry import get_backward
 from deqlab.backward.unrolled import Unrolled
-from deqlab.solvers import Flattener, get_solver, solve
+from deqlab.solvers import get_solver, solve
+from deqlab.solvers.flatten import Flattener
 
 __all__ = ["check_gradients"]
 

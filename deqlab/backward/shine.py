@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.backward.base import Backward, zero_cotangent
-from deqlab.solvers import Flattener
+from deqlab.solvers.flatten import Flattener
 
 __all__ = ["SHINE"]
 

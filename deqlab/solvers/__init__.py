@@ -150,10 +150,10 @@ Failure is reported, never hidden
 # registry.py (solvers by name), budget.py (per-call traced limits), api.py (solve and the
 # problem checks).
 
+from deqlab._eager import UncachedCallWarning
 from deqlab.failures import Result as Result  # noqa: F401  (importable from here too)
 from deqlab.failures import SolverError as SolverError  # noqa: F401
 from deqlab.failures import SolverWarning as SolverWarning  # noqa: F401
-from deqlab._eager import UncachedCallWarning
 from deqlab.solvers import base as _base
 from deqlab.solvers import registry as _registry
 from deqlab.solvers.anderson import Anderson
@@ -164,7 +164,7 @@ from deqlab.solvers.base import STOPPING_RULES as STOPPING_RULES  # noqa: F401
 from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden, BroydenState
 from deqlab.solvers.budget import Budget, make_budget
-from deqlab.solvers.flatten import Flattener, relative_residual
+from deqlab.solvers.flatten import relative_residual
 from deqlab.solvers.picard import Picard
 from deqlab.solvers.registry import get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats, raise_if_failed

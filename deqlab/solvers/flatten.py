@@ -38,7 +38,7 @@ class Flattener:
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from deqlab.solvers import Flattener
+        >>> from deqlab.solvers.flatten import Flattener
         >>> tree = {"a": jnp.zeros((4, 2)), "b": jnp.ones((4, 3))}
         >>> flat = Flattener(tree, batch_axis=0)
         >>> flat.batch, flat.dim
