@@ -4,9 +4,10 @@ one internal ``jax.jit``, cached on the function and the static configuration.
 Called outside ``jit``, a solve used to trace and compile its loop (``lax.while_loop``) on every
 call: about a second even for a 4x8 problem. :func:`cached_call` runs the computation under a
 ``jax.jit`` whose static arguments are the function ``f`` (hashed by identity, as a Python function
-is), the solver and backward objects (frozen dataclasses, hashed by value), the other options and
-the non-array leaves of the inputs; the array leaves (jax and NumPy arrays and NumPy scalars, and
-tracers of outer transformations) are its traced arguments. This is how equinox's ``filter_jit``
+is), the backward object and the other options (hashed by value), and the non-array leaves of the
+inputs (the solver is an input: its Python-number settings are static leaves, its array settings
+traced); the array leaves (jax and NumPy arrays and NumPy scalars, and tracers of outer
+transformations) are its traced arguments. This is how equinox's ``filter_jit``
 partitions its arguments (``equinox.is_array``), without depending on equinox: a Python ``int`` that
 ``f`` uses as a shape stays a Python ``int``, and a new value of it compiles again.
 
@@ -236,8 +237,8 @@ def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, 
         return body(f, *inputs, **options)
     except TypeError:
         if not outer:
-            _warn_uncached(f, "an argument that is not an array is unhashable (a list, a dict, an object "
-                              "without __hash__)")
+            _warn_uncached(f, "an argument, a setting or an option that is not an array is unhashable (a "
+                              "list, a dict, an object without __hash__, an array inside a backward mode)")
         return body(f, *inputs, **options)
     try:
         return _unwrap(_jitted(body, f, static, key, captured, dynamic))

@@ -19,9 +19,13 @@ for :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` (its forwa
 ``"nan"``
     the failing samples' values become NaN, and nothing else happens. The gradient does not flow
     through a failed sample's value (it is replaced, not multiplied), so a loss that leaves the
-    failed samples out (``jnp.where(sol.converged, loss, 0)``) has the gradient of the converged
-    samples alone, finite; a loss that uses them is NaN. A sample whose *adjoint* solve failed gets
-    a NaN gradient (it cannot be masked by the caller, who never sees that solve);
+    failed samples out trains on the others: mask the *value* before anything else uses it,
+    ``z = jnp.where(sol.converged[:, None], sol.value, 0.0)``, and the gradient is the converged
+    samples' alone, finite. (Masking only the final loss is not enough where a parameter acts on
+    the value afterwards, a readout ``z @ V``: the mask's zero cotangent times the NaN value is NaN
+    in ``V``'s gradient.) A loss that uses a failed value is NaN. A sample whose *adjoint* solve
+    failed makes the gradient of every parameter it touches NaN (the caller never sees that
+    solve, so cannot mask it);
 ``"ignore"``
     the result codes are the only record;
 ``"callback"``
@@ -279,11 +283,10 @@ def check(solution, where: str = "solve") -> None:
 def nan_where_failed(tree, result, batch_axis: int | None):
     """``tree`` with every entry of the failing samples NaN: the ``"nan"`` failure policy.
 
-    Replaced, not multiplied: the gradient of a failing sample's entries is zero, so a loss that
-    leaves the failed samples out (``jnp.where(converged, loss, 0)``) has a finite gradient, the
-    converged samples' alone. (Multiplying by NaN, as deqlab up to 0.8 did, made that gradient NaN:
-    the masked loss sends a zero cotangent, and zero times NaN is NaN, into every shared
-    parameter.) A loss that uses a failed sample's value is NaN.
+    Replaced, not multiplied: no gradient flows through a failing sample's entries, so a loss
+    computed from the masked value ``jnp.where(converged[:, None], value, 0.0)`` has a finite
+    gradient, the converged samples' alone. (Multiplying by NaN, as deqlab up to 0.8 did, made that
+    gradient NaN in every shared parameter.) A loss that uses a failed sample's value is NaN.
 
     Args:
         tree: a pytree of arrays (a solution, or anything computed per sample).

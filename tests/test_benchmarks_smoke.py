@@ -11,7 +11,6 @@ import pytest
 from benchmarks import (
     budget,
     common,
-    compile,
     dropout,
     forward,
     gradient,
@@ -22,6 +21,7 @@ from benchmarks import (
     unrolled_checkpoint,
     warm_start,
 )
+from benchmarks import compile as compile_bench
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def test_stopping_benchmark_tiny():
 
 @pytest.mark.slow
 def test_compile_benchmark_tiny():
-    out = compile.main(["--size", "tiny", "--no-peers", "--repeats", "1"])
+    out = compile_bench.main(["--size", "tiny", "--no-peers", "--repeats", "1"])
     rows = out["rows"]
     assert set(rows) == {"deqlab Picard solve", "deqlab Anderson solve", "deqlab grad(fixed_point)"}
     # the instruction counter reads real programs: a solve has a loop of several dozen instructions,
@@ -146,7 +146,7 @@ ENTRY %main (a: f32[2]) -> f32[2] {
         def as_text(self):
             return text
 
-    assert compile.hlo_instructions(Compiled()) == 4
+    assert compile_bench.hlo_instructions(Compiled()) == 4
 
 
 @pytest.mark.slow

@@ -295,6 +295,7 @@ def test_forward_failure_is_signalled_by_every_backward(mode):
             warnings.simplefilter("error")
             for policy in ("ignore", "warn"):  # nothing inside the program for either
                 assert bool(jnp.all(jnp.isfinite(run(lambda w: loss(w, policy))(w)[1])))
+                jax.effects_barrier()
     with pytest.raises(SolverError, match="forward solve failed for 1/1 samples"):
         fixed_point(f, jnp.zeros(n), w, x, solver=Picard(tol=1e-10, max_steps=3), backward=mode(), on_failure="raise")
     # Inside jit the error comes back from the host callback, wrapped by JAX, with the same text
@@ -427,3 +428,22 @@ def test_check_gradients_compiles_once_per_signature():
     second = check_gradients(tanh_map, jnp.zeros(n), 0.9 * w, jnp.eye(n), jnp.zeros(n), -jnp.ones(n), directions=1)
     assert [program._cache_size() for program in programs] == sizes
     assert first["implicit_vs_fd"] <= GRADIENT_RTOL and second["implicit_vs_fd"] <= GRADIENT_RTOL
+
+
+SCALE = 0.3
+
+
+def _global_scale_map(z, x):
+    return jnp.tanh(SCALE * z + x)
+
+
+def test_check_gradients_is_not_stale_after_a_global_it_reads_is_rebound(monkeypatch):
+    """The compiled programs are keyed on what f reads: rebinding a global changes the result."""
+    x = jnp.linspace(-1.0, 1.0, 3)
+    before = check_gradients(_global_scale_map, jnp.zeros(3), x, directions=1)
+    monkeypatch.setitem(globals(), "SCALE", 0.9)
+    after = check_gradients(_global_scale_map, jnp.zeros(3), x, directions=1)
+    # the forward residual is that of the solve of the new map: the old program would solve the old
+    # map and report the same numbers
+    assert before != after
+    assert after["implicit_vs_fd"] <= GRADIENT_RTOL

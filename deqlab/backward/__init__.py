@@ -20,7 +20,7 @@ as solvers are:
 
 - :class:`Implicit` ``(solver, tol, max_steps)``: the above (003 Theorem 1), through
   ``jax.custom_jvp``: the tangent solve (I - J) z_dot = (df/dargs) args_dot is a
-  ``lax.custom_linear_solve`` whose transpose is the adjoint solve, so one rule serves reverse
+  ``lax.custom_linear_solve`` given the adjoint solve as its transpose, so one rule serves reverse
   mode (``grad``) and forward mode (``jvp``, ``jacfwd``, ``hessian``). Memory does not depend on
   the number of forward iterations.
 - :class:`Unrolled` ``(checkpoint)``: reverse-mode differentiation through ``max_steps`` forward
@@ -41,16 +41,20 @@ as solvers are:
   implicit models"), optionally followed by ``refine`` fixed-point steps of the adjoint
   iteration from there (their "refine" variant). Needs ``solver="broyden"``.
 
-Failures are never silent. ``fixed_point(..., on_failure=...)`` is one policy for both solves
-behind a gradient, the same argument as :func:`deqlab.solvers.solve`'s and :class:`deqlab.nn.DEQ`'s
-(:mod:`deqlab.failures`): a sample whose forward solve failed (its value, hence its gradient, is
-not the equilibrium's) and a sample whose adjoint solve failed (its gradient is inexact).
-``"warn"`` (default) issues a :class:`BackwardWarning` when called eagerly (inside ``jit`` it adds
-nothing to the program: ``Solution.result`` is the record); ``"nan"`` makes the failed samples'
-values NaN with a zero gradient (a loss that masks them out trains on the others) and a failed
-adjoint's gradient NaN; ``"raise"`` raises :class:`~deqlab.failures.SolverError`; ``"ignore"``
-leaves the per-sample ``Solution.result`` as the only record (never an adjoint that is silently
-zero); ``"callback"`` warns from a host callback inside compiled programs.
+``fixed_point(..., on_failure=...)`` is one policy for both solves behind a gradient, the same
+argument as :func:`deqlab.solvers.solve`'s and :class:`deqlab.nn.DEQ`'s (:mod:`deqlab.failures`):
+a sample whose forward solve failed (its value, hence its gradient, is not the equilibrium's) and
+a sample whose adjoint solve failed (its gradient is inexact). ``"warn"`` (default) issues a
+:class:`BackwardWarning` for a forward solve called eagerly; inside ``jit`` or a gradient it adds
+nothing to the program, and ``Solution.result`` records the forward solve only. **The adjoint
+solve always runs inside a gradient's program, so with ``"warn"`` its failures are reported
+nowhere**: train with ``"callback"`` (a warning from inside the program) or ``"nan"`` (a failed
+adjoint makes the gradient NaN) where they matter, or watch the adjoint with
+:func:`check_gradients` / :func:`adjoint_solve`. ``"nan"`` makes the failed samples' values NaN
+with no gradient through them (a loss on the value masked by ``converged`` trains on the others);
+``"raise"`` raises :class:`~deqlab.failures.SolverError` (from a host callback under ``jit``);
+``"ignore"`` leaves the per-sample ``Solution.result`` as the only record (never an adjoint that is
+silently zero); ``"callback"`` warns from a host callback inside compiled programs.
 """
 
 # Failures are reported rather than returned as a zero adjoint, which jaxopt's backward linear

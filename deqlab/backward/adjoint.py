@@ -58,8 +58,8 @@ def adjoint_solve(
         batch_axis: as in :func:`deqlab.solvers.solve`.
         precision: matmul precision of the vector-Jacobian products; None: what the solver's
             tolerance needs (:func:`deqlab.precision.required_precision`).
-        on_failure: ``"warn"`` (default), ``"raise"``, ``"nan"`` or ``"ignore"``, as for
-            :func:`fixed_point` (:mod:`deqlab.failures`).
+        on_failure: ``"warn"`` (default), ``"raise"``, ``"nan"``, ``"ignore"`` or ``"callback"``,
+            as for :func:`fixed_point` (:mod:`deqlab.failures`).
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.

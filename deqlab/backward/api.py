@@ -80,10 +80,14 @@ def fixed_point(
             :class:`JacobianFree`, :class:`SHINE` (needs ``solver="broyden"``), one of their
             names for the defaults, or an instance of your own :class:`Backward` subclass.
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
-            (default; called eagerly, :class:`BackwardWarning` attributed to your line; inside a
-            transformation, nothing in the program, ``Solution.result`` is the record),
-            ``"raise"``, ``"nan"`` (a failed forward sample's value NaN with a zero gradient, so
-            a loss that masks it out trains; a failed adjoint sample's gradient NaN),
+            (default; called eagerly, :class:`BackwardWarning` for the forward solve, attributed
+            to your line; inside a transformation nothing in the program: ``Solution.result``
+            records the forward solve, and a failed adjoint solve, which always runs inside the
+            gradient's program, is reported nowhere; use ``"callback"`` or ``"nan"`` to see it),
+            ``"raise"``, ``"nan"`` (a failed forward sample's value NaN with no gradient through
+            it, so a loss on the value masked by ``converged`` trains; a failed adjoint makes
+            the gradient NaN; ``aux`` is computed at the value before the replacement, then NaN
+            for the failed samples),
             ``"ignore"`` or ``"callback"`` (warn from a host callback inside compiled programs)
             (:mod:`deqlab.backward`, :mod:`deqlab.failures`).
         has_aux: ``f`` returns ``(z_next, aux)``; ``Solution.aux`` is ``aux`` at the returned
@@ -164,13 +168,12 @@ def _checked_mode_output(mode, sol, z0):
     if not isinstance(sol, Solution):
         raise TypeError(f"{where} must return a deqlab.solvers.Solution (problem.forward(...), or such a "
                         f"solution with its value replaced: sol._replace(value=...)), got {type(sol).__name__}.")
-    got = [(jnp.shape(leaf), jnp.result_type(leaf)) for leaf in jax.tree_util.tree_leaves(sol.value)]
-    want = [(jnp.shape(leaf), jnp.result_type(leaf)) for leaf in jax.tree_util.tree_leaves(z0)]
+    got = [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(sol.value)]
+    want = [jnp.shape(leaf) for leaf in jax.tree_util.tree_leaves(z0)]
     same_tree = jax.tree_util.tree_structure(sol.value) == jax.tree_util.tree_structure(z0)
-    if not same_tree or [shape for shape, _ in got] != [shape for shape, _ in want]:
+    if not same_tree or got != want:
         raise ValueError(f"{where} returned a value of structure {jax.tree_util.tree_structure(sol.value)} "
-                         f"and shapes {[shape for shape, _ in got]}; it must have z0's, "
-                         f"{jax.tree_util.tree_structure(z0)} and {[shape for shape, _ in want]}.")
+                         f"and shapes {got}; it must have z0's, {jax.tree_util.tree_structure(z0)} and {want}.")
     return sol
 
 
@@ -194,12 +197,31 @@ def _fixed_point_traced(f, z0, args, init_state, budget, config, *, mode, batch_
 
     if signal:
         report("forward", on_failure, sol.result, sol.stats.best_residual)
-    if on_failure == "nan":
-        sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
-    if has_aux:
+    if has_aux:  # at the value itself, before "nan" replaces a failed sample's
         with precision_module.matmul_precision(_matmul_level(precision, resolved_tol, probe.dtype)):
             aux = f(sol.value, *args)[1]
         sol = sol._replace(aux=aux, stats=sol.stats._replace(nfe=sol.stats.nfe + 1))
+    if on_failure == "nan":
+        sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
+        if has_aux:
+            sol = sol._replace(aux=_nan_where_failed_per_sample(sol.aux, sol.result, batch_axis, probe.batch))
     return sol
+
+
+def _nan_where_failed_per_sample(aux, result, batch_axis, batch):
+    """``"nan"`` for ``aux``: its leaves that carry the batch axis (size ``batch`` there) get NaN in
+    the failed samples' entries; leaves without it (a batch statistic) are NaN if any sample
+    failed; integer leaves are left as they are."""
+    failed = jnp.any(result != 0)
+
+    def poison(leaf):
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            return leaf
+        ndim = jnp.ndim(leaf)
+        if batch_axis is not None and -ndim <= batch_axis < ndim and jnp.shape(leaf)[batch_axis] == batch:
+            return nan_where_failed(leaf, result, batch_axis)
+        return jnp.where(failed, jnp.asarray(jnp.nan, jnp.result_type(leaf)), leaf)
+
+    return jax.tree_util.tree_map(poison, aux)
 
 

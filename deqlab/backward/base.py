@@ -226,7 +226,7 @@ _HINTS = {
 
 
 def report(what: str, policy: str, result, residual) -> None:
-    """Apply ``"warn"`` / ``"raise"`` to a solve behind a gradient (:func:`deqlab.failures.signal`).
+    """Apply the caller's policy to a solve behind a gradient (:func:`deqlab.failures.signal`).
 
     A mode with solves of its own (an adjoint solve, as :class:`Implicit`) applies the caller's
     policy to them with ``report("adjoint", problem.on_failure, sol.result,

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import adjoint_solve
 from deqlab.backward.api import fixed_point
@@ -35,18 +35,24 @@ def _objective(args, z0, f, loss, backward, solver, batch_axis):
                             on_failure="ignore").value)
 
 
-@functools.partial(jax.jit, static_argnames=("f", "loss", "backward", "solver", "batch_axis"))
-def _gradient(args, z0, *, f, loss, backward, solver, batch_axis):
+# `captured` keys what f and loss read besides their arguments (arrays in their closures and
+# globals by identity, scalars by value: deqlab._eager._captured), so that rebinding a global W
+# compiles again instead of reusing a stale program.
+_STATIC = ("f", "loss", "solver", "batch_axis", "captured")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("backward",))
+def _gradient(args, z0, *, f, loss, backward, solver, batch_axis, captured):
     return jax.grad(_objective)(args, z0, f, loss, backward, solver, batch_axis)
 
 
-@functools.partial(jax.jit, static_argnames=("f", "loss", "solver", "batch_axis"))
-def _unrolled_value(args, z0, *, f, loss, solver, batch_axis):
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _unrolled_value(args, z0, *, f, loss, solver, batch_axis, captured):
     return _objective(args, z0, f, loss, Unrolled(), solver, batch_axis)
 
 
-@functools.partial(jax.jit, static_argnames=("f", "loss", "solver", "adjoint_solver", "batch_axis"))
-def _residuals(args, z0, *, f, loss, solver, adjoint_solver, batch_axis):
+@functools.partial(jax.jit, static_argnames=_STATIC + ("adjoint_solver",))
+def _residuals(args, z0, *, f, loss, solver, adjoint_solver, batch_axis, captured):
     sol = solve(f, z0, *args, solver=solver, batch_axis=batch_axis, on_failure="ignore")
     cotangent = jax.grad(loss)(sol.value)
     adjoint = adjoint_solve(f, sol.value, args, cotangent, solver=adjoint_solver, batch_axis=batch_axis,
@@ -113,8 +119,11 @@ def check_gradients(
 
     Compilation:
         Its programs (the two gradients, the unrolled loss, the residuals) are module-level
-        ``jax.jit`` functions keyed on ``f``, ``loss`` and the settings: a second check of the same
-        ``f`` and ``loss`` objects at the same shapes compiles nothing.
+        ``jax.jit`` functions keyed on ``f``, ``loss``, what they read besides their arguments
+        (as for :func:`deqlab.solvers.solve`'s cache: rebinding a global array compiles again)
+        and the settings: a second check of the same ``f`` and ``loss`` at the same shapes
+        compiles nothing. An ``f`` whose state the key cannot follow (a callable object)
+        compiles at every call.
 
     Raises:
         ValueError: a bad ``eps``, ``directions``, ``key``, ``backward`` or ``solver``, or a
@@ -148,7 +157,14 @@ def check_gradients(
     adjoint_solver = get_adjoint_solver(config if mode_solver is None else mode_solver, tol=tol, max_steps=max_steps)
     # Module-level jitted programs keyed on (f, loss, the configuration): a second check of the
     # same problem at the same shapes compiles nothing.
-    static = dict(f=f, loss=loss, solver=config, batch_axis=batch_axis)
+    try:
+        captured = (_eager._captured(f), _eager._captured(loss))
+        hash((f, loss, config, captured))
+    except (TypeError, _eager._Uncacheable):
+        # f or loss reads state the key cannot follow (a callable object, a list): a fresh key
+        # each call, so the programs compile again and are never stale
+        captured = object()
+    static = dict(f=f, loss=loss, solver=config, batch_axis=batch_axis, captured=captured)
     grad_checked = _gradient(args, z0, backward=mode, **static)
     grad_unrolled = _gradient(args, z0, backward=Unrolled(), **static)
 

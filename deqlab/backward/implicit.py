@@ -60,7 +60,7 @@ class Implicit(Backward):
         if self.solver is not None:
             get_adjoint_solver(self.solver, name="solver")
         if self.tol is not None:
-            checks.positive_number(self.tol, "tol", where)
+            checks.positive_number(self.tol, "tol", where, allow_traced=True)
         if self.max_steps is not None:
             checks.positive_int(self.max_steps, "max_steps", where)
 
@@ -93,8 +93,8 @@ class Implicit(Backward):
 
 def _implicit(problem, mode):
     """The forward solve under ``jax.custom_jvp``: its tangent solves (I - J) z_dot = (df/dargs)
-    args_dot through ``lax.custom_linear_solve``, whose transpose, the adjoint solve
-    u = g + J^T u, is what reverse mode runs (003 Eq. 8 and 11). One rule serves ``jvp``,
+    args_dot through ``lax.custom_linear_solve``, given the adjoint solve u = g + J^T u as its
+    ``transpose_solve``, which reverse mode runs (003 Eq. 8 and 11). One rule serves ``jvp``,
     ``jacfwd``, ``grad`` and their compositions (``hessian``)."""
     f = problem.f
 
@@ -131,10 +131,14 @@ def _implicit(problem, mode):
         level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
         with precision_module.matmul_precision(level):
             _, rhs = jax.jvp(lambda a: f(z_star, *a), (args,), (args_dot,))
-            _, jacobian = jax.linearize(lambda z: f(z, *args), z_star)
 
-        def identity_minus_jacobian(v):  # linear in v; JAX transposes it for reverse mode
-            return jax.tree_util.tree_map(jnp.subtract, v, jacobian(v))
+        def identity_minus_jacobian(v):
+            # (I - J) v, linear in v: custom_linear_solve traces it (for its transpose) but never
+            # evaluates it here, where `tangent` and `adjoint` solve; a jvp rather than a stored
+            # linearisation keeps nothing of f's from the forward pass
+            with precision_module.matmul_precision(level):
+                jv = jax.jvp(lambda z: f(z, *args), (z_star,), (v,))[1]
+            return jax.tree_util.tree_map(jnp.subtract, v, jv)
 
         def tangent(_, b):
             return apply_policy(_tangent_solve(f, z_star, args, b, **options), "tangent")

@@ -43,7 +43,7 @@ class Phantom(Backward):
 
     def __post_init__(self):
         checks.positive_int(self.steps, "steps", "backward.Phantom")
-        checks.unit_interval(self.damping, "damping", "backward.Phantom")
+        checks.unit_interval(self.damping, "damping", "backward.Phantom", allow_traced=True)
 
     def solve(self, problem):
         sol = problem.forward(jax.lax.stop_gradient(problem.z0), jax.lax.stop_gradient(problem.args),

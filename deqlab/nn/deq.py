@@ -78,7 +78,7 @@ class DEQ(nnx.Module):
         on_failure: what a sample whose forward or adjoint solve failed does: ``"warn"``
             (default; eagerly a warning, under ``nnx.jit`` nothing in the program: read
             ``capture_solver_stats``), ``"raise"``, ``"nan"`` (its value becomes NaN with a zero
-            gradient, so a loss masked by ``converged`` trains), ``"ignore"`` or ``"callback"``
+            gradient, so a loss on the value masked by ``converged`` trains), ``"ignore"`` or ``"callback"``
             (warn from a host callback inside compiled programs), as for
             :func:`deqlab.backward.fixed_point` (:mod:`deqlab.failures`).
         batch_axis: axis of x and z indexing independent samples (default 0; it must not be the

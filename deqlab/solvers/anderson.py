@@ -54,8 +54,7 @@ class Anderson(Solver):
     damping: float = 1.0
     name = "anderson"
 
-    def __post_init__(self):
-        super().__post_init__()
+    def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.positive_int(self.m, "m", "solvers.Anderson")
         checks.number(self.ridge, "ridge", "solvers.Anderson", lower=0.0, allow_traced=True)
         checks.unit_interval(self.damping, "damping", "solvers.Anderson", allow_traced=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Any, ClassVar
 
 import jax
@@ -114,7 +115,7 @@ class Solver:
         ...     beta: float = 0.5
         ...     def __post_init__(self):
         ...         super().__post_init__()
-        ...         deqlab.checks.unit_interval(self.beta, "beta", "Relaxed")
+        ...         deqlab.checks.unit_interval(self.beta, "beta", "Relaxed", allow_traced=True)
         ...     def init(self, z, fz):
         ...         return ()
         ...     def propose(self, z, fz, state):
@@ -335,8 +336,10 @@ def _is_static_setting(field: dataclasses.Field) -> bool:
     ``dataclasses.field(metadata={"static": ...})`` decides otherwise."""
     if "static" in field.metadata:
         return bool(field.metadata["static"])
-    annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
-    words = set(annotation.replace("|", " ").replace(",", " ").replace("[", " ").replace("]", " ").split())
+    annotation = field.type
+    if not isinstance(annotation, str):  # a class (float) or an evaluated typing form (Optional[float])
+        annotation = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    words = set(re.findall(r"\w+", annotation))
     return not ("float" in words and not words & {"int", "str", "bool", "Any"})
 
 
@@ -370,6 +373,10 @@ def _configuration_class(cls):
 
     def __init__(self, *args, **kwargs):
         constructor(self, *args, **kwargs)
+        for name in leaves:  # a NumPy scalar is a number, not an array to trace (it keys programs
+            value = getattr(self, name)  # by value and chooses a precision, as a Python float does)
+            if isinstance(value, np.generic):
+                object.__setattr__(self, name, value.item())
         _check_static_settings(self)
         for klass in type(self).__mro__:  # every level's checks, whatever the subclass calls
             check = klass.__dict__.get("_check_settings")

@@ -92,8 +92,7 @@ class Broyden(Solver):
     name = "broyden"
     freeze_state = True
 
-    def __post_init__(self):
-        super().__post_init__()
+    def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.positive_int(self.m, "m", "solvers.Broyden")
         checks.unit_interval(self.step, "step", "solvers.Broyden", allow_traced=True)
 

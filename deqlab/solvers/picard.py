@@ -42,8 +42,7 @@ class Picard(Solver):
     rate_estimate = "residual_ratio"
     steps_past_convergence = True
 
-    def __post_init__(self):
-        super().__post_init__()
+    def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.unit_interval(self.damping, "damping", "solvers.Picard", allow_traced=True)
 
     def init(self, z, fz):

@@ -230,9 +230,9 @@ def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float
         tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     # The warnings counted below are raised from inside the jitted step: under jit the default
-    # "warn" puts nothing in the program (deqlab.failures), so this loop opts into "callback".
-    if model.deq.on_failure == "warn":
-        model.deq.on_failure = "callback"
+    # "warn" puts nothing in the program (deqlab.failures), so the training steps opt into
+    # "callback"; the returned model has its own policy back.
+    policy = model.deq.on_failure
 
     @nnx.jit
     def train_step(model, optimizer, x, y):
@@ -257,25 +257,30 @@ def train_digits(*, epochs: int = 10, batch_size: int = 64, learning_rate: float
     keys = ("loss", "train_accuracy", "test_accuracy", "solver_steps", "converged", "backward_warnings")
     history: dict[str, list[float]] = {k: [] for k in keys}
     bar = tqdm(range(epochs), desc="epochs", disable=not progress)
-    for _ in bar:
-        order = rng.permutation(len(x_train))
-        sums = np.zeros(4)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", BackwardWarning)
-            for i in range(n_batches):
-                idx = order[i * batch_size:(i + 1) * batch_size]
-                loss, acc, (steps, converged) = train_step(model, optimizer, x_train[idx], y_train[idx])
-                sums += [float(loss), float(acc), float(steps), float(converged)]
-            test_acc = float(accuracy(model, x_test, y_test))
-            jax.effects_barrier()  # the warnings come from host callbacks (on_failure="callback")
-        n_warnings = sum(issubclass(w.category, BackwardWarning) for w in caught)
-        for w in caught:  # other warnings are not ours to swallow
-            if not issubclass(w.category, BackwardWarning):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        loss, train_acc, steps, converged = sums / n_batches
-        for k, v in zip(keys, (loss, train_acc, test_acc, steps, converged, n_warnings)):
-            history[k].append(float(v))
-        bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test_acc:.3f}", steps=f"{steps:.1f}")
+    try:
+        for _ in bar:
+            order = rng.permutation(len(x_train))
+            sums = np.zeros(4)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", BackwardWarning)
+                model.deq.on_failure = "callback" if policy == "warn" else policy
+                for i in range(n_batches):
+                    idx = order[i * batch_size:(i + 1) * batch_size]
+                    loss, acc, (steps, converged) = train_step(model, optimizer, x_train[idx], y_train[idx])
+                    sums += [float(loss), float(acc), float(steps), float(converged)]
+                model.deq.on_failure = policy
+                test_acc = float(accuracy(model, x_test, y_test))
+                jax.effects_barrier()  # the warnings come from host callbacks (on_failure="callback")
+            n_warnings = sum(issubclass(w.category, BackwardWarning) for w in caught)
+            for w in caught:  # other warnings are not ours to swallow
+                if not issubclass(w.category, BackwardWarning):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            loss, train_acc, steps, converged = sums / n_batches
+            for k, v in zip(keys, (loss, train_acc, test_acc, steps, converged, n_warnings)):
+                history[k].append(float(v))
+            bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test_acc:.3f}", steps=f"{steps:.1f}")
+    finally:
+        model.deq.on_failure = policy
     return model, history
 
 

@@ -525,7 +525,8 @@ def deq_predict(X: Any, Y: Any, X_test: Any, kernel: Callable, lam: float, famil
         on_failure: what a failed solve does, as for :func:`deqlab.solvers.solve` (:mod:`deqlab.failures`):
             ``"raise"`` (default here: a prediction from a solve that failed is not the kGLM's)
             :class:`deqlab.failures.SolverError`; ``"warn"``; ``"nan"`` (NaN predictions);
-            ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``.
+            ``"ignore"``: the returned :attr:`DEQFit.solution` carries the failure in ``result``;
+            ``"callback"`` (a warning from inside a compiled program).
 
     Returns:
         :class:`DEQFit`.

@@ -347,12 +347,19 @@ def empirical_ntk(phi: str, W: Any, X: Any, v: Any, scale: float, method: str = 
     f_map = _f_map(nl)
 
     def readout(Wm, x):
-        z = fixed_point(f_map, jnp.zeros_like(x), Wm, x, solver=solvers.Anderson(tol=tol, max_steps=1000),
-                        backward=_implicit_gmres(tol), on_failure="nan").value
-        return v @ z / math.sqrt(n)
+        # "nan" makes a failed adjoint's gradient NaN; a failed forward solve (whose value is NaN
+        # and passes no gradient) is marked NaN below, from its converged flag
+        sol = fixed_point(f_map, jnp.zeros_like(x), Wm, x, solver=solvers.Anderson(tol=tol, max_steps=1000),
+                          backward=_implicit_gmres(tol), on_failure="nan")
+        return v @ sol.value / math.sqrt(n), sol.converged
 
-    grad = jax.jit(jax.grad(readout))
-    G = jnp.stack([grad(W, x).reshape(-1) for x in X])
+    grad = jax.jit(jax.grad(readout, has_aux=True))
+
+    def row(x):
+        g, converged = grad(W, x)
+        return jnp.where(converged, g.reshape(-1), jnp.nan)
+
+    G = jnp.stack([row(x) for x in X])
     return scale**2 / n * G @ G.T
 
 
