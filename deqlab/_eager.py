@@ -262,20 +262,21 @@ def check_finite(named: list[tuple[str, Any]], where: str = "") -> None:
     message starts with ``where`` when given."""
     owners, leaves = [], []
     for name, tree in named:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        for index, leaf in enumerate(jax.tree_util.tree_leaves(tree)):
             if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
                 continue
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
-                owners.append(name + _path_text(path))
+                owners.append((name, tree, index))
                 leaves.append(leaf)
     if not leaves:
         return
     with jax.ensure_compile_time_eval():  # concrete constants under an outer jit: evaluate them
         flags = np.asarray(_finite_flags(leaves))
-    for name, finite in zip(owners, flags):
-        if not finite:
+    for (name, tree, index), finite in zip(owners, flags):
+        if not finite:  # the leaf's path is worked out here only, off the fast path
+            path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
             prefix = f"{where}: " if where else ""
-            raise ValueError(f"{prefix}`{name}` contains NaN or inf; inputs must be finite.")
+            raise ValueError(f"{prefix}`{name}{_path_text(path)}` contains NaN or inf; inputs must be finite.")
 
 
 def _path_text(path) -> str:

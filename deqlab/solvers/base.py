@@ -368,7 +368,10 @@ def _configuration_class(cls):
             object.__setattr__(config, name, value)
         return config
 
-    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten)
+    def flatten(config):  # the fast path (every eager call flattens its solver): no key objects
+        return [getattr(config, name) for name in leaves], tuple(getattr(config, name) for name in static)
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
     constructor = cls.__init__
 
     def __init__(self, *args, **kwargs):
