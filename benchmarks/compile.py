@@ -41,11 +41,10 @@ os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # compile times of this run, 
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 if not __package__:  # run as `python benchmarks/compile.py`: the repository root is not on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common
+from benchmarks import common, eager
 
 SIZES = {"tiny": (4, 8), "quick": (4, 8), "full": (32, 64)}
 REPEATS = {"tiny": 1, "quick": 3, "full": 3}
@@ -73,16 +72,12 @@ def compile_stats(fn, args, repeats: int) -> tuple[int, float]:
     return hlo_instructions(compiled), best
 
 
-def _tanh_map(z, w, x):
-    return jnp.tanh(z @ w.T + x)
+_tanh_map = eager._tanh_map  # the problem of benchmarks/eager.py
 
 
 def _problem(batch: int, width: int):
-    rng = np.random.default_rng(0)
-    q, r = np.linalg.qr(rng.standard_normal((width, width)))
-    w = jnp.asarray(0.5 * q * np.sign(np.diag(r)), jnp.float32)
-    x = jnp.asarray(rng.standard_normal((batch, width)), jnp.float32)
-    return w, x
+    """(W, x) of benchmarks/eager.py's problem: W Haar orthogonal at 0.5, x standard normal."""
+    return eager._problem(batch, width)[1:]
 
 
 def deqlab_programs(batch: int, width: int):
