@@ -258,7 +258,7 @@ def check_finite(named: list[tuple[str, Any]], where: str = "") -> None:
     """Raise ValueError naming the first input leaf that holds NaN or inf (concrete floating leaves
     only: tracers are skipped, and inside ``jit`` such inputs surface as ``Result.NONFINITE``).
     One compiled reduction for all the leaves. The leaf is named by its path in the input
-    (``args[1]['w']``, or ``cell.recurrent.kernel`` for a module's state named ``cell``), and the
+    (``args[1]['w']``, or ``cell['recurrent']['kernel']`` for a module's state named ``cell``), and the
     message starts with ``where`` when given."""
     owners, leaves = [], []
     for name, tree in named:
@@ -281,6 +281,6 @@ def check_finite(named: list[tuple[str, Any]], where: str = "") -> None:
 
 def _path_text(path) -> str:
     """A leaf's path as the user wrote it: ``['w']`` / ``[0]`` for dicts and sequences, ``.name``
-    for attributes; a Flax ``Variable``'s trailing ``.value`` is dropped (``cell.recurrent.kernel``)."""
+    for attributes; a Flax ``Variable``'s trailing ``.value`` is dropped (``cell['recurrent']['kernel']``)."""
     text = jax.tree_util.keystr(tuple(path))
     return text[: -len(".value")] if text.endswith(".value") else text

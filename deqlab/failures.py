@@ -31,11 +31,12 @@ for :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` (its forwa
 ``"callback"``
     ``"warn"`` from inside compiled programs: a host callback (``jax.debug.callback``) warns when
     the program runs, once per lane under ``vmap``. This was ``"warn"``'s behaviour under ``jit``
-    up to deqlab 0.8. It costs about 1.5 ms per call of a small jitted solve, keeps the program
+    up to deqlab 0.8. It costs about 0.07 ms per call of a small jitted solve (3.5x the solve,
+    ``benchmarks/results/compile_quick.txt``), keeps the program
     out of JAX's persistent compilation cache, and fails on some TPU set-ups; choose it knowingly.
 
-The default compiled program holds no host callback: ``"warn"``, ``"nan"`` and ``"ignore"`` compile
-to the same solve. Under ``jit`` there are two ways to act on a failure:
+The default compiled program holds no host callback: ``"warn"``, ``"nan"`` and ``"ignore"`` add
+none (``"warn"`` and ``"ignore"`` compile to the same program). Under ``jit`` there are two ways to act on a failure:
 
 - return ``sol.result`` (or ``sol.converged``) from the jitted function and call :func:`check` on
   the concrete solution, or look at it yourself;
@@ -234,7 +235,8 @@ def check(solution, where: str = "solve") -> None:
     values it raises :class:`SolverError` at once, naming the failing samples. On traced values
     (inside ``jit``, ``vmap``, ``grad``) it adds a ``jax.experimental.checkify`` check: run the
     function under ``checkify.checkify`` and ``err.throw()`` raises with this message (count of
-    failed samples, the first one's index, result code and residual). A traced check that is
+    failed samples, the first one's index and result code, the worst relative residual). A traced
+    check that is
     not functionalised by ``checkify.checkify`` makes JAX refuse to compile the function, saying so.
     Batch with ``batch_axis`` inside the checked function, not with ``jax.vmap`` around
     ``checkify.checkify``: JAX's checkify does not support a vmapped ``while_loop`` (jax 0.10).

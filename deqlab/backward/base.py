@@ -231,7 +231,7 @@ def report(what: str, policy: str, result, residual) -> None:
     A mode with solves of its own (an adjoint solve, as :class:`Implicit`) applies the caller's
     policy to them with ``report("adjoint", problem.on_failure, sol.result,
     sol.stats.best_residual)``; the message names :func:`fixed_point` and says what to try.
-    Traced results (inside ``jit`` or a ``custom_vjp`` backward pass) report from a host callback
+    Traced results (inside ``jit`` or a custom derivative rule) report from a host callback
     with ``"raise"`` and ``"callback"``, and not at all with ``"warn"`` (:func:`deqlab.failures.signal`).
 
     Args:
