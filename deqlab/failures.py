@@ -31,8 +31,8 @@ for :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` (its forwa
 ``"callback"``
     ``"warn"`` from inside compiled programs: a host callback (``jax.debug.callback``) warns when
     the program runs, once per lane under ``vmap``. This was ``"warn"``'s behaviour under ``jit``
-    up to deqlab 0.8. It costs about 0.07 ms per call of a small jitted solve (3.5x the solve,
-    ``benchmarks/results/compile_quick.txt``), keeps the program
+    up to deqlab 0.8. It costs about 0.08 ms per call of a small jitted solve (3.5-5.5x the
+    solve, ``benchmarks/results/compile_quick.txt``), keeps the program
     out of JAX's persistent compilation cache, and fails on some TPU set-ups; choose it knowingly.
 
 The default compiled program holds no host callback: ``"warn"``, ``"nan"`` and ``"ignore"`` add

@@ -1,7 +1,7 @@
 """The default failure policy compiles to programs without a host callback (issue 38, item 3).
 
 Host callbacks (`jax.debug.callback`) have failed on some TPU set-ups ("Unknown send channel"),
-cost about 3.5x a small jitted solve per call, and keep a program out of JAX's persistent
+multiply the per-call time of a small jitted solve by 3.5-5.5, and keep a program out of JAX's persistent
 compilation cache. Inside `jit`, `on_failure="warn"` (the default), `"nan"` and `"ignore"` add no
 callback; only `"raise"` and `"callback"` do. These tests read the compiled program of the forward
 solve and of its gradient, for every backward mode and for the `nn.DEQ` layer; the `"callback"` and
