@@ -46,8 +46,9 @@ __all__ = ["cached_call", "is_array", "check_finite", "is_traced", "UncachedCall
 
 
 class UncachedCallWarning(UserWarning):
-    """An eager :func:`deqlab.solve` / :func:`deqlab.fixed_point` call that runs uncached (it
-    traces and compiles again at every call), with the reason; issued once per function.
+    """An eager :func:`deqlab.solvers.solve` / :func:`deqlab.backward.fixed_point` call that runs
+    uncached (it traces and compiles again at every call), with the reason; issued once per
+    function.
 
     Example:
         >>> import warnings, deqlab
