@@ -77,7 +77,7 @@ def test_shine_applies_the_forward_broyden_estimate(linear):
     solver = Broyden(m=40)
     sol = fixed_point(f, jnp.zeros(N), b, solver=get_solver(solver, tol=1e-13, max_steps=300), backward="implicit")
     us, vs, count = sol.state.history[:3]
-    used = (np.arange(solver.m) < int(count)).astype(float)
+    used = (np.arange(solver.m) < int(count[0])).astype(float)
     b_matrix = -np.eye(N) + np.einsum("id,i,ie->de", np.asarray(us[0]), used, np.asarray(vs[0]))
     g = _grad_b(a, b, c, SHINE(), solver=solver)
     np.testing.assert_allclose(g, -b_matrix.T @ np.asarray(c), rtol=1e-9, atol=1e-12)
@@ -99,7 +99,7 @@ def test_shine_is_exact_in_one_dimension():
 
     def loss(a, backward):
         f = lambda z, a: jnp.tanh(a * z + 0.3)  # noqa: E731
-        # m >= max_steps: no restart of the history (whose pair counter the batch shares)
+        # m >= max_steps: no restart of the history (a restart starts the estimate again from -I)
         return jnp.sum(fixed_point(f, jnp.zeros((5, 1)), a, solver=Broyden(m=100, tol=1e-12, max_steps=100),
                                    batch_axis=0, backward=backward).value ** 2)
 

@@ -2,6 +2,7 @@
 solve, fixed_point and nn.DEQ, and solver objects as jit arguments (issue 15, item 3)."""
 
 import dataclasses
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +43,7 @@ class Counting(deqlab.Solver):
         deqlab.checks.unit_interval(self.beta, "beta", "Counting")
 
     def init(self, z, fz):
-        return jnp.zeros(z.shape[:1], jnp.int32)
+        return jnp.zeros((), jnp.int32)  # one sample's counter (the loop stacks them)
 
     def propose(self, z, fz, state):
         return z + self.beta * (fz - z), state + 1
@@ -70,6 +71,56 @@ def test_damped_solves_a_batch_in_float32():
     # it is a half-damped Picard: the same iterates as Picard(damping=0.5), one step behind
     picard = deqlab.solve(tanh_map, z0, x, solver=deqlab.Picard(damping=0.5, tol=1e-6, max_steps=500), batch_axis=0)
     np.testing.assert_array_equal(sol.stats.steps, picard.stats.steps)
+
+
+class ShapeRecording(deqlab.Solver):
+    """Damped Picard that records the shapes its hooks are traced with."""
+
+    seen: typing.ClassVar[list] = []
+
+    def init(self, z, fz):
+        self.seen.append(("init", z.shape))
+        return jnp.zeros((), jnp.int32)
+
+    def propose(self, z, fz, state):
+        self.seen.append(("propose", z.shape, jnp.shape(state)))
+        return 0.5 * z + 0.5 * fz, state + 1
+
+
+class BatchRecording(ShapeRecording):
+    couples_samples = True
+
+    def init(self, z, fz):
+        self.seen.append(("init", z.shape))
+        return jnp.zeros(z.shape[:1], jnp.int32)
+
+
+def test_hooks_see_one_sample_unless_the_solver_couples_samples():
+    """The loop applies init/propose to each (D,) row with vmap; couples_samples=True hands the
+    solver the (B, D) batch instead. Both give each sample its own state and statistics."""
+    x = jax.random.normal(jax.random.key(3), (4, N), jnp.float32)
+    for solver, row in ((ShapeRecording(tol=1e-5), (N,)), (BatchRecording(tol=1e-5), (4, N))):
+        solver.seen.clear()
+        sol = deqlab.solve(tanh_map, jnp.zeros((4, N)), x, solver=solver, batch_axis=0)
+        assert solver.seen[0] == ("init", row) and solver.seen[1][1] == row, solver.seen[:2]
+        assert sol.state.history.shape == (4,)  # one counter per sample, stacked
+        assert bool(sol.converged.all())
+
+
+def test_a_hard_neighbour_changes_nothing_for_a_sample():
+    """Anderson's mixing is each sample's own: sample 0 takes the same steps to the same value
+    alone and beside a slowly contracting sample (elementwise f: no batched product's rounding)."""
+    solver = deqlab.Anderson(m=5, tol=1e-6, max_steps=500)
+
+    def f(z, rate, x):
+        return rate[:, None] * jnp.tanh(z) + x
+
+    x = jax.random.normal(jax.random.key(4), (2, N), jnp.float32)
+    alone = deqlab.solve(f, jnp.zeros((1, N)), jnp.array([0.5]), x[:1], solver=solver, batch_axis=0)
+    paired = deqlab.solve(f, jnp.zeros((2, N)), jnp.array([0.5, 0.995]), x, solver=solver, batch_axis=0)
+    assert int(paired.stats.steps[1]) > int(paired.stats.steps[0])  # the loop runs on past sample 0
+    assert int(alone.stats.steps[0]) == int(paired.stats.steps[0])
+    np.testing.assert_allclose(paired.value[0], alone.value[0], rtol=1e-6, atol=1e-7)
 
 
 def test_per_sample_result_codes_and_statistics():
@@ -325,13 +376,13 @@ def test_broyden_public_inverse_jacobian():
     dense = jnp.stack([solver.inverse_jacobian(history, eye[i:i + 1])[0] for i in range(N)], axis=1)
     dense_t = jnp.stack([solver.inverse_jacobian_transpose(history, eye[i:i + 1])[0] for i in range(N)], axis=1)
     np.testing.assert_allclose(dense_t, dense.T, rtol=1e-10, atol=1e-12)
-    with_steps = solver.inverse_jacobian_transpose(history, eye[:1], steps=sol.stats.steps)
-    np.testing.assert_allclose(with_steps[0], dense_t[:, 0], rtol=1e-12)
+    with pytest.raises(ValueError, match="Broyden.inverse_jacobian_transpose: `state`"):
+        solver.inverse_jacobian_transpose(history, eye[0])  # one row without its batch axis
     # B = -I + sum_i u_i v_i^T over the pairs in use (003 Eq. 10), and not the bare -I
-    used = (np.arange(solver.m) < int(history.count)).astype(float)
+    used = (np.arange(solver.m) < int(history.count[0])).astype(float)
     explicit = -np.eye(N) + np.einsum("id,i,ie->de", np.asarray(history.us[0]), used, np.asarray(history.vs[0]))
     np.testing.assert_allclose(dense, explicit, rtol=1e-12, atol=1e-14)
-    assert int(history.count) > 0 and not np.allclose(dense, -np.eye(N))
+    assert int(history.count[0]) > 0 and not np.allclose(dense, -np.eye(N))
 
 
 class Neumann(Backward):

@@ -17,7 +17,7 @@ class SHINE(Backward):
     """SHINE (Ramzi et al. 2022): the adjoint from the forward Broyden estimate.
 
     The forward solve must be :class:`deqlab.solvers.Broyden` (or any solver with an
-    ``inverse_jacobian_transpose(state, x, steps)`` method, :meth:`Broyden.inverse_jacobian_transpose`);
+    ``inverse_jacobian_transpose(state, x)`` method, :meth:`Broyden.inverse_jacobian_transpose`);
     its final inverse-Jacobian estimate ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is
     kept, and the adjoint of 003 Eq. 11, ``u = (I - J_f^T)^{-1} g``, is approximated by
     ``-B^T g``: no adjoint solve. ``refine`` > 0 then takes that many steps ``u <- g + J_f^T u``
@@ -80,17 +80,15 @@ def _shine(problem, mode):
 
     def equilibrium_fwd(z0, args, init_state, budget):
         sol = problem.forward(z0, args, init_state=init_state, budget=budget)
-        # The solver's state is frozen per sample when it stops (Solver.freeze_state); its steps,
-        # counted from the warm start's own pairs, tell how many of the shared buffer's pairs
-        # belong to each sample's estimate.
-        start = None if init_state is None else init_state.history
-        return sol, (sol.value, z0, args, init_state, budget, sol.state.history, sol.stats.steps, start)
+        # The solver's state is frozen per sample when it stops (Solver.freeze_state): each
+        # sample's pairs are its estimate at its own equilibrium.
+        return sol, (sol.value, z0, args, init_state, budget, sol.state.history)
 
     def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, init_state, budget, history, steps, start = residuals
+        z_star, z0, args, init_state, budget, history = residuals
         flattener = Flattener(z_star, problem.batch_axis)
         g_flat = flattener.flatten(cotangent.value)
-        u = flattener.unflatten(-config.inverse_jacobian_transpose(history, g_flat, steps=steps, start=start))
+        u = flattener.unflatten(-config.inverse_jacobian_transpose(history, g_flat))
         with precision_module.matmul_precision(problem.level):
             _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
             for _ in range(mode.refine):

@@ -13,12 +13,13 @@ Settings live on the solver object
 
 Writing a solver
     The built-in solvers (:class:`Picard`, :class:`Anderson`, :class:`Broyden`) are subclasses of
-    :class:`Solver`, and so can be yours: define ``init(z, fz)`` and ``propose(z, fz, state)`` on
-    flattened ``(B, D)`` arrays, and the shared loop gives it everything below (per-sample
-    stopping, result codes, statistics, ``init_state`` warm starts, ``stop="error"``). The loop
-    has no special case for any solver: what differs between them is declared by hooks on
-    :class:`Solver` (``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``,
-    ``freeze_state``). Solver objects are pytrees: their real-number settings (``tol``,
+    :class:`Solver`, and so can be yours: define ``init(z, fz)`` and ``propose(z, fz, state)`` for
+    one sample (a flattened ``(D,)`` row), and the shared loop applies them to every sample with
+    ``jax.vmap`` and gives it everything below (per-sample stopping, result codes, statistics,
+    ``init_state`` warm starts, ``stop="error"``). The loop has no special case for any solver:
+    what differs between them is declared by hooks on :class:`Solver` (``terminate``,
+    ``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``, ``freeze_state``,
+    ``couples_samples``). Solver objects are pytrees: their real-number settings (``tol``,
     ``damping``, ``ridge``, ``step``, ``safety``, ``divergence_factor``) are leaves, so they can be
     swept with ``jax.vmap``, differentiated, or changed without compiling again when passed as
     arrays; the settings that set shapes or the program's structure (``max_steps``, ``m``,

@@ -25,7 +25,8 @@ class Anderson(Solver):
     own norm, so it stays scale free while the residuals shrink by orders of magnitude.
     H is kept up to date one row per step, in at least float32 (half-precision iterates work: the
     m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample (f(z_i) and
-    g_i) and the m x m matrix H, whatever ``max_steps`` is.
+    g_i) and the m x m matrix H, whatever ``max_steps`` is. Each sample's mixing is its own (the
+    loop applies the step to every sample with ``jax.vmap``).
 
     Attributes:
         m: history size (>= 1; m = 1 is damped Picard).
@@ -59,49 +60,46 @@ class Anderson(Solver):
         checks.number(self.ridge, "ridge", "solvers.Anderson", lower=0.0, allow_traced=True)
         checks.unit_interval(self.damping, "damping", "solvers.Anderson", allow_traced=True)
 
-    # History layout: f(z_i) and g_i = f(z_i) - z_i in (B, m, D) ring buffers (dtype of z), plus
-    # their Gram matrix G^T G (B, m, m, at least float32), updated one row and column per step
-    # (O(B m D) instead of O(B m^2 D)). The slot counter is a scalar: every sample still iterating
-    # has recorded every step (a sample whose proposal is rejected stops for good), so all active
-    # samples share it. Writes are dynamic_update_slice along the history axis: O(B D) per step,
-    # batch sharding preserved.
+    # History layout, per sample: f(z_i) and g_i = f(z_i) - z_i in (m, D) ring buffers (dtype of
+    # z), their Gram matrix G G^T (m, m, at least float32), updated one row and column per step
+    # (O(m D) instead of O(m^2 D)), and the number of steps recorded. The loop batches it with
+    # vmap: each sample's counter is its own.
     def init(self, z, fz):
         g = fz - z
         fs = write_slot(empty_history(z, self.m), 0, fz)
         gs = write_slot(empty_history(z, self.m), 0, g)
-        gram = exact_einsum("bid,bjd->bij", gs, gs)  # computed, not created: keeps the batch sharding
+        gram = exact_einsum("id,jd->ij", gs, gs)
         return fs, gs, gram, jnp.ones((), jnp.int32)
 
     def propose(self, z, fz, state):
         fs, gs, gram, count = state
         m = self.m
         work = gram.dtype
-        valid = jnp.arange(m) < jnp.minimum(count, m)  # (m,), the same for every sample
-        # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H = G^T G, SPD). H is
+        # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H = G G^T, SPD). H is
         # solved in Jacobi-scaled form D^-1/2 H D^-1/2 + ridge I (D = diag H): the residuals of a
         # converging iteration span orders of magnitude, and a ridge relative to their mean norm
         # would swamp the newest (smallest) ones and stall the acceleration.
-        diag = jnp.einsum("bii->bi", gram)
+        diag = jnp.diagonal(gram)
         # Columns with a zero residual (an exact fixed point) get weight zero. The double where
         # keeps rsqrt away from 0, whose derivative is infinite: unrolled differentiation through
         # a sample that has converged exactly would otherwise return NaN gradients.
-        usable = valid[None, :] & (diag > jnp.finfo(work).tiny)
+        usable = (jnp.arange(m) < jnp.minimum(count, m)) & (diag > jnp.finfo(work).tiny)
         inv_sqrt = jnp.where(usable, jax.lax.rsqrt(jnp.where(usable, diag, 1.0)), 0.0)
-        scaled = gram * inv_sqrt[:, :, None] * inv_sqrt[:, None, :]
+        scaled = gram * inv_sqrt[:, None] * inv_sqrt[None, :]
         # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
-        reg = jnp.where(usable, self.ridge, 1.0)
-        hessian = scaled + reg[:, :, None] * jnp.eye(m, dtype=work)
-        y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[..., None])[..., 0]
-        total = jnp.sum(y, axis=1, keepdims=True)
+        hessian = scaled + jnp.diag(jnp.where(usable, self.ridge, 1.0).astype(work))
+        # A one-column right-hand side: jnp.linalg.solve of a vector wraps a custom_linear_solve.
+        y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[:, None])[:, 0]
+        total = jnp.sum(y)
         # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
-        newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)[None, :]
+        newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)
         has_weight = total != 0
         alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), newest)
-        mixed_f = exact_einsum("bi,bid->bd", alpha, fs).astype(z.dtype)
+        mixed_f = exact_einsum("i,id->d", alpha, fs).astype(z.dtype)
         if isinstance(self.damping, (int, float)) and self.damping == 1.0:  # one pass over the history instead of two
             return mixed_f, state
         # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
-        mixed_g = exact_einsum("bi,bid->bd", alpha, gs).astype(z.dtype)
+        mixed_g = exact_einsum("i,id->d", alpha, gs).astype(z.dtype)
         return mixed_f - (1.0 - self.damping) * mixed_g, state
 
     def record(self, z, fz, state):
@@ -110,6 +108,5 @@ class Anderson(Solver):
         g = fz - z
         fs = write_slot(fs, slot, fz)
         gs = write_slot(gs, slot, g)
-        gram = write_gram(gram, slot, exact_einsum("bid,bd->bi", gs, g))
+        gram = write_gram(gram, slot, exact_einsum("id,d->i", gs, g))
         return fs, gs, gram, count + 1
-

@@ -13,7 +13,7 @@ from deqlab.failures import check_policy, nan_where_failed, signal
 from deqlab.solvers.base import Solver
 from deqlab.solvers.budget import Budget, check_budget, limits
 from deqlab.solvers.flatten import Flattener
-from deqlab.solvers.loop import _run, check_checkpoint
+from deqlab.solvers.loop import _run, batched_hooks, check_checkpoint
 from deqlab.solvers.registry import get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats
 
@@ -177,8 +177,8 @@ def _solve_traced(f, z0, args, init_state, budget, config, *, batch_axis, unroll
                 f"`init_state` must be the `state` of an earlier Solution of this problem "
                 f"(a SolverState with z of shape {z0_flat.shape}), got {type(init_state).__name__}."
             )
-        expected = jax.tree_util.tree_structure(jax.eval_shape(config.init, z0_flat, z0_flat))
-        if jax.tree_util.tree_structure(init_state.history) != expected:
+        expected = jax.eval_shape(batched_hooks(config)[0], z0_flat, z0_flat)
+        if jax.tree_util.tree_structure(init_state.history) != jax.tree_util.tree_structure(expected):
             raise ValueError(
                 f"`init_state` holds the history of another solver than {type(config).__name__}."
             )

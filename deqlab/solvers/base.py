@@ -9,6 +9,7 @@ import re
 from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from deqlab import checks
@@ -37,18 +38,19 @@ class Solver:
     """Base class of the forward fixed-point solvers: subclass it to write your own.
 
     A solver is a frozen configuration (tolerances, history sizes, step lengths) plus two methods
-    on flattened ``(B, D)`` arrays (B samples of D numbers each; :func:`solve` flattens any pytree):
+    written for **one sample**, a flattened ``(D,)`` row (:func:`solve` flattens any pytree):
 
     - ``init(z, fz) -> state``: the solver's state (history) at the first iterate ``z`` with
-      ``fz = f(z)``. A pytree of arrays whose leading axis is the batch (scalars are shared by
-      the batch); ``()`` for a solver without memory.
+      ``fz = f(z)``; a pytree of arrays (``()`` for a solver without memory).
     - ``propose(z, fz, state) -> (z_next, state)``: the next iterate from the accepted iterate
       ``z`` and ``fz = f(z)``.
 
-    and nothing else: the shared loop of :func:`solve` evaluates f, judges every sample on its own
-    (the tolerance rule, ``stop="residual"`` or ``"error"``, divergence and non-finite checks,
-    :mod:`deqlab.solvers`), freezes samples that stopped, keeps the statistics and returns a
-    :class:`SolverState` for warm starts (``init_state``). Subclasses are made frozen, keyword-only
+    and nothing else: the shared loop of :func:`solve` evaluates f on the whole batch, applies
+    the methods to every sample with ``jax.vmap`` (no sample's step depends on another's), judges
+    every sample on its own (:meth:`terminate`: ``stop="residual"`` or ``"error"``; divergence and
+    non-finite checks, :mod:`deqlab.solvers`), freezes samples that stopped, keeps the statistics
+    and returns a :class:`SolverState` for warm starts (``init_state``), whose history has a
+    leading batch axis (the per-sample states, stacked). Subclasses are made frozen, keyword-only
     dataclasses and pytrees automatically (do not decorate them with ``@dataclasses.dataclass``):
     their annotated class attributes are configuration fields. A field annotated ``float`` (or
     ``float | None``) is a pytree leaf, which may be a traced scalar (a ``vmap`` over a damping,
@@ -63,11 +65,14 @@ class Solver:
 
     - ``record(z, fz, state) -> state``: update the state with an evaluated proposal (default:
       unchanged). Called after every proposal, with ``z`` the proposal and ``fz = f(z)``.
+    - :meth:`terminate`: the convergence test of a judged iterate (default: the ``stop`` rule).
     - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
     - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
     - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
       more proposal from the iterate that met ``tol``.
     - :attr:`freeze_state`: whether a sample's state stops changing when the sample stops.
+    - :attr:`couples_samples`: True for a solver whose methods must see the whole ``(B, D)``
+      batch (a step that couples samples on purpose); False (default): one sample.
     - ``__post_init__``: validate the subclass's own fields (call ``super().__post_init__()``).
 
     The settings below are the dataclass fields, so the constructor's keyword arguments (a
@@ -105,6 +110,8 @@ class Solver:
         ...                    solver=Damped(tol=1e-5, max_steps=500), batch_axis=0)
         >>> sol.converged.tolist()   # per-sample codes and step counts, as for Picard
         [True, True]
+        >>> sol.stats.steps.tolist()
+        [30, 30]
         >>> bool(jnp.allclose(sol.value, f(sol.value, 1.0), atol=1e-4))
         True
 
@@ -166,12 +173,19 @@ class Solver:
     #: loop skips a per-sample select). Unrolled solves always freeze it.
     freeze_state: ClassVar[bool] = False
 
+    #: False (default): ``init``, ``propose`` and ``record`` see one sample, a ``(D,)`` row and
+    #: that sample's state, and the loop batches them with ``jax.vmap``. True: they see the whole
+    #: batch, ``(B, D)`` rows and a state whose per-sample leaves have a leading axis B, for a
+    #: solver that couples samples on purpose (a step size shared by the batch, say); the loop
+    #: still judges and freezes each sample on its own.
+    couples_samples: ClassVar[bool] = False
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         where = f"solvers.{cls.__name__}"
         if cls.rate_estimate not in RATE_ESTIMATES:
             raise checks.fail("rate_estimate", f"one of {list(RATE_ESTIMATES)}", cls.rate_estimate, where)
-        for flag in ("steps_past_convergence", "freeze_state"):
+        for flag in ("steps_past_convergence", "freeze_state", "couples_samples"):
             if not isinstance(getattr(cls, flag), bool):
                 raise checks.fail(flag, "True or False", getattr(cls, flag), where)
         _configuration_class(cls)
@@ -258,13 +272,13 @@ class Solver:
         """The solver's state at the first iterate (required in a subclass).
 
         Args:
-            z: the first iterate, shape ``(B, D)`` (``z0`` flattened).
-            fz: ``f(z)``, shape ``(B, D)`` (a sample where it is not finite has ``fz = z``).
+            z: one sample's first iterate, shape ``(D,)`` (``z0`` flattened; ``(B, D)`` for a
+                solver with :attr:`couples_samples`).
+            fz: ``f(z)``, same shape (where it is not finite, ``fz = z``).
 
         Returns:
-            A pytree of arrays, leading axis B for per-sample leaves (scalars are shared by the
-            batch); ``()`` when the solver keeps nothing. Its structure must not depend on the
-            values (it is a ``lax.while_loop`` carry).
+            A pytree of arrays (``()`` when the solver keeps nothing). Its structure and shapes
+            must not depend on the values (it is a ``lax.while_loop`` carry).
         """
         raise NotImplementedError
 
@@ -272,9 +286,10 @@ class Solver:
         """The next iterate (required in a subclass).
 
         Args:
-            z: the current accepted iterate, shape ``(B, D)``.
-            fz: ``f(z)``, shape ``(B, D)``.
-            state: the solver's state (from :meth:`init` or :meth:`record`).
+            z: one sample's current accepted iterate, shape ``(D,)`` (``(B, D)`` for a solver
+                with :attr:`couples_samples`).
+            fz: ``f(z)``, same shape.
+            state: the sample's state (from :meth:`init` or :meth:`record`).
 
         Returns:
             ``(z_next, state)``: the proposal, shape and dtype of ``z``, and the state (the loop
@@ -289,7 +304,7 @@ class Solver:
         """Update the state with an evaluated proposal (optional hook; default: unchanged).
 
         Args:
-            z: the proposal :meth:`propose` returned, shape ``(B, D)``.
+            z: the proposal :meth:`propose` returned, shape ``(D,)`` (one sample).
             fz: ``f(z)`` (possibly non-finite for samples the loop then rejects).
             state: the state :meth:`propose` returned.
 
@@ -307,12 +322,48 @@ class Solver:
         stepped value instead (Picard: ``damping q / (1 - q)``).
 
         Args:
-            q: per-sample rate estimates in [0, 0.999), shape ``(B,)``.
+            q: rate estimates in [0, 0.999), one per sample (an array).
 
         Returns:
-            c(q), shape ``(B,)``.
+            c(q), elementwise, the shape of ``q``.
         """
         return 1.0 / (1.0 - q)
+
+    def terminate(self, tol: Any, residual: jax.Array, error: jax.Array) -> jax.Array:
+        """Whether one sample's judged iterate has converged: the loop's convergence test
+        (optional hook; the default is the ``stop`` rule of :mod:`deqlab.solvers`).
+
+        Called for every judged step (per sample, under ``jax.vmap``) on an iterate whose
+        residual is finite; a sample that terminates stops with ``Result.SUCCESS`` and returns
+        that iterate (one more proposal from it with :attr:`steps_past_convergence`). The loop
+        still applies the divergence, non-finite and step-limit checks.
+
+        Args:
+            tol: the solve's tolerance (a Python float or a traced scalar).
+            residual: the iterate's relative residual ``||f(z) - z|| / (||f(z)|| + eps sqrt(D))``,
+                a scalar in at least float32.
+            error: with ``stop="error"``, the estimated error of the value the sample would
+                return (:meth:`error_bound_factor`), ``inf`` while no reliable rate estimate
+                exists; always ``inf`` with ``stop="residual"``.
+
+        Returns:
+            A boolean scalar.
+
+        Example:
+            A solver that stops on the residual alone whatever ``stop`` says:
+
+            >>> import jax.numpy as jnp, deqlab
+            >>> class ResidualPicard(deqlab.Picard):
+            ...     def terminate(self, tol, residual, error):
+            ...         return residual <= tol
+            >>> sol = deqlab.solve(lambda z, x: 0.5 * jnp.tanh(z) + x, jnp.zeros(3), jnp.ones(3),
+            ...                    solver=ResidualPicard(tol=1e-4, stop="error"))
+            >>> bool(sol.converged), bool(sol.stats.residual <= 1e-4)
+            (True, True)
+        """
+        if self.stop == "error":
+            return jnp.where(jnp.isfinite(error), error <= tol, residual <= tol)
+        return residual <= tol
 
 
 

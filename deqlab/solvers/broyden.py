@@ -17,13 +17,14 @@ __all__ = ["Broyden", "BroydenState"]
 
 
 class BroydenState(NamedTuple):
-    """The state of :class:`Broyden` (``SolverState.history`` of a Broyden solve).
+    """The state of :class:`Broyden` for one sample; ``SolverState.history`` of a Broyden solve
+    holds every sample's, stacked along a leading batch axis B (shapes below gain it).
 
     Attributes:
         us, vs: the ``m`` rank-one pairs of ``B = -I + sum_i u_i v_i^T`` (003 Eq. 10), shape
-            ``(B, m, D)``; unused slots hold zeros.
-        count: the number of pairs in the current cycle (a scalar shared by the batch).
-        z: the last iterate, shape ``(B, D)``.
+            ``(m, D)``; unused slots hold zeros.
+        count: the number of pairs in the current cycle (int32 scalar).
+        z: the last iterate, shape ``(D,)``.
         g: its residual ``f(z) - z``.
         direction: the next direction ``B g``.
 
@@ -69,7 +70,8 @@ class Broyden(Solver):
     The state (``SolverState.history``) is a :class:`BroydenState`; :meth:`inverse_jacobian`
     and :meth:`inverse_jacobian_transpose` apply its estimate B (what
     :class:`deqlab.backward.SHINE` reuses). ``freeze_state = True``: a sample's pairs stop changing
-    when it stops, so B is each sample's estimate at its own equilibrium.
+    when it stops, so B is each sample's estimate at its own equilibrium (each sample keeps its
+    own pairs and counter).
 
     Example:
         On the affine map f(z) = z / 2 + x the secant update of 003 Eq. 10 recovers
@@ -82,7 +84,7 @@ class Broyden(Solver):
         ...                    solver=broyden, batch_axis=0)
         >>> sol.stats.steps.tolist(), [f"{v:.3f}" for v in sol.value[:, 0].tolist()]
         ([2, 2], ['2.000', '2.000'])
-        >>> estimate = broyden.inverse_jacobian(sol.state.history, jnp.ones((2, 1)), steps=sol.stats.steps)
+        >>> estimate = broyden.inverse_jacobian(sol.state.history, jnp.ones((2, 1)))
         >>> [f"{v:.3f}" for v in estimate[:, 0].tolist()]
         ['-2.000', '-2.000']
     """
@@ -96,83 +98,75 @@ class Broyden(Solver):
         checks.positive_int(self.m, "m", "solvers.Broyden")
         checks.unit_interval(self.step, "step", "solvers.Broyden", allow_traced=True)
 
-    # State: BroydenState(us, vs, count, z, g, direction) with direction = B g at the current z.
-    # The pair counter is a scalar for the reason given in Anderson (all active samples share it).
+    # State: BroydenState(us, vs, count, z, g, direction) for one sample, with direction = B g at
+    # the current z.
     def init(self, z, fz):
         history = empty_history(z, self.m)
         g = fz - z
         return BroydenState(history, history, jnp.zeros((), jnp.int32), z, g, -g)
 
-    def pairs_in_use(self, state: BroydenState, steps: jax.Array | None = None,
-                     start: BroydenState | None = None) -> jax.Array:
-        """Weights (1 or 0) of the rank-one pairs of ``state`` that make up each sample's B.
-
-        Args:
-            state: the ``SolverState.history`` of a Broyden solve with this ``m``.
-            steps: steps taken by each sample (``Solution.stats.steps``, shape ``(B,)`` or
-                ``()``), which tell how many pairs of the shared buffer each sample's estimate
-                holds (a sample that stopped early stopped adding pairs); None: the state's own
-                counter, right when every sample took every step.
-            start: the state a warm start continued (``init_state.history``), whose pairs the
-                history still holds; None: a cold start.
-
-        Returns:
-            Shape ``(m,)`` with ``steps`` None, else ``(B, m)``, in at least float32.
-        """
-        work = precision_module.working_dtype(state.us.dtype)
-        if steps is None:
-            return (jnp.arange(self.m) < state.count).astype(work)
-        steps = jnp.reshape(steps, (-1,))  # () without a batch axis: one row
-        # After s recorded steps a sample's current cycle holds ((s - 1) mod m) + 1 pairs; a warm
-        # start continues a cycle that held c0 pairs (its counter is shared by the batch):
-        # ((c0 + s - 1) mod m) + 1, and c0 when the sample took no step.
-        c0 = jnp.zeros((), jnp.int32) if start is None else jnp.asarray(start.count, jnp.int32)
-        count = jnp.where(steps > 0, (c0 + steps - 1) % self.m + 1, c0)
-        return (jnp.arange(self.m)[None, :] < count[:, None]).astype(work)
-
-    def inverse_jacobian(self, state: BroydenState, x: jax.Array, steps: jax.Array | None = None) -> jax.Array:
+    def inverse_jacobian(self, state: BroydenState, x: jax.Array) -> jax.Array:
         """``B x`` for the inverse-Jacobian estimate ``B ~ (J_f - I)^{-1}`` of g = f - z held in
         ``state`` (003 Eq. 10: ``B = -I + sum_i u_i v_i^T``), per sample.
 
         Args:
-            state: ``SolverState.history`` of a Broyden solve (flattened rows).
+            state: ``SolverState.history`` of a Broyden solve with this ``m`` (leading batch axis
+                B; a solve without ``batch_axis`` has B = 1).
             x: shape ``(B, D)``, as the solve's flattened iterates.
-            steps: see :meth:`pairs_in_use`.
 
         Returns:
             ``B x``, shape and dtype of ``x``.
-        """
-        return self._apply(state.us, state.vs, self.pairs_in_use(state, steps), x)
 
-    def inverse_jacobian_transpose(self, state: BroydenState, x: jax.Array,
-                                   steps: jax.Array | None = None,
-                                   start: BroydenState | None = None) -> jax.Array:
+        Raises:
+            ValueError: ``state`` is not a batched :class:`BroydenState` of this ``m`` matching
+                ``x``.
+        """
+        self._check_state(state, x, "inverse_jacobian")
+        return jax.vmap(self._apply)(state.us, state.vs, self._used(state.count, x.dtype), x)
+
+    def inverse_jacobian_transpose(self, state: BroydenState, x: jax.Array) -> jax.Array:
         """``B^T x`` for the estimate of :meth:`inverse_jacobian`. With ``x`` a loss gradient g,
         ``-B^T g`` approximates the adjoint ``(I - J_f^T)^{-1} g`` of 003 Eq. 11 (SHINE, Ramzi et
         al. 2022).
 
         Args:
-            state: ``SolverState.history`` of a Broyden solve (flattened rows).
+            state: ``SolverState.history`` of a Broyden solve (see :meth:`inverse_jacobian`).
             x: shape ``(B, D)``, as the solve's flattened iterates.
-            steps: see :meth:`pairs_in_use`.
-            start: see :meth:`pairs_in_use`.
 
         Returns:
             ``B^T x``, shape and dtype of ``x``.
+
+        Raises:
+            ValueError: as :meth:`inverse_jacobian`.
         """
-        return self._apply_transpose(state.us, state.vs, self.pairs_in_use(state, steps, start), x)
+        self._check_state(state, x, "inverse_jacobian_transpose")
+        return jax.vmap(self._apply_transpose)(state.us, state.vs, self._used(state.count, x.dtype), x)
+
+    def _check_state(self, state, x, where):
+        if not isinstance(state, BroydenState) or jnp.ndim(x) != 2 or jnp.shape(state.us) != (
+                jnp.shape(x)[0], self.m, jnp.shape(x)[1]):
+            got = (f"a {type(state).__name__} with us of shape {jnp.shape(getattr(state, 'us', None))}"
+                   f" and x of shape {jnp.shape(x)}")
+            raise ValueError(f"Broyden.{where}: `state` must be the SolverState.history of a "
+                             f"Broyden(m={self.m}) solve (us of shape (B, m, D)) and `x` of shape (B, D), "
+                             f"got {got}.")
+
+    def _used(self, count, dtype):
+        """Weights (1 or 0) of each sample's pairs in its current cycle, shape ``(B, m)``."""
+        work = precision_module.working_dtype(dtype)
+        return (jnp.arange(self.m)[None, :] < jnp.reshape(count, (-1, 1))).astype(work)
 
     @staticmethod
     def _apply(us, vs, used, x):
-        """B x with B = -I + sum_{i used} u_i v_i^T."""
-        coefficients = exact_einsum("bid,bd->bi", vs, x) * used
-        return -x + exact_einsum("bid,bi->bd", us, coefficients).astype(x.dtype)
+        """B x with B = -I + sum_{i used} u_i v_i^T (one sample)."""
+        coefficients = exact_einsum("id,d->i", vs, x) * used
+        return -x + exact_einsum("id,i->d", us, coefficients).astype(x.dtype)
 
     @staticmethod
     def _apply_transpose(us, vs, used, x):
-        """B^T x."""
-        coefficients = exact_einsum("bid,bd->bi", us, x) * used
-        return -x + exact_einsum("bid,bi->bd", vs, coefficients).astype(x.dtype)
+        """B^T x (one sample)."""
+        coefficients = exact_einsum("id,d->i", us, x) * used
+        return -x + exact_einsum("id,i->d", vs, coefficients).astype(x.dtype)
 
     def propose(self, z, fz, state):
         return z - self.step * state.direction, state
@@ -190,15 +184,14 @@ class Broyden(Solver):
         b_g = self._apply(us, vs, used, g)
         b_g_prev = jnp.where(full, -g_prev, direction)
         b_dg = b_g - b_g_prev
-        denom = exact_einsum("bd,bd->b", dz, b_dg)
+        denom = exact_einsum("d,d->", dz, b_dg)
         # The skip test only decides; differentiating the norms of a zero step would give NaN.
         size = jax.lax.stop_gradient(row_norm(dz) * row_norm(b_dg))
         ok = (jnp.abs(jax.lax.stop_gradient(denom)) > jnp.finfo(z.dtype).eps * size) & (size > 0)
         safe = jnp.where(ok, denom, 1.0)
-        u = jnp.where(ok[:, None], (dz - b_dg) / safe[:, None].astype(z.dtype), 0.0).astype(z.dtype)
-        v = jnp.where(ok[:, None], self._apply_transpose(us, vs, used, dz), 0.0).astype(z.dtype)
+        u = jnp.where(ok, (dz - b_dg) / safe.astype(z.dtype), 0.0).astype(z.dtype)
+        v = jnp.where(ok, self._apply_transpose(us, vs, used, dz), 0.0).astype(z.dtype)
         us = write_slot(us, count, u)
         vs = write_slot(vs, count, v)
-        direction = b_g + u * exact_einsum("bd,bd->b", v, g)[:, None].astype(z.dtype)
+        direction = b_g + u * exact_einsum("d,d->", v, g).astype(z.dtype)
         return BroydenState(us, vs, count + 1, z, g, direction)
-

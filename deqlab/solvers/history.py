@@ -1,9 +1,9 @@
 """Small building blocks of the solvers with a history (Anderson, Broyden): products at full
 precision and per-sample ring buffers written in place.
 
-They work on the flattened ``(B, D)`` rows a :class:`deqlab.solvers.Solver` sees (B samples of D
-numbers) and are public for solvers of one's own that keep a history: a history is a ``(B, m, D)``
-buffer whose slot index is a scalar shared by the batch (every active sample records every step).
+They work on the one sample a :class:`deqlab.solvers.Solver` sees (a flattened ``(D,)`` row) and
+are public for solvers of one's own that keep a history: a history is an ``(m, D)`` buffer of m
+slots with a slot counter in the solver's state (the loop batches both with ``jax.vmap``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def exact_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     and accelerators do not demote them to bfloat16 passes (:data:`EXACT`).
 
     Args:
-        spec: the einsum subscripts, e.g. ``"bid,bd->bi"``.
+        spec: the einsum subscripts, e.g. ``"id,d->i"``.
         a, b: the two operands (any floating dtypes).
 
     Returns:
@@ -39,7 +39,7 @@ def exact_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         >>> import jax.numpy as jnp
         >>> from deqlab.solvers.history import exact_einsum
         >>> a = jnp.ones((2, 3), jnp.bfloat16)
-        >>> out = exact_einsum("bd,bd->b", a, a)
+        >>> out = exact_einsum("id,d->i", a, a[0])
         >>> out.dtype, out.tolist()
         (dtype('float32'), [3.0, 3.0])
     """
@@ -48,74 +48,74 @@ def exact_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def empty_history(z: jax.Array, m: int) -> jax.Array:
-    """A history buffer of ``m`` slots per sample: zeros that inherit the sharding of ``z``.
+    """A history buffer of ``m`` slots for one sample.
 
     Args:
-        z: the iterates, shape ``(B, D)``.
+        z: the sample's iterate, shape ``(D,)``.
         m: the number of slots (>= 1).
 
     Returns:
-        Zeros of shape ``(B, m, D)`` and the dtype of ``z`` (computed from ``z``, so a batch
-        split across devices stays split).
+        Zeros of shape ``(m, D)`` and the dtype of ``z`` (computed from ``z``, so that under the
+        loop's ``vmap`` a batch split across devices stays split).
 
     Example:
         >>> import jax.numpy as jnp
         >>> from deqlab.solvers.history import empty_history
-        >>> empty_history(jnp.ones((4, 3)), 5).shape
-        (4, 5, 3)
+        >>> empty_history(jnp.ones(3), 5).shape
+        (5, 3)
     """
-    return jnp.repeat(jnp.zeros_like(z)[:, None, :], m, axis=1)
+    return jnp.repeat(jnp.zeros_like(z)[None, :], m, axis=0)
 
 
 def write_slot(history: jax.Array, slot, value: jax.Array) -> jax.Array:
-    """``history[:, slot] = value`` in place (``dynamic_update_slice``: O(B D), jit-safe).
+    """``history[slot] = value`` (jit- and vmap-safe).
 
     Args:
-        history: the buffer, shape ``(B, m, D)``.
-        slot: the slot to write, a scalar shared by the batch (an int or a traced int32).
-        value: the new rows, shape ``(B, D)``.
+        history: the buffer, shape ``(m, D)``.
+        slot: the slot to write, a scalar (an int or a traced int32) in ``[0, m)``.
+        value: the new row, shape ``(D,)``.
 
     Returns:
-        The updated buffer, shape ``(B, m, D)``.
+        The updated buffer, shape ``(m, D)``.
 
     Example:
         >>> import jax.numpy as jnp
         >>> from deqlab.solvers.history import empty_history, write_slot
-        >>> history = write_slot(empty_history(jnp.zeros((2, 3)), 4), 1, jnp.ones((2, 3)))
-        >>> history.sum(axis=(0, 2)).tolist()   # only slot 1 holds the six ones
-        [0.0, 6.0, 0.0, 0.0]
+        >>> history = write_slot(empty_history(jnp.zeros(3), 4), 1, jnp.ones(3))
+        >>> history.sum(axis=1).tolist()   # only slot 1 holds the three ones
+        [0.0, 3.0, 0.0, 0.0]
     """
-    index = jnp.zeros((), jnp.int32)
-    return jax.lax.dynamic_update_slice(history, value[:, None, :], (index, jnp.asarray(slot, jnp.int32), index))
+    # A select, not dynamic_update_slice: under the loop's vmap each sample has its own slot,
+    # and a batched dynamic_update_slice becomes a scatter (larger programs, slower on CPU);
+    # the select fuses with the pass that reads the history anyway.
+    return jnp.where((jnp.arange(history.shape[0]) == slot)[:, None], value[None, :], history)
 
 
 def write_gram(gram: jax.Array, slot, dots: jax.Array) -> jax.Array:
-    """Row and column ``slot`` of per-sample Gram matrices set to ``dots``, in place.
+    """Row and column ``slot`` of one sample's Gram matrix set to ``dots``.
 
-    When slot i of a history G (``(B, m, D)``) is overwritten, only row and column i of
-    ``G G^T`` change: ``dots = G g_i`` (``exact_einsum("bid,bd->bi", G, g_i)``, computed after the
-    write) updates it in O(B m D) instead of recomputing it in O(B m^2 D), as Anderson does.
+    When slot i of a history G (``(m, D)``) is overwritten, only row and column i of ``G G^T``
+    change: ``dots = G g_i`` (``exact_einsum("id,d->i", G, g_i)``, computed after the write)
+    updates it in O(m D) instead of recomputing it in O(m^2 D), as Anderson does.
 
     Args:
-        gram: the Gram matrices, shape ``(B, m, m)``.
-        slot: the row and column to write, a scalar shared by the batch.
-        dots: the new row (and column), shape ``(B, m)``.
+        gram: the Gram matrix, shape ``(m, m)``.
+        slot: the row and column to write, a scalar in ``[0, m)``.
+        dots: the new row (and column), shape ``(m,)``.
 
     Returns:
-        The updated matrices, shape ``(B, m, m)``, symmetric when ``gram`` was.
+        The updated matrix, shape ``(m, m)``, symmetric when ``gram`` was.
 
     Example:
         >>> import jax.numpy as jnp
         >>> from deqlab.solvers.history import exact_einsum, write_gram, write_slot
-        >>> history = jnp.arange(12.0).reshape(1, 3, 4)
-        >>> gram = exact_einsum("bid,bjd->bij", history, history)
-        >>> history = write_slot(history, 2, jnp.ones((1, 4)))
-        >>> updated = write_gram(gram, 2, exact_einsum("bid,bd->bi", history, history[:, 2]))
-        >>> bool(jnp.array_equal(updated, exact_einsum("bid,bjd->bij", history, history)))
+        >>> history = jnp.arange(12.0).reshape(3, 4)
+        >>> gram = exact_einsum("id,jd->ij", history, history)
+        >>> history = write_slot(history, 2, jnp.ones(4))
+        >>> updated = write_gram(gram, 2, exact_einsum("id,d->i", history, history[2]))
+        >>> bool(jnp.array_equal(updated, exact_einsum("id,jd->ij", history, history)))
         True
     """
-    index = jnp.zeros((), jnp.int32)
-    slot = jnp.asarray(slot, jnp.int32)
-    gram = jax.lax.dynamic_update_slice(gram, dots[:, None, :], (index, slot, index))
-    return jax.lax.dynamic_update_slice(gram, dots[:, :, None], (index, index, slot))
+    at = jnp.arange(gram.shape[0]) == slot  # a select, as in write_slot
+    return jnp.where(at[:, None], dots[None, :], jnp.where(at[None, :], dots[:, None], gram))
 

@@ -4,6 +4,7 @@ stopping rules, result codes, statistics (the rules are in :mod:`deqlab.solvers`
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +82,77 @@ def checkpoint_block(checkpoint, max_steps):
     return min(int(checkpoint), max_steps)
 
 
+class LoopCarry(NamedTuple):
+    """The carry of the shared loop: one structure for every solver and every option (fields an
+    option does not use stay as initialised, and XLA drops them from the compiled loop). Leaves
+    have a leading batch axis B (flattened samples) unless said otherwise.
+
+    Attributes:
+        z, fz: the accepted iterate and f(z), ``(B, D)``.
+        res: the relative residual of z, ``(B,)``.
+        best_z, best_res, best_abs: the finite iterate of smallest absolute residual so far, with
+            its relative and absolute residuals.
+        active: the samples still iterating.
+        result: per-sample :class:`~deqlab.failures.Result` codes (int32).
+        steps: steps taken by each sample (int32).
+        step: loop steps taken (a scalar: the batch's slowest sample).
+        nfe: evaluations of f (a scalar, over the batch).
+        trace: the relative residual after each step, ``(max_steps + 1, B)``.
+        state: the solver's state, batched (its hooks see one sample; :func:`batched_hooks`).
+        rates: ``stop="error"``: the rate estimates of the last ``RATE_WINDOW`` steps
+            (``"residual_ratio"``) or their running maximum (``"secant"``, one column).
+        abs: ``stop="error"``: the absolute residual of z.
+        err: ``stop="error"``: the error estimate of the value each sample would return.
+        measure: ``check_every="auto"``: what each sample compared with tol at its last judged step.
+        span: ``check_every="auto"``: the length of the next run of steps (a scalar).
+    """
+
+    z: jax.Array
+    fz: jax.Array
+    res: jax.Array
+    best_z: jax.Array
+    best_res: jax.Array
+    best_abs: jax.Array
+    active: jax.Array
+    result: jax.Array
+    steps: jax.Array
+    step: jax.Array
+    nfe: jax.Array
+    trace: jax.Array
+    state: Any
+    rates: jax.Array
+    abs: jax.Array
+    err: jax.Array
+    measure: jax.Array
+    span: jax.Array
+
+
+def batched_hooks(config):
+    """The solver's ``init``, ``propose`` and ``record`` on a batch of flattened ``(B, D)`` rows.
+
+    A solver's hooks see one sample (a ``(D,)`` row and that sample's state), and ``jax.vmap``
+    applies them to every sample at once, so no sample's step depends on another's. A solver
+    with :attr:`~deqlab.solvers.Solver.couples_samples` sees the whole batch instead.
+
+    Args:
+        config: a :class:`~deqlab.solvers.Solver`.
+
+    Returns:
+        ``(init, propose, record)`` on ``(B, D)`` arrays and batched states.
+
+    Example:
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers.loop import batched_hooks
+        >>> init, propose, record = batched_hooks(deqlab.Anderson(m=3))
+        >>> z = jnp.zeros((4, 2))
+        >>> [leaf.shape for leaf in init(z, z + 1.0)]   # each sample's history, stacked
+        [(4, 3, 2), (4, 3, 2), (4, 3, 3), (4,)]
+    """
+    if config.couples_samples:
+        return config.init, config.propose, config.record
+    return jax.vmap(config.init), jax.vmap(config.propose), jax.vmap(config.record)
+
+
 def _where_batch(mask, new, old):
     """Per-sample select on pytrees whose leaves have a leading batch axis."""
 
@@ -107,7 +179,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     ``tol`` may be a traced scalar; ``step_limit`` (a traced int32 scalar in ``[1, max_steps]``,
     :mod:`deqlab.solvers.budget`) stops the iteration before ``config.max_steps``, which still sizes
     the trace and the scan of an unrolled solve (whose steps past the limit are masked).
+    f is evaluated on the whole batch; the solver's hooks run per sample (:func:`batched_hooks`).
     """
+    init, propose, record = batched_hooks(config)
     dtype = z0_flat.dtype
     work = precision_module.working_dtype(dtype)
     big = jnp.finfo(work).max
@@ -125,56 +199,87 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     result0 = jnp.where(
         ~finite0, Result.NONFINITE, jnp.where(res0 <= tol, Result.SUCCESS, Result.MAX_STEPS_REACHED)
     ).astype(jnp.int32)
-    active0 = result0 == Result.MAX_STEPS_REACHED
-    # One row per step, written with dynamic_update_slice: O(B) per step, and the batch axis (the
-    # second) keeps the sharding of the residuals when the batch is split across devices.
-    trace0 = jnp.repeat(res0[None, :], config.max_steps + 1, axis=0)
     fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
-    history0 = config.init(z0_flat, fz0_safe) if init_history is None else init_history
-    carry0 = dict(
+    every = 1 if unrolled else config.check_every
+    auto = every == "auto"
+    carry0 = LoopCarry(
         z=z0_flat,
         fz=fz0_safe,
         res=res0,
         best_z=z0_flat,
         best_res=res0,
         best_abs=abs0,
-        active=active0,
+        active=result0 == Result.MAX_STEPS_REACHED,
         result=result0,
-        steps=_per_sample_zeros(z0_flat),
+        steps=jnp.zeros_like(result0),
         step=jnp.zeros((), jnp.int32),
         nfe=jnp.ones((), jnp.int32),
-        trace=trace0,
-        state=history0,
+        # One row per step, written with dynamic_update_slice: O(B) per step, and the batch axis
+        # (the second) keeps the sharding of the residuals when the batch is split across devices.
+        trace=jnp.repeat(res0[None, :], config.max_steps + 1, axis=0),
+        state=init(z0_flat, fz0_safe) if init_history is None else init_history,
+        # stop="error": the last RATE_WINDOW rate estimates (inf: none yet, so the residual rule
+        # decides) or their running maximum, the absolute residual of the accepted iterate
+        # (Picard's rate is a ratio of two of them) and the error estimate of the value the
+        # sample would return.
+        rates=(jnp.full(res0.shape + (RATE_WINDOW,), jnp.inf, work) if ratios
+               else jnp.zeros(res0.shape + (1,), work)),
+        abs=abs0,
+        err=jnp.full(res0.shape, jnp.inf, work),
+        # check_every="auto": what each sample compares with tol at its last judged step (the
+        # error estimate where it is reliable, else the relative residual; negative for the
+        # residual, so that a switch between the two is never read as a decay), and the length of
+        # the next run.
+        measure=-res0.astype(work),
+        span=jnp.ones((), jnp.int32),
     )
-    if error_rule:
-        # The last RATE_WINDOW rate estimates (inf: none yet, so the residual rule decides), the
-        # absolute residual of the accepted iterate (Picard's rate is a ratio of two of them) and
-        # the error estimate of the value the sample would return.
-        carry0["rates"] = (jnp.full(res0.shape + (RATE_WINDOW,), jnp.inf, work) if ratios
-                           else jnp.zeros(res0.shape + (1,), work))
-        carry0["abs"] = abs0
-        carry0["err"] = jnp.full(res0.shape, jnp.inf, work)
-
-    every = 1 if unrolled else config.check_every
-    auto = every == "auto"
-    if auto:
-        # What each sample compares with tol at its last judged step (the error estimate where
-        # it is reliable, else the relative residual; negative for the residual, so that a
-        # switch between the two is never read as a decay), and the length of the next run.
-        carry0["measure"] = -res0.astype(work)
-        carry0["span"] = jnp.ones((), jnp.int32)
 
     residual_floor = jnp.finfo(dtype).eps * math.sqrt(z0_flat.shape[1])
     def bare(z, fz, state):
         """One solver step without any check: what the limit of plain iteration costs."""
-        z_prop, state = config.propose(z, fz, state)
+        z_prop, state = propose(z, fz, state)
         fz_prop = func(z_prop)
-        return z_prop, fz_prop, config.record(z_prop, fz_prop, state)
+        return z_prop, fz_prop, record(z_prop, fz_prop, state)
+
+    def rate_and_error(carry, z_in, fz_in, z_prop, fz_prop, diff, abs_prop, finite, accept, span):
+        """stop="error": the updated rate estimates and the error estimate of each proposal."""
+        if ratios:
+            # A stationary iteration (Picard): successive residuals shrink by the contraction rate
+            # of the (damped) map, ||g_k|| / ||g_{k-1}||; over a span of k steps, its k-th root.
+            ratio = abs_prop / carry.abs
+            rate = ratio if isinstance(span, int) and span == 1 else ratio ** (1.0 / jnp.asarray(span, work))
+        else:
+            # Accelerated solvers (Anderson, Broyden): their residual ratios measure the
+            # acceleration, not f. The secant quotient ||f(z') - f(z)|| / ||z' - z|| of the last
+            # step measures how much f stretches along it, a lower estimate of f's Lipschitz
+            # constant near z*.
+            step_norm = row_norm(jax.lax.stop_gradient(z_prop - z_in))
+            rate = row_norm(jax.lax.stop_gradient(fz_prop - fz_in)) / step_norm
+        rate = jnp.where(finite & jnp.isfinite(rate), rate, jnp.inf).astype(work)
+        if ratios:
+            # Picard's ratios rise towards the rate of its slowest mode as the faster ones die
+            # out: the last few (their maximum, against noise) estimate the rate now.
+            rates = jnp.concatenate([carry.rates[:, 1:], rate[:, None]], axis=1)
+        else:
+            # An accelerated step moves mostly along directions f stretches little, so a single
+            # quotient underestimates f's rate near z* (up to 6x in the error bound at rate
+            # 0.995, measured): the maximum over every step of the solve is kept.
+            rates = jnp.maximum(carry.rates, rate[:, None])
+        rates = jnp.where(accept[:, None], rates, carry.rates)
+        q = jnp.max(rates, axis=1)
+        reliable = q < RATE_LIMIT
+        # Banach's a-posteriori bounds (Solver.error_bound_factor): Picard returns
+        # z + damping (f(z) - z), within q / (1 - q) of its step from z*; the others return z,
+        # within ||f(z) - z|| / (1 - q).
+        gain = config.error_bound_factor(jnp.where(reliable, q, 0.0))
+        size = jnp.max(jnp.abs(diff), axis=1).astype(work)
+        scale = jnp.maximum(jnp.max(jnp.abs(jax.lax.stop_gradient(fz_prop)), axis=1).astype(work), 1.0)
+        return rates, jnp.where(reliable & finite, config.safety * gain * size / scale, jnp.inf)
 
     def judged(carry, z_in, fz_in, state_in, span):
         """One solver step from (z_in, fz_in, state_in), judged: ``span`` steps after the last
         judged one (z_in is the carry's iterate when span is 1)."""
-        z_prop, state_prop = config.propose(z_in, fz_in, state_in)
+        z_prop, state_prop = propose(z_in, fz_in, state_in)
         fz_prop = func(z_prop)
         # A NaN or inf anywhere in z_prop or f(z_prop) makes the norms non-finite (as does an
         # overflow of the norm, which only a diverging iterate reaches). The norms only decide and
@@ -183,110 +288,78 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         diff_norm = row_norm(diff)
         f_norm = row_norm(jax.lax.stop_gradient(fz_prop))
         finite = jnp.isfinite(diff_norm) & jnp.isfinite(f_norm)
-        active = carry["active"]
+        active = carry.active
         if step_limit is not None:
             # a budget below the cap: the steps past it change nothing (unrolled: masked)
-            active = active & (carry["step"] + span <= step_limit)
+            active = active & (carry.step + span <= step_limit)
         accept = active & finite
-        z = jnp.where(accept[:, None], z_prop, carry["z"])
-        fz = jnp.where(accept[:, None], fz_prop, carry["fz"])
+        z = jnp.where(accept[:, None], z_prop, carry.z)
+        fz = jnp.where(accept[:, None], fz_prop, carry.fz)
         res_prop = jnp.where(finite, diff_norm / (f_norm + residual_floor), big)
         abs_prop = jnp.where(finite, diff_norm, big)
-        res = jnp.where(accept, res_prop, carry["res"])
-        state = config.record(z_prop, fz_prop, state_prop)
+        res = jnp.where(accept, res_prop, carry.res)
+        state = record(z_prop, fz_prop, state_prop)
         if unrolled or config.freeze_state:
             # Rejected and frozen samples never become active again, so their solver state is
             # irrelevant to the result; it is kept finite only when differentiating through the
             # loop (a NaN in an unselected branch would still poison the gradient). A solver with
             # freeze_state (Broyden) also keeps it as it was when the sample stopped: Broyden's is
             # the inverse-Jacobian estimate at that sample's equilibrium that SHINE reuses.
-            state = _where_batch(accept, state, carry["state"])
+            state = _where_batch(accept, state, carry.state)
         # The best iterate is the one closest to convergence in absolute terms: a relative
         # residual also falls when an iterate runs off to infinity (for f = 2z + 1 it tends to
         # 1/2), so it cannot tell a diverging iterate from a converging one.
-        improved = accept & (abs_prop < carry["best_abs"])
-        best_z = jnp.where(improved[:, None], z_prop, carry["best_z"])
-        best_res = jnp.where(improved, res_prop, carry["best_res"])
-        best_abs = jnp.where(improved, abs_prop, carry["best_abs"])
-        extra = {}
+        improved = accept & (abs_prop < carry.best_abs)
+        rates, err, abs_kept = carry.rates, carry.err, carry.abs
+        error = jnp.full_like(res_prop, jnp.inf, dtype=work)
         if error_rule:
-            if ratios:
-                # A stationary iteration (Picard): successive residuals shrink by the contraction rate of the (damped) map,
-                # ||g_k|| / ||g_{k-1}||; over a span of k steps, its k-th root.
-                ratio = abs_prop / carry["abs"]
-                rate = ratio if isinstance(span, int) and span == 1 else ratio ** (1.0 / jnp.asarray(span, work))
-            else:
-                # Accelerated solvers (Anderson, Broyden): their residual ratios measure the
-                # acceleration, not f. The secant quotient ||f(z') - f(z)|| / ||z' - z|| of the last step measures how much
-                # f stretches along it, a lower estimate of f's Lipschitz constant near z*.
-                step_norm = row_norm(jax.lax.stop_gradient(z_prop - z_in))
-                rate = row_norm(jax.lax.stop_gradient(fz_prop - fz_in)) / step_norm
-            rate = jnp.where(finite & jnp.isfinite(rate), rate, jnp.inf).astype(work)
-            if ratios:
-                # Picard's ratios rise towards the rate of its slowest mode as the faster ones die
-                # out: the last few (their maximum, against noise) estimate the rate now.
-                rates = jnp.concatenate([carry["rates"][:, 1:], rate[:, None]], axis=1)
-            else:
-                # An accelerated step moves mostly along directions f stretches little, so a single
-                # quotient underestimates f's rate near z* (up to 6x in the error bound at rate
-                # 0.995, measured): the maximum over every step of the solve is kept.
-                rates = jnp.maximum(carry["rates"], rate[:, None])
-            rates = jnp.where(accept[:, None], rates, carry["rates"])
-            q = jnp.max(rates, axis=1)
-            reliable = q < RATE_LIMIT
-            q_safe = jnp.where(reliable, q, 0.0)
-            # Banach's a-posteriori bounds (Solver.error_bound_factor): Picard returns
-            # z + damping (f(z) - z), within q / (1 - q) of its step from z*; the others return z,
-            # within ||f(z) - z|| / (1 - q).
-            gain = config.error_bound_factor(q_safe)
-            size = jnp.max(jnp.abs(diff), axis=1).astype(work)
-            scale = jnp.maximum(jnp.max(jnp.abs(jax.lax.stop_gradient(fz_prop)), axis=1).astype(work), 1.0)
-            err_prop = jnp.where(reliable & finite, config.safety * gain * size / scale, jnp.inf)
-            meets = jnp.where(reliable, err_prop <= tol, res_prop <= tol)
-            extra = dict(rates=rates, abs=jnp.where(accept, abs_prop, carry["abs"]),
-                         err=jnp.where(accept, err_prop, carry["err"]))
-            measure = jnp.where(reliable, err_prop, -res_prop)
-        else:
-            meets = res_prop <= tol
-            measure = -res_prop
-        if auto:
-            extra["measure"] = jnp.where(accept, measure.astype(work), carry["measure"])
-            extra["span"] = carry["span"]
+            rates, error = rate_and_error(carry, z_in, fz_in, z_prop, fz_prop, diff, abs_prop, finite,
+                                          accept, span)
+            abs_kept = jnp.where(accept, abs_prop, carry.abs)
+            err = jnp.where(accept, error, carry.err)
+        # The convergence test is the solver's (Solver.terminate), per sample.
+        meets = jax.vmap(config.terminate, in_axes=(None, 0, 0))(tol, res_prop, error)
         converged = accept & meets
-        diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry["best_abs"])
-        result = carry["result"]
-        result = jnp.where(active & ~finite, Result.NONFINITE, result)
+        diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry.best_abs)
+        result = jnp.where(active & ~finite, Result.NONFINITE, carry.result)
         result = jnp.where(converged, Result.SUCCESS, result)
         result = jnp.where(diverged, Result.DIVERGED, result).astype(jnp.int32)
-        step = carry["step"] + span
-        steps = carry["steps"] + span * active.astype(jnp.int32)
+        step = carry.step + span
         if isinstance(span, int):
             rows = res[None, :] if span == 1 else jnp.broadcast_to(res[None, :], (span,) + res.shape)
-            trace = jax.lax.dynamic_update_slice(carry["trace"], rows, (step - span + 1, jnp.zeros_like(step)))
+            trace = jax.lax.dynamic_update_slice(carry.trace, rows, (step - span + 1, jnp.zeros_like(step)))
         else:
             # A run of traced length: its rows are written by a mask over the trace (judged steps
             # are few under check_every="auto", so O(max_steps B) per judged step is cheap).
-            index = jnp.arange(carry["trace"].shape[0])[:, None]
-            trace = jnp.where((index > step - span) & (index <= step), res[None, :], carry["trace"])
-        return dict(
+            index = jnp.arange(carry.trace.shape[0])[:, None]
+            trace = jnp.where((index > step - span) & (index <= step), res[None, :], carry.trace)
+        measure = carry.measure
+        if auto:
+            measure = jnp.where(jnp.isfinite(error), error, -res_prop).astype(work)
+            measure = jnp.where(accept, measure, carry.measure)
+        return LoopCarry(
             z=z,
             fz=fz,
             res=res,
-            best_z=best_z,
-            best_res=best_res,
-            best_abs=best_abs,
+            best_z=jnp.where(improved[:, None], z_prop, carry.best_z),
+            best_res=jnp.where(improved, res_prop, carry.best_res),
+            best_abs=jnp.where(improved, abs_prop, carry.best_abs),
             active=active & finite & ~converged & ~diverged,
             result=result,
-            steps=steps,
+            steps=carry.steps + span * active.astype(jnp.int32),
             step=step,
-            nfe=carry["nfe"] + span,
+            nfe=carry.nfe + span,
             trace=trace,
             state=state,
-            **extra,
+            rates=rates,
+            abs=abs_kept,
+            err=err,
+            measure=measure,
+            span=carry.span,
         )
 
     def body(carry):
-        return judged(carry, carry["z"], carry["fz"], carry["state"], 1)
+        return judged(carry, carry.z, carry.fz, carry.state, 1)
 
     def next_span(before, after, span):
         """check_every="auto": the steps until the next judged one. Each active sample's measure
@@ -298,31 +371,29 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         a contraction has only brought closer to z*). Samples without a prediction (a measure that
         did not fall, a switch between residual and error estimate) do not set the run. The run
         is at least 1, at most twice the last one and AUTO_MAX_SPAN, and never passes the limit."""
-        prev, now = before["measure"], after["measure"]
+        prev, now = before.measure, after.measure
         level, level_before = jnp.abs(now), jnp.abs(prev)
         target = jnp.asarray(tol, work)
         decay = (level / level_before) ** (1.0 / span.astype(work))
-        usable = (after["active"] & ((prev < 0) == (now < 0)) & jnp.isfinite(decay) & (decay > 0)
+        usable = (after.active & ((prev < 0) == (now < 0)) & jnp.isfinite(decay) & (decay > 0)
                   & (decay < 1) & (level > target))
         predicted = jnp.ceil(jnp.log(target / jnp.where(usable, level, 1.0))
                              / jnp.log(jnp.where(usable, decay, 0.5)))
         grow = jnp.minimum(2 * span, AUTO_MAX_SPAN).astype(work)
         run = jnp.minimum(jnp.max(jnp.where(usable, predicted, 0.0)), grow)
-        return jnp.clip(run, 1, jnp.maximum(limit - after["step"], 1)).astype(jnp.int32)
+        return jnp.clip(run, 1, jnp.maximum(limit - after.step, 1)).astype(jnp.int32)
 
     def auto_chunk(carry):
-        span = carry["span"]
-        z, fz, state = jax.lax.fori_loop(
-            0, span - 1, lambda _, c: bare(*c), (carry["z"], carry["fz"], carry["state"]))
+        span = carry.span
+        z, fz, state = jax.lax.fori_loop(0, span - 1, lambda _, c: bare(*c), (carry.z, carry.fz, carry.state))
         after = judged(carry, z, fz, state, span)
-        after["span"] = next_span(carry, after, span)
-        return after
+        return after._replace(span=next_span(carry, after, span))
 
     if not auto:
         every = min(every, config.max_steps)
 
     def chunk(carry):
-        z, fz, state = carry["z"], carry["fz"], carry["state"]
+        z, fz, state = carry.z, carry.fz, carry.state
         for _ in range(every - 1):
             z, fz, state = bare(z, fz, state)
         return judged(carry, z, fz, state, every)
@@ -350,41 +421,30 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     else:
         final = carry0
         if auto:
-            final = jax.lax.while_loop(
-                lambda c: jnp.any(c["active"]) & (c["step"] < limit), auto_chunk, final)
+            final = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.step < limit), auto_chunk, final)
         elif every > 1:
             # Whole chunks while they fit, then single judged steps up to max_steps.
-            final = jax.lax.while_loop(
-                lambda c: jnp.any(c["active"]) & (c["step"] + every <= limit), chunk, final)
-
-        def cond(carry):
-            return jnp.any(carry["active"]) & (carry["step"] < limit)
-
-        final = jax.lax.while_loop(cond, body, final)
+            final = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.step + every <= limit), chunk, final)
+        final = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.step < limit), body, final)
 
     # Rows after the last step repeat the final residual, so the trace is finite and plottable.
     rows = jnp.arange(config.max_steps + 1)[:, None]
-    trace = jnp.where(rows <= final["step"], final["trace"], final["res"][None, :])
+    trace = jnp.where(rows <= final.step, final.trace, final.res[None, :])
     # A converged sample was frozen at the iterate that met tol: its value is that iterate (its
     # last z); any other sample returns its finite iterate of smallest absolute residual. In
     # unrolled mode both selections are where()s, so the value stays differentiable.
-    success = final["result"] == Result.SUCCESS
-    value = jnp.where(success[:, None], final["z"], final["best_z"])
+    success = final.result == Result.SUCCESS
+    value = jnp.where(success[:, None], final.z, final.best_z)
     if config.steps_past_convergence:
         # f(z) of the converged iterate is in fz already: one more step costs nothing.
-        stepped, _ = config.propose(final["z"], final["fz"], final["state"])
+        stepped, _ = propose(final.z, final.fz, final.state)
         value = jnp.where(success[:, None], stepped, value)
     stats = dict(
-        steps=final["steps"],
-        nfe=final["nfe"],
+        steps=final.steps,
+        nfe=final.nfe,
         trace=trace,
-        best_res=jnp.where(success, final["res"], final["best_res"]),
-        res=final["res"],
-        err=final["err"] if error_rule else None,
+        best_res=jnp.where(success, final.res, final.best_res),
+        res=final.res,
+        err=final.err if error_rule else None,
     )
-    return value, final["result"], stats, SolverState(final["z"], final["state"])
-
-
-
-def _per_sample_zeros(z):
-    return jnp.zeros_like(z[:, 0], dtype=jnp.int32)
+    return value, final.result, stats, SolverState(final.z, final.state)
