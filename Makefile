@@ -33,13 +33,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs power-analysis medium help
+.PHONY: install test unit unit-all test-profile lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs power-analysis medium help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
 	@echo "make test     every unit test (slow ones too) + every notebook in book/ (outputs written back)"
 	@echo "make unit     quick unit tests: tests/ without the slow ones (about 5 min cold, less warm)"
 	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
+	@echo "make test-profile  every unit test on an empty compilation cache; the programs each compiles,"
+	@echo "              top 20 tests and files by compile work (tests/compile_counter.py)"
 	@echo "make lint     ruff check . (rules in pyproject.toml [tool.ruff])"
 	@echo "make book     build the book into _build/html (-W -n --keep-going)"
 	@echo "make pdf      the whole book as one PDF, _build/pdf/equilibrium.pdf (XeLaTeX; needs: apt-get"
@@ -112,6 +114,19 @@ unit-all: install
 	status=$$?; \
 	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m float64 --durations=15; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
+
+# Where the unit tests' compile work goes (issue 39): every unit test, both precisions, on an empty
+# compilation cache (so that every program counts as compiled), each test's programs and seconds
+# appended to $(REPORTS)/compiles.jsonl by tests/compile_counter.py; then the totals and the top 20
+# tests and files (.ci/test_profile.py).
+PROFILE_CACHE := $(CURDIR)/_build/profile-jax-cache
+test-profile: install
+	@mkdir -p $(REPORTS)
+	rm -rf $(PROFILE_CACHE) $(REPORTS)/compiles.jsonl
+	export JAX_COMPILATION_CACHE_DIR=$(PROFILE_CACHE) DEQLAB_COMPILE_REPORT=$(CURDIR)/$(REPORTS)/compiles.jsonl; \
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m "not float64" -q; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m float64 -q; \
+	$(BIN)/python .ci/test_profile.py $(REPORTS)/compiles.jsonl
 
 lint: install
 	$(BIN)/ruff check .

@@ -111,12 +111,14 @@ def main(argv=None) -> dict:
         (args, steps) that run the solver for exactly that many steps: deqlab's loop (judged at
         every step) and the solver's own steps alone (init, then propose, f, record; one check)."""
         from deqlab import solvers
+        from deqlab.solvers.loop import batched_hooks
 
         solver = solvers.get_solver(name, tol=TOL, max_steps=MAX_STEPS)
+        init, propose, record = batched_hooks(solver)  # the solver's one-sample steps on the batch
 
         def returned(z, fz, history):
             if solver.steps_past_convergence:  # Picard returns one step further: z + damping (f(z) - z)
-                return solver.propose(z, fz, history)[0]
+                return propose(z, fz, history)[0]
             return z
 
         def in_loop(a, k):
@@ -128,12 +130,12 @@ def main(argv=None) -> dict:
         def steps_alone(a, k):
             def step(_, carry):
                 z, fz, history = carry
-                z, history = solver.propose(z, fz, history)
+                z, history = propose(z, fz, history)
                 fz = case.f(z, *a)
-                return z, fz, solver.record(z, fz, history)
+                return z, fz, record(z, fz, history)
 
             fz0 = case.f(case.z0, *a)
-            z, fz, history = jax.lax.fori_loop(0, k, step, (case.z0, fz0, solver.init(case.z0, fz0)))
+            z, fz, history = jax.lax.fori_loop(0, k, step, (case.z0, fz0, init(case.z0, fz0)))
             # the one check an ideal rule makes: each sample's residual norm
             norms = jnp.linalg.norm(fz - z, axis=1)
             return returned(z, fz, history), norms

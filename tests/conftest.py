@@ -33,6 +33,10 @@ matplotlib.use("Agg")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# Programs compiled per test: JUnit properties, DEQLAB_COMPILE_REPORT lines, the compile_counter
+# fixture (tests/compile_counter.py; `make test-profile`).
+pytest_plugins = ["compile_counter"]
+
 try:
     from hypothesis import settings
 except ImportError:  # hypothesis is in the `test` extra; keep plain pytest usable without it

@@ -111,7 +111,7 @@ class Solver:
         >>> sol.converged.tolist()   # per-sample codes and step counts, as for Picard
         [True, True]
         >>> sol.stats.steps.tolist()
-        [30, 30]
+        [20, 20]
         >>> bool(jnp.allclose(sol.value, f(sol.value, 1.0), atol=1e-4))
         True
 

@@ -150,7 +150,41 @@ def batched_hooks(config):
     """
     if config.couples_samples:
         return config.init, config.propose, config.record
-    return jax.vmap(config.init), jax.vmap(config.propose), jax.vmap(config.record)
+    return tuple(_per_sample(hook) for hook in (config.init, config.propose, config.record))
+
+
+def _per_sample(hook):
+    """``jax.vmap(hook)`` over the leading axis of every argument. Under a mesh with explicit
+    axes, ``vmap`` requires every mapped axis to be sharded alike: a state leaf that a solver
+    built from constants (a slot counter) is replicated while the iterates are split over the
+    batch, so such leaves are first resharded like the first argument."""
+    batched = jax.vmap(hook)
+
+    def call(*args):
+        return batched(*_batch_sharded_alike(args))
+
+    return call
+
+
+def _leading_spec(x):
+    """The mesh axes of ``x``'s leading axis under explicit sharding, else None."""
+    try:
+        spec = jax.typeof(x).sharding.spec
+    except (AttributeError, TypeError):  # no sharding in the type (no explicit mesh)
+        return None
+    return spec[0] if len(spec) else None
+
+
+def _batch_sharded_alike(args):
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    spec = _leading_spec(leaves[0]) if leaves else None
+    if spec is None or all(_leading_spec(leaf) == spec for leaf in leaves):
+        return args
+    sharding, pspec = jax.typeof(leaves[0]).sharding, jax.sharding.PartitionSpec
+    leaves = [leaf if _leading_spec(leaf) == spec
+              else jax.sharding.reshard(leaf, sharding.update(spec=pspec(spec, *([None] * (jnp.ndim(leaf) - 1)))))
+              for leaf in leaves]
+    return jax.tree_util.tree_unflatten(tree, leaves)
 
 
 def _where_batch(mask, new, old):
