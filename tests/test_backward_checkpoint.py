@@ -235,11 +235,14 @@ def test_checkpoint_block_sizes():
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "log", "SQRT", [4]])
-def test_bad_checkpoint_is_rejected_naming_the_argument(bad):
-    with pytest.raises(ValueError, match=r"backward\.Unrolled: `checkpoint` must be None.*'sqrt'.*integer >= 1"):
-        Unrolled(checkpoint=bad)
-    with pytest.raises(ValueError, match=r"solve: `checkpoint` must be None"):
-        solve(lambda z: 0.5 * z, jnp.ones(3), unrolled=True, checkpoint=bad)
+def test_bad_checkpoint_is_rejected_naming_the_argument(bad, compile_counter):
+    z0 = np.ones(3, np.float32)
+    with compile_counter() as counted:  # refused before anything is traced or compiled
+        with pytest.raises(ValueError, match=r"backward\.Unrolled: `checkpoint` must be None.*'sqrt'.*integer >= 1"):
+            Unrolled(checkpoint=bad)
+        with pytest.raises(ValueError, match=r"solve: `checkpoint` must be None"):
+            solve(lambda z: 0.5 * z, z0, unrolled=True, checkpoint=bad)
+    assert counted.programs == 0
 
 
 def test_checkpoint_needs_unrolled_and_normalises_integers():

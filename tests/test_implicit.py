@@ -207,16 +207,21 @@ def test_implicit_memory_is_flat_in_iterations_and_unrolled_grows():
         ("fixed_point: `on_failure`", lambda: dict(backward=Unrolled(), on_failure=None)),
     ],
 )
-def test_bad_fixed_point_arguments(argument, kwargs):
-    # The message names the argument as the user wrote it (the object's field, not a flat keyword).
-    with pytest.raises(ValueError, match=argument):
-        fixed_point(lambda z, a: 0.5 * z + a, jnp.zeros(3), jnp.ones(3), **kwargs())
+def test_bad_fixed_point_arguments(argument, kwargs, compile_counter):
+    # The message names the argument as the user wrote it (the object's field, not a flat keyword),
+    # and the error comes before anything is traced or compiled.
+    z0, a = np.zeros(3, np.float32), np.ones(3, np.float32)
+    with compile_counter() as counted, pytest.raises(ValueError, match=argument):
+        fixed_point(lambda z, a: 0.5 * z + a, z0, a, **kwargs())
+    assert counted.programs == 0
 
 
 @pytest.mark.parametrize("argument,kwargs", [("directions", dict(directions=0)), ("eps", dict(eps=-1.0))])
-def test_bad_check_gradients_arguments(argument, kwargs):
-    with pytest.raises(ValueError, match=argument):
-        check_gradients(lambda z, a: 0.5 * z + a, jnp.zeros(3), jnp.ones(3), **kwargs)
+def test_bad_check_gradients_arguments(argument, kwargs, compile_counter):
+    z0, a = np.zeros(3, np.float32), np.ones(3, np.float32)
+    with compile_counter() as counted, pytest.raises(ValueError, match=argument):
+        check_gradients(lambda z, a: 0.5 * z + a, z0, a, **kwargs)
+    assert counted.programs == 0
 
 
 def _contractive_tanh(dtype, n=16, batch=4, seed=30):
