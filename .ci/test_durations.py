@@ -18,7 +18,7 @@ the repository root:
 durations.json only on request: it sets the order in which every CI run hands tests to the workers,
 and on the floor's jaxlib (0.7.2) XLA's CPU compiler has segfaulted depending on what a worker
 compiled before (issue 24: the first table summed over both passes crashed a worker in
-`tests/test_dry_run.py`'s fixture, in the float32 pass of the floor phase). After writing it, run
+`tests/lab/test_dry_run.py`'s fixture, in the float32 pass of the floor phase). After writing it, run
 the floor phase of `.ci/run` before committing it.
 
 The times must be those of `make test` on the 2-core machine from a cold compilation cache: two

@@ -38,7 +38,7 @@ for the GOE, Gumbel for real Ginibre) and with them the probability that the tie
 diverges below ``V_c`` (001 §2.2.3, App. A.3).
 
 Where 001 prints something else, the functions implement what the derivation and the simulations
-in ``tests/test_theory_linear.py`` agree on; Chapter 1 of the book ("Linear DEQs and random matrix
+in ``tests/theory/test_theory_linear.py`` agree on; Chapter 1 of the book ("Linear DEQs and random matrix
 ensembles") lists each discrepancy:
 
 1. 001 Eq. 65-66 and 11 (GOE second moment) drop a factor 2 in the derivative of the Catalan
@@ -779,7 +779,7 @@ def tracy_widom_cdf(s, beta: int = 1):
     For the GOE normalised as in :mod:`deqlab.ensembles` (off-diagonal variance ``1/N``),
     ``N^{2/3} (lambda_max - 2)`` converges in law to ``F_1``.
 
-    Checked in ``tests/test_theory_linear_edge.py`` against the known moments (``F_1``: mean
+    Checked in ``tests/theory/test_theory_linear_edge.py`` against the known moments (``F_1``: mean
     ``-1.2065``, standard deviation ``1.2680``; ``F_2``: mean ``-1.7711``) and against sampled GOE
     largest eigenvalues.
 

@@ -287,11 +287,11 @@ def test_lint_is_ruff_with_the_pyproject_configuration():
 
 @pytest.mark.slow  # a second pytest process, which imports jax (about 5 s)
 def test_pytest_finds_benchmarks_from_any_directory(tmp_path):
-    # pyproject.toml puts the root on sys.path (rootdir-relative), so tests/test_benchmarks_smoke.py
+    # pyproject.toml puts the root on sys.path (rootdir-relative), so tests/library/test_benchmarks_smoke.py
     # imports the `benchmarks` package whatever the working directory.
     assert "." in _pyproject()["tool"]["pytest"]["ini_options"]["pythonpath"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    target = ROOT / "tests" / "test_benchmarks_smoke.py"
+    target = ROOT / "tests" / "library" / "test_benchmarks_smoke.py"
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(target)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,

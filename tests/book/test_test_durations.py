@@ -105,15 +105,15 @@ def test_stored_tables_name_existing_tests():
 def test_conftest_marks_the_measured_slow_tests_so_make_unit_leaves_them_out():
     slow = json.loads((ROOT / "tests" / "slow.json").read_text())
     # a measured test without a mark in its file: test_eager's warm-start matrix (27 s, issue 24)
-    node = next(n for n in slow if n.startswith("tests/test_eager.py::test_warm_start_gradient_matches_cold_start["))
-    source = (ROOT / "tests" / "test_eager.py").read_text()
+    node = next(n for n in slow if n.startswith("tests/library/test_eager.py::test_warm_start_gradient_matches_cold_start["))
+    source = (ROOT / "tests" / "library" / "test_eager.py").read_text()
     assert "@pytest.mark.slow" not in source.split("def test_warm_start_gradient_matches_cold_start")[0][-300:]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS",)}
     listed = {}
     for selection in ("slow", "not slow"):
         res = subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", selection,
-             "tests/test_eager.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+             "tests/library/test_eager.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         listed[selection] = {line.strip() for line in res.stdout.splitlines() if "::" in line}
     assert node in listed["slow"] and node not in listed["not slow"]

@@ -14,7 +14,7 @@ e     relu(z + 0.2)        not a contraction, no fixed point
 f     relu(z)              not a contraction, uncountably many fixed points ([0, inf))
 ====  ===================  =============================================================
 
-Erratum (checked in ``tests/test_kglm_examples.py``): (b) does *not* satisfy Proposition 2 on
+Erratum (checked in ``tests/theory/test_kglm_examples.py``): (b) does *not* satisfy Proposition 2 on
 ``(0, 1)``: ``sup_{(0, 1)} |tanh'| = 1`` (approached at 0), so no ``lambda < 1`` bounds the
 derivative, and ``tanh`` is not a contraction on ``[0, 1]`` (``tanh(z) / z -> 1``). Its fixed point
 0 is unique for another reason (``|tanh z| < |z|`` for ``z != 0``), and plain iteration reaches it

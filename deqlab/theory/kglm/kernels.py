@@ -33,7 +33,7 @@ matrix; :func:`conv_spectral_norm` the exact largest singular value of the circu
 by the FFT method of Sedghi et al. 2018; :func:`zero_padded_conv_norm_bound` an
 upper bound for zero padding.
 
-**Where 004 is loose** (``tests/test_kglm_kernels.py`` checks each claim):
+**Where 004 is loose** (``tests/theory/test_kglm_kernels.py`` checks each claim):
 
 1. App. E says the truncations ``h_1 = 1(|x_1 - x'_1| <= r_1)``, ``h_2`` "each define a PSD
    kernel". They do not: on the points 0, 1, 2 with ``r = 1`` the Gram matrix

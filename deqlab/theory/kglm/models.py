@@ -21,7 +21,7 @@ and the prediction at test points ``X~`` is (004 Eq. 8) ``f*(X~) = V1 (z* + rho(
 ``V1 = -k(X~, X) / lam``, ``V2 = k(X~, X) / lam``. At ``X~ = X`` the prediction is the pre-activation
 itself, ``K alpha* = sigma^{-1}(z*) = W1 z* + W2 T(Y) + W3 rho(z*)`` (004 §3.2, last paragraph).
 
-Notes checked in ``tests/test_kglm.py`` (Chapter 4 of the book lists them as errata):
+Notes checked in ``tests/theory/test_kglm.py`` (Chapter 4 of the book lists them as errata):
 
 1. Eq. 8 needs no Assumption 1. For a positive semi-definite kernel, ``K v = 0`` implies
    ``sum_i v_i psi(x_i) = 0`` and hence ``k(X~, X) v = 0``; ``lam alpha* = T - z* - rho(z*)`` up to

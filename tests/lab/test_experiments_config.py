@@ -53,7 +53,7 @@ def test_pick_is_read_at_call_time(monkeypatch):
     assert pick(quick="q", full="f") == "f"
 
 
-@pytest.mark.parametrize("raw", ["fast", "mediumm", "1"])  # "quick,full": tests/test_probe.py (scale-both)
+@pytest.mark.parametrize("raw", ["fast", "mediumm", "1"])  # "quick,full": tests/library/test_probe.py (scale-both)
 def test_invalid_value_names_variable_and_choices(monkeypatch, raw):
     monkeypatch.setenv(SCALE_ENV, raw)
     with pytest.raises(ValueError) as err:

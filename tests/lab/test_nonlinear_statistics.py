@@ -9,7 +9,7 @@ Tolerances (fixed keys, so every test is deterministic):
 * Spectral radius, Ginibre / orthogonal: the largest ``|eigenvalue|`` at finite ``N`` lies outside
   the limiting disc by the real-Ginibre edge law (``theory.linear.edge_scaling``: centre
   ``1 + sqrt(gamma/4N)``, Gumbel width ``1/sqrt(4 N gamma)``); the measured mean must lie in
-  ``[r - Z se, r (centre + 3 width) + Z se]`` (as in tests/test_meanfield.py).
+  ``[r - Z se, r (centre + 3 width) + Z se]`` (as in tests/theory/test_meanfield.py).
 * Residual after ``T`` steps: at ``0.6`` of the critical scale the predicted ``r`` is ``0.79`` and
   the finite-``N`` radius exceeds it by at most ``centre + 3 width`` (+17% at ``N = 400``),
   ``0.93``, so ``T = 600`` steps shrink the residual by ``< 0.93^600 = 1e-19``: round-off. At 1.3 times the

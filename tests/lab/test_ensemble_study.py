@@ -174,7 +174,7 @@ def _sharded(n):
     # 2.6e-3; with 40, every solve converges and the comparison is of equilibria
     config = dict(TINY, batch_size=8, max_steps=40)
     out = subprocess.run([sys.executable, "-c", _SHARDED, str(n), json.dumps(config)], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

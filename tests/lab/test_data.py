@@ -92,7 +92,7 @@ def test_datasets_listed():
     assert "digits" in DATASETS
 
 
-# An unknown dataset name, test_fraction=0 and seed=1.5: tests/test_probe.py (data rows).
+# An unknown dataset name, test_fraction=0 and seed=1.5: tests/library/test_probe.py (data rows).
 
 
 @pytest.mark.parametrize("split", ["val", "Train", "", None])

@@ -228,7 +228,7 @@ def _two_steps(n_devices, simulated):
     env["JAX_PLATFORMS"] = "cpu"
     env["JAX_ENABLE_X64"] = "0"
     out = subprocess.run([sys.executable, "-c", _TWO_STEPS, str(n_devices)], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -18,7 +18,7 @@ def test_default_and_attainable_tolerances():
     for dtype in (jnp.float64, jnp.float32, jnp.float16, jnp.bfloat16):
         # Every default sits above what its dtype can reach, so a default solve can converge.
         assert precision.default_tol(dtype) > precision.attainable_tol(dtype)
-    # Bad arguments: tests/test_probe.py (default-tol-int, check-precision-unknown).
+    # Bad arguments: tests/library/test_probe.py (default-tol-int, check-precision-unknown).
 
 
 def test_required_precision_follows_the_tolerance():

@@ -129,7 +129,7 @@ def test_dkw_bound_has_its_stated_coverage(n, alpha):
 
 def test_spectral_ks_bound_adds_the_finite_size_allowance():
     assert stats.spectral_ks_bound(600, 200, 1e-6) == pytest.approx(stats.dkw_bound(600, 1e-6) + 1 / 200)
-    # n = 0: tests/test_probe.py (spectral-ks-bound-n-zero)
+    # n = 0: tests/library/test_probe.py (spectral-ks-bound-n-zero)
     with pytest.raises(ValueError, match=r"`n_samples` must be an integer >= 1"):
         stats.spectral_ks_bound(0, 10)
     with pytest.raises(ValueError, match=r"dkw_bound: `alpha` must be a finite real number > 0 and < 1"):

@@ -92,7 +92,7 @@ def test_every_function_validates(fn):
 
 
 def test_other_validation():
-    # power=3, an unknown quantity, terms=0, nodes=0: tests/test_probe.py (theory.linear rows)
+    # power=3, an unknown quantity, terms=0, nodes=0: tests/library/test_probe.py (theory.linear rows)
     with pytest.raises(ValueError, match="scalar"):
         th.power_series("goe", [0.1, 0.2])
     with pytest.raises(ValueError, match="V_c = 0.25"):

@@ -10,7 +10,7 @@ import pytest
 
 from deqlab.lab.experiments import dry_run as dr
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "book" / "_data" / "dry_runs.json"
+DATA = pathlib.Path(__file__).resolve().parents[2] / "book" / "_data" / "dry_runs.json"
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """Tests of the double-scaling universality limits of 002 §5 (chapter 2, page 3).
 
 Covers :class:`deqlab.theory.freeprob.BernoulliLimit` and :class:`~deqlab.theory.freeprob.SmoothLimit`
-beyond tests/test_theory_freeprob.py: edges and atom measured on the computed densities against
+beyond tests/theory/test_theory_freeprob.py: edges and atom measured on the computed densities against
 002 Eq. 34-37, the finite-depth atoms and the rate at which finite-depth spectra approach the
 limits, every density shown on page 3 against simulated networks, and the spreading with Gaussian
-weights. Tolerances follow tests/test_theory_freeprob.py: Kolmogorov-Smirnov distances use the
+weights. Tolerances follow tests/theory/test_theory_freeprob.py: Kolmogorov-Smirnov distances use the
 Dvoretzky-Kiefer-Wolfowitz bound at level 1e-6 plus 1/N; grid errors are stated per test.
 """
 

@@ -3,7 +3,7 @@ sequence cells, baselines, normalisation), stability, data, sweep and checkpoint
 the graders and precision. Every bad call gives a clear error naming the argument, or reports the
 failure; none is silent, none is unclear, none hangs.
 
-The table and its runner are those of ``tests/test_probe.py`` (one row: callable, bad input,
+The table and its runner are those of ``tests/library/test_probe.py`` (one row: callable, bad input,
 expected error type, message regexes naming the argument and the valid range); probes already
 there or in the per-module tests are not repeated.
 """
@@ -26,7 +26,7 @@ from deqlab.lab import data, exercises
 from deqlab.lab.experiments import sweep
 from deqlab.lab.experiments.sequence import ensemble_study
 from deqlab.nn import baselines, normalization, transformer, trellis
-from tests.test_probe import NAN, E, Probe, R, _run
+from tests.library.test_probe import NAN, E, Probe, R, _run
 
 MODULES = ("nn", "nn.normalization", "stability", "data", "sweep", "cli", "exercises", "precision")
 
@@ -214,7 +214,7 @@ def _forever():
 
 @pytest.mark.parametrize("probe", [pytest.param(p, id=p.name) for p in PROBES])
 def test_probe_newer(probe, capsys):
-    """As tests/test_probe.py's runner; the CLI's errors (argparse: ``SystemExit(2)``, the message on
+    """As tests/library/test_probe.py's runner; the CLI's errors (argparse: ``SystemExit(2)``, the message on
     stderr) are read from stderr."""
     if probe.exc is SystemExit:
         with pytest.raises(SystemExit) as info:

@@ -85,7 +85,7 @@ def test_pages_glue_the_stored_commit_with_short_commit():
     # medium.show), so none drops "+dirty".
     import pathlib
 
-    pages = sorted(pathlib.Path(__file__).resolve().parents[1].glob("book/*/*.ipynb"))
+    pages = sorted(pathlib.Path(__file__).resolve().parents[2].glob("book/*/*.ipynb"))
     gluing = [p for p in pages if "_medium_version" in p.read_text()]
     assert len(gluing) >= 3, gluing
     for page in gluing:
