@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
         (args, steps) that run the solver for exactly that many steps: deqlab's loop (judged at
         every step) and the solver's own steps alone (init, then propose, f, record; one check)."""
         from deqlab import solvers
-        from deqlab.solvers.loop import batched_hooks
+        from deqlab.solvers import batched_hooks
 
         solver = solvers.get_solver(name, tol=TOL, max_steps=MAX_STEPS)
         init, propose, record = batched_hooks(solver)  # the solver's one-sample steps on the batch

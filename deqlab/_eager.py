@@ -245,8 +245,8 @@ def cached_call(body: Callable[..., Any], f: Callable[..., Any], inputs: tuple, 
         return _unwrap(_jitted(body, f, static, key, captured, dynamic))
     except _NEEDS_CONCRETE:
         if not outer:
-            _warn_uncached(f, "f needs the concrete values of its arguments (float(arg), NumPy on an argument), "
-                              "which a compiled call cannot give")
+            _warn_uncached(f, "f (or a hook of a solver or backward mode of your own) needs the concrete values of "
+                              "its arguments (float(arg), NumPy on an argument), which a compiled call cannot give")
         return body(f, *inputs, **options)
 
 

@@ -166,6 +166,7 @@ from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden, BroydenState
 from deqlab.solvers.budget import Budget, make_budget
 from deqlab.solvers.flatten import relative_residual
+from deqlab.solvers.loop import batched_hooks
 from deqlab.solvers.picard import Picard
 from deqlab.solvers.registry import get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats, raise_if_failed
@@ -188,6 +189,7 @@ __all__ = [
     "check_problem",
     "raise_if_failed",
     "Solver",
+    "batched_hooks",
     "RATE_ESTIMATES",
     "Picard",
     "Anderson",

@@ -20,13 +20,14 @@ class Anderson(Solver):
     min_alpha ||G alpha||^2 subject to sum(alpha) = 1, where the columns of G are the last ``m``
     residuals g_i = f(z_i) - z_i, then mixes
     z <- damping * sum_i alpha_i f(z_i) + (1 - damping) * sum_i alpha_i z_i.
-    The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G, is computed from the Jacobi-scaled
-    matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual relative to its
-    own norm, so it stays scale free while the residuals shrink by orders of magnitude.
-    H is kept up to date one row per step, in at least float32 (half-precision iterates work: the
-    m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample (f(z_i) and
-    g_i) and the m x m matrix H, whatever ``max_steps`` is. Each sample's mixing is its own (the
-    loop applies the step to every sample with ``jax.vmap``).
+    The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G (the residuals' Gram matrix; the code
+    stores them as the rows of an (m, D) array, so it computes it as G G^T), is computed from the
+    Jacobi-scaled matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual
+    relative to its own norm, so it stays scale free while the residuals shrink by orders of
+    magnitude. H is kept up to date one row per step, in at least float32 (half-precision iterates
+    work: the m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample
+    (f(z_i) and g_i) and the m x m matrix H, whatever ``max_steps`` is. Each sample's mixing is its
+    own (the loop applies the step to every sample with ``jax.vmap``).
 
     Attributes:
         m: history size (>= 1; m = 1 is damped Picard).
@@ -75,7 +76,7 @@ class Anderson(Solver):
         fs, gs, gram, count = state
         m = self.m
         work = gram.dtype
-        # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H = G G^T, SPD). H is
+        # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H the Gram matrix). H is
         # solved in Jacobi-scaled form D^-1/2 H D^-1/2 + ridge I (D = diag H): the residuals of a
         # converging iteration span orders of magnitude, and a ridge relative to their mean norm
         # would swamp the newest (smallest) ones and stall the acceleration.

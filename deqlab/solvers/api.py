@@ -182,6 +182,15 @@ def _solve_traced(f, z0, args, init_state, budget, config, *, batch_axis, unroll
             raise ValueError(
                 f"`init_state` holds the history of another solver than {type(config).__name__}."
             )
+        for (path, leaf), want in zip(jax.tree_util.tree_leaves_with_path(init_state.history),
+                                      jax.tree_util.tree_leaves(expected)):
+            if jnp.shape(leaf) != want.shape or jnp.result_type(leaf) != want.dtype:
+                raise ValueError(
+                    f"`init_state.history{jax.tree_util.keystr(path)}` has shape {jnp.shape(leaf)} and dtype "
+                    f"{jnp.result_type(leaf)}, but {type(config).__name__} with these settings keeps shape "
+                    f"{want.shape} and dtype {want.dtype} (another history size `m`, batch or dtype, or a "
+                    "state saved by deqlab < 0.9, whose solvers shared counters across the batch)."
+                )
         z0_flat, history = init_state.z.astype(z0_flat.dtype), init_state.history
     step_limit, tol = limits(budget, config, resolved_tol, flattener.dtype)
     value, result, stats, state = _run(config, tol, func, z0_flat, unrolled, history, checkpoint, step_limit)

@@ -177,7 +177,9 @@ class Solver:
     #: that sample's state, and the loop batches them with ``jax.vmap``. True: they see the whole
     #: batch, ``(B, D)`` rows and a state whose per-sample leaves have a leading axis B, for a
     #: solver that couples samples on purpose (a step size shared by the batch, say); the loop
-    #: still judges and freezes each sample on its own.
+    #: still judges each sample on its own. Such a solver's 0-d state leaves are shared by the
+    #: batch and never frozen (:attr:`freeze_state` and unrolled solves freeze the per-sample
+    #: leaves only), so they keep counting while any sample iterates.
     couples_samples: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
@@ -333,10 +335,14 @@ class Solver:
         """Whether one sample's judged iterate has converged: the loop's convergence test
         (optional hook; the default is the ``stop`` rule of :mod:`deqlab.solvers`).
 
-        Called for every judged step (per sample, under ``jax.vmap``) on an iterate whose
-        residual is finite; a sample that terminates stops with ``Result.SUCCESS`` and returns
-        that iterate (one more proposal from it with :attr:`steps_past_convergence`). The loop
-        still applies the divergence, non-finite and step-limit checks.
+        Called at the start (for ``z0``) and at every judged step, per sample under ``jax.vmap``,
+        for every sample of the batch: the loop uses the answer only for samples still iterating
+        whose iterate is finite (a non-finite one arrives with the largest float as its residual).
+        A sample that terminates stops with ``Result.SUCCESS`` and returns that iterate (one more
+        proposal from it with :attr:`steps_past_convergence`). The loop still applies the
+        divergence, non-finite and step-limit checks. ``check_every="auto"`` predicts its next
+        judged step from the ``stop`` rule's measure, not from this method: a solver overriding
+        it may be judged later than it could have stopped (its steps are counted).
 
         Args:
             tol: the solve's tolerance (a Python float or a traced scalar).
@@ -347,7 +353,12 @@ class Solver:
                 exists; always ``inf`` with ``stop="residual"``.
 
         Returns:
-            A boolean scalar.
+            A boolean scalar, computed with ``jnp`` operations (no Python ``if`` on the
+            arguments: they are traced).
+
+        Raises:
+            TypeError: raised by the solve when the method returns anything but one boolean per
+                sample, or branches in Python on its arguments (the message names the method).
 
         Example:
             A solver that stops on the residual alone whatever ``stop`` says:

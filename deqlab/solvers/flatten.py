@@ -154,17 +154,18 @@ class Flattener:
 
 
 def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
-    """Relative residual of each row of ``(B, D)`` arrays, the tolerance rule of every solver.
+    """Relative residual of each row (the last axis) of ``(B, D)`` or ``(D,)`` arrays, the
+    tolerance rule of every solver.
 
     ``||f(z) - z|| / (||f(z)|| + eps sqrt(D))`` per row (:mod:`deqlab.solvers`), accumulated in at
     least float32 and never differentiated (it only decides).
 
     Args:
-        fz: ``f(z)``, shape ``(B, D)``.
-        z: the iterates, shape ``(B, D)``.
+        fz: ``f(z)``, shape ``(B, D)`` (or one ``(D,)`` row).
+        z: the iterates, the same shape.
 
     Returns:
-        Shape ``(B,)``, in at least float32.
+        Shape ``(B,)`` (a scalar for one row), in at least float32.
 
     Example:
         >>> import jax.numpy as jnp
@@ -182,14 +183,16 @@ def relative_residual(fz: jax.Array, z: jax.Array) -> jax.Array:
 
 
 def row_norm(x: jax.Array) -> jax.Array:
-    """2-norm of each row of a ``(B, D)`` array, accumulated in at least float32: the per-sample
-    norm of every solver and of the loop.
+    """2-norm of each row (the last axis) of an array, accumulated in at least float32: the
+    per-sample norm of every solver and of the loop.
 
     Args:
-        x: shape ``(B, D)``, any floating dtype.
+        x: shape ``(..., D)``: ``(B, D)`` rows in the loop, one ``(D,)`` row in a solver's hooks;
+            any floating dtype.
 
     Returns:
-        Shape ``(B,)``, in the working dtype of ``x`` (float32 for 16-bit inputs).
+        Shape ``(...)`` (``(B,)`` or a scalar), in the working dtype of ``x`` (float32 for 16-bit
+        inputs).
 
     Example:
         >>> import jax.numpy as jnp

@@ -132,7 +132,9 @@ def batched_hooks(config):
 
     A solver's hooks see one sample (a ``(D,)`` row and that sample's state), and ``jax.vmap``
     applies them to every sample at once, so no sample's step depends on another's. A solver
-    with :attr:`~deqlab.solvers.Solver.couples_samples` sees the whole batch instead.
+    with :attr:`~deqlab.solvers.Solver.couples_samples` sees the whole batch instead. These are
+    what the shared loop calls; use them to run a solver's steps outside it (as
+    ``benchmarks/stopping.py`` does to time the steps alone).
 
     Args:
         config: a :class:`~deqlab.solvers.Solver`.
@@ -142,7 +144,7 @@ def batched_hooks(config):
 
     Example:
         >>> import jax.numpy as jnp, deqlab
-        >>> from deqlab.solvers.loop import batched_hooks
+        >>> from deqlab.solvers import batched_hooks
         >>> init, propose, record = batched_hooks(deqlab.Anderson(m=3))
         >>> z = jnp.zeros((4, 2))
         >>> [leaf.shape for leaf in init(z, z + 1.0)]   # each sample's history, stacked
@@ -161,7 +163,13 @@ def _per_sample(hook):
     batched = jax.vmap(hook)
 
     def call(*args):
-        return batched(*_batch_sharded_alike(args))
+        try:
+            return batched(*_batch_sharded_alike(args))
+        except (TypeError, ValueError, IndexError) as err:
+            err.add_note(f"deqlab: {getattr(hook, '__qualname__', hook)} ran on one sample's flattened (D,) row "
+                         "under jax.vmap: since deqlab 0.9 a Solver's init/propose/record are written for one "
+                         "sample (a solver written for (B, D) rows sets couples_samples = True).")
+            raise
 
     return call
 
@@ -185,6 +193,25 @@ def _batch_sharded_alike(args):
               else jax.sharding.reshard(leaf, sharding.update(spec=pspec(spec, *([None] * (jnp.ndim(leaf) - 1)))))
               for leaf in leaves]
     return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+def _checked_terminate(config, tol, residual, error):
+    """``config.terminate`` applied to every sample (``vmap``), after checking once, abstractly,
+    that it returns one boolean per sample: a mistake there is named, not left to a broadcasting
+    error deep in the loop."""
+    per_sample = jax.vmap(config.terminate, in_axes=(None, 0, 0))
+    try:
+        out = jax.eval_shape(per_sample, tol, residual, error)
+    except jax.errors.ConcretizationTypeError as err:
+        raise TypeError(f"{type(config).__name__}.terminate(tol, residual, error) must be written with "
+                        "jnp operations on its (traced) arguments, not Python `if`/`bool()`: "
+                        f"{type(err).__name__}") from err
+    if not (hasattr(out, "shape") and out.shape == residual.shape and out.dtype == jnp.bool_):
+        got = (f"dtype {out.dtype}, shape {out.shape[1:]}" if hasattr(out, "shape")
+               else type(out).__name__)
+        raise TypeError(f"{type(config).__name__}.terminate(tol, residual, error) must return one boolean "
+                        f"scalar per sample (e.g. `residual <= tol`), got {got}.")
+    return per_sample
 
 
 def _where_batch(mask, new, old):
@@ -230,8 +257,11 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     finite0 = jnp.all(jnp.isfinite(fz0), axis=1)
     res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), big)
     abs0 = jnp.where(finite0, row_norm(jax.lax.stop_gradient(fz0 - z0_flat)), big)
+    no_error = jnp.full_like(res0, jnp.inf, dtype=work)  # no error estimate before the first step
+    terminate = _checked_terminate(config, tol, res0, no_error)
     result0 = jnp.where(
-        ~finite0, Result.NONFINITE, jnp.where(res0 <= tol, Result.SUCCESS, Result.MAX_STEPS_REACHED)
+        ~finite0, Result.NONFINITE, jnp.where(terminate(tol, res0, no_error), Result.SUCCESS,
+                                              Result.MAX_STEPS_REACHED)
     ).astype(jnp.int32)
     fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
     every = 1 if unrolled else config.check_every
@@ -256,10 +286,11 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         # decides) or their running maximum, the absolute residual of the accepted iterate
         # (Picard's rate is a ratio of two of them) and the error estimate of the value the
         # sample would return.
-        rates=(jnp.full(res0.shape + (RATE_WINDOW,), jnp.inf, work) if ratios
-               else jnp.zeros(res0.shape + (1,), work)),
+        # (Built from res0, not from constants, so that they are split over the batch like it
+        # under an explicit mesh.)
+        rates=(jnp.repeat(no_error[:, None], RATE_WINDOW, axis=1) if ratios else jnp.zeros_like(no_error)[:, None]),
         abs=abs0,
-        err=jnp.full(res0.shape, jnp.inf, work),
+        err=no_error,
         # check_every="auto": what each sample compares with tol at its last judged step (the
         # error estimate where it is reliable, else the relative residual; negative for the
         # residual, so that a switch between the two is never read as a decay), and the length of
@@ -352,7 +383,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             abs_kept = jnp.where(accept, abs_prop, carry.abs)
             err = jnp.where(accept, error, carry.err)
         # The convergence test is the solver's (Solver.terminate), per sample.
-        meets = jax.vmap(config.terminate, in_axes=(None, 0, 0))(tol, res_prop, error)
+        meets = terminate(tol, res_prop, error)
         converged = accept & meets
         diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry.best_abs)
         result = jnp.where(active & ~finite, Result.NONFINITE, carry.result)

@@ -60,7 +60,8 @@ class SolverState(NamedTuple):
 
     Attributes:
         z: the last accepted iterate of each sample, flattened to ``(B, D)`` rows.
-        history: the solver's state (:meth:`Solver.init`), e.g. a :class:`BroydenState`.
+        history: the solver's state (:meth:`Solver.init`, e.g. a :class:`BroydenState`): each
+            sample's state, stacked along a leading batch axis B (B = 1 without ``batch_axis``).
 
     Example:
         >>> import jax.numpy as jnp, deqlab

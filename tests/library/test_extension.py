@@ -107,6 +107,56 @@ def test_hooks_see_one_sample_unless_the_solver_couples_samples():
         assert bool(sol.converged.all())
 
 
+class Strict(deqlab.Picard):
+    """Converged only at a hundredth of tol."""
+
+    def terminate(self, tol, residual, error):
+        return residual <= tol / 100
+
+
+class ReturnsResidual(deqlab.Picard):
+    def terminate(self, tol, residual, error):
+        return residual
+
+
+class BranchesInPython(deqlab.Picard):
+    def terminate(self, tol, residual, error):
+        return bool(residual <= tol)
+
+
+class BatchWritten(deqlab.Solver):
+    """A solver written for (B, D) rows, as before deqlab 0.9."""
+
+    def init(self, z, fz):
+        return ()
+
+    def propose(self, z, fz, state):
+        return fz / jnp.linalg.norm(fz, axis=1, keepdims=True), state
+
+
+def test_terminate_decides_from_the_start_and_its_mistakes_are_named():
+    """A custom terminate is the test at z0 too (a start within tol but not within tol / 100 takes
+    a step); a terminate returning floats or branching in Python, a warm start from another
+    history size and a solver written for (B, D) rows get messages naming the culprit."""
+    x = jnp.ones((2, 3))
+    f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
+    near = deqlab.solve(f, jnp.zeros((2, 3)), x, solver=deqlab.Picard(tol=1e-5), batch_axis=0)
+    start = near.value * (1 + 1e-6)  # relative residual ~1e-7..1e-6: within tol, not tol / 100
+    assert int(deqlab.solve(f, start, x, solver=deqlab.Picard(tol=1e-5), batch_axis=0).stats.steps.max()) == 0
+    strict = deqlab.solve(f, start, x, solver=Strict(tol=1e-5), batch_axis=0, on_failure="ignore")
+    assert np.all(np.asarray(strict.stats.steps) >= 1)
+    with pytest.raises(TypeError, match=r"ReturnsResidual.terminate.*one boolean scalar per sample.*float32"):
+        deqlab.solve(f, jnp.zeros((2, 3)), x, solver=ReturnsResidual(), batch_axis=0)
+    with pytest.raises(TypeError, match=r"BranchesInPython.terminate.*not Python `if`"):
+        deqlab.solve(f, jnp.zeros((2, 3)), x, solver=BranchesInPython(), batch_axis=0)
+    small = deqlab.solve(f, jnp.zeros((2, 3)), x, solver=deqlab.Anderson(m=3), batch_axis=0)
+    with pytest.raises(ValueError, match=r"`init_state.history\[0\]` has shape \(2, 3, 3\).*\(2, 5, 3\)"):
+        deqlab.solve(f, jnp.zeros((2, 3)), x, solver=deqlab.Anderson(m=5), batch_axis=0, init_state=small.state)
+    with pytest.raises(ValueError) as raised:
+        deqlab.solve(f, jnp.zeros((2, 3)), x, solver=BatchWritten(), batch_axis=0)
+    assert "couples_samples = True" in "".join(getattr(raised.value, "__notes__", []))
+
+
 def test_a_hard_neighbour_changes_nothing_for_a_sample():
     """Anderson's mixing is each sample's own: sample 0 takes the same steps to the same value
     alone and beside a slowly contracting sample (elementwise f: no batched product's rounding)."""

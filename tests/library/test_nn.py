@@ -132,6 +132,14 @@ SHARDED_SCRIPT = textwrap.dedent(
     sharded_grads = nnx.jit(nnx.grad(loss))(layer, sharded_x)
     for a, b in zip(jax.tree_util.tree_leaves(sharded_grads), jax.tree_util.tree_leaves(grads)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    # The solvers' per-sample hooks (vmap) and the error rule's carry under the explicit mesh:
+    # every state and rate leaf split over the batch like the iterates.
+    import deqlab
+    f = lambda z, x: 0.5 * jnp.tanh(z) + x
+    for solver in (deqlab.Picard(stop="error"), deqlab.Anderson(stop="error"), deqlab.Broyden(stop="error")):
+        sol = jax.jit(lambda x, s=solver: deqlab.solve(f, jnp.zeros_like(x), x, solver=s, batch_axis=0))(sharded_x)
+        assert bool(sol.converged.all()), type(solver).__name__
+        assert len(sol.value.sharding.device_set) == 8
     print("OK", len(z.sharding.device_set))
     """
 )
