@@ -392,7 +392,10 @@ def _token_ids(tokens: Any, vocab_size: int, name: str, where: str) -> jax.Array
         raise checks.fail(name, "integer token ids of shape (batch, T)",
                           f"{tokens.dtype} of shape {tuple(tokens.shape)}", where)
     if not checks.is_traced(tokens) and tokens.size:
-        lo, hi = int(jnp.min(tokens)), int(jnp.max(tokens))
+        # NumPy on the concrete ids: jnp.min would be staged (a tracer) when a jitted function
+        # closes over them, and would compile two programs per eager call.
+        ids = np.asarray(tokens)
+        lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
             raise checks.fail(name, f"token ids in [0, vocab_size) = [0, {vocab_size})", f"an id {bad}", where)

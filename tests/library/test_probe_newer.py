@@ -54,6 +54,12 @@ def _traced_lm_logits(*ids):
     return nnx.jit(lambda m, t: m(t)[0])(_lm(), _tokens(*ids))
 
 
+def _closed_over_lm_logits(*ids):
+    """The LanguageModel under jit with the ids closed over (concrete: they can be checked)."""
+    tokens = _tokens(*ids)
+    return nnx.jit(lambda m: m(tokens)[0])(_lm())
+
+
 def _dense():
     return nnx.Linear(3, 3, rngs=_rngs())
 
@@ -80,6 +86,7 @@ PROBES: list[Probe] = [
     # ----------------------------------------------------------------------------- nn (lm, cells, baselines)
     E("lm-token-negative", "nn", lambda: _lm()(_tokens(0, -1)), "tokens", valid=r"in \[0, vocab_size\) = \[0, 5\)"),
     E("lm-token-at-vocab-size", "nn", lambda: _lm()(_tokens(0, 5)), "tokens", valid=r"\[0, 5\)"),
+    E("lm-token-closed-over-by-jit", "nn", lambda: _closed_over_lm_logits(0, 7), "tokens", valid=r"\[0, 5\)"),
     R("lm-token-out-of-range-under-jit", "nn", lambda: _traced_lm_logits(0, -1),
       check=lambda logits: bool(jnp.all(jnp.isnan(logits[0, 1]))) and bool(jnp.all(jnp.isfinite(logits[0, 0])))),
     E("lm-tokens-list-of-floats", "nn", lambda: _lm()([[0.5, 1.0]]), "tokens", valid=r"integer token ids"),
