@@ -47,8 +47,8 @@ a sample whose forward solve failed (its value, hence its gradient, is not the e
 a sample whose adjoint solve failed (its gradient is inexact). ``"warn"`` (default) issues a
 :class:`BackwardWarning` for a forward solve called eagerly; inside ``jit`` or a gradient it adds
 nothing to the program, and ``Solution.result`` records the forward solve only. **The adjoint
-solve always runs inside a gradient's program, so with ``"warn"`` its failures are reported
-nowhere**: train with ``"callback"`` (a warning from inside the program) or ``"nan"`` (a failed
+solve always runs inside a gradient's program**, so with ``"warn"`` its failures are reported
+nowhere: train with ``"callback"`` (a warning from inside the program) or ``"nan"`` (a failed
 adjoint makes the gradient NaN) where they matter, or watch the adjoint with
 :func:`check_gradients` / :func:`adjoint_solve`. ``"nan"`` makes the failed samples' values NaN
 with no gradient through them (a loss on the value masked by ``converged`` trains on the others);
