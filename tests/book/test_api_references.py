@@ -146,7 +146,10 @@ def test_the_check_can_fail():
     for kind, target in [("func", "deqlab.solve"), ("class", "deqlab.solvers.NoSuchSolver"),
                          ("meth", "deqlab.solvers.Broyden.no_such_method"), ("mod", "deqlab.solvers.loop")]:
         assert not resolves(kind, target, modules), target
-    # deqlab.backward's docstring before the site check caught it: a literal inside bold
+
+
+def test_the_backtick_check_can_fail():
+    """deqlab.backward's docstring before the site check caught it: a literal inside bold."""
     broken = "**The adjoint solve always runs inside a gradient, so with ``\"warn\"`` it is lost**."
     import deqlab.backward
     original = deqlab.backward.__doc__
