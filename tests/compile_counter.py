@@ -97,14 +97,29 @@ def compile_counter():
     return count
 
 
+def _since_start(item) -> tuple[int, int, float]:
+    before, after = item.stash[_START][0], TALLY.snapshot()
+    return after[0] - before[0], after[1] - before[1], after[2] - before[2]
+
+
+_START = pytest.StashKey[tuple]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Before the teardown report is made, so that the properties are in it (and in the JUnit XML).
+    if call.when == "teardown" and _START in item.stash:
+        programs, hits, compile_seconds = _since_start(item)
+        item.user_properties.extend([("compiles", programs), ("cache_hits", hits),
+                                     ("compile_seconds", round(compile_seconds, 3))])
+    yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    before, start = TALLY.snapshot(), time.perf_counter()
+    item.stash[_START] = (TALLY.snapshot(), time.perf_counter())
     yield
-    after, seconds = TALLY.snapshot(), time.perf_counter() - start
-    programs, hits, compile_seconds = (after[0] - before[0], after[1] - before[1], after[2] - before[2])
-    item.user_properties.extend([("compiles", programs), ("cache_hits", hits),
-                                 ("compile_seconds", round(compile_seconds, 3))])
+    (programs, hits, compile_seconds), seconds = _since_start(item), time.perf_counter() - item.stash[_START][1]
     path = os.environ.get("DEQLAB_COMPILE_REPORT")
     if path:
         line = json.dumps(dict(nodeid=item.nodeid, compiles=programs, cache_hits=hits,

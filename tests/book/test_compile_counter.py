@@ -59,3 +59,26 @@ def test_the_profile_refuses_an_empty_or_missing_report(tmp_path, capsys):
     assert "holds no test line" in err and "cannot read" in err
     with pytest.raises(SystemExit):
         profile.main([str(empty), "--top", "0"])
+
+
+def test_the_counts_reach_the_junit_report(tmp_path):
+    """The properties are added before the teardown report is made, so `make test`'s JUnit XML
+    holds them (appended after the run, they would reach no report)."""
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    (tmp_path / "test_tiny.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def test_compiles_one():\n"
+        "    x = jnp.ones(5)\n"
+        "    jax.jit(lambda v: v * 3 + 1)(x).block_until_ready()\n", encoding="utf-8")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("PYTEST_ADDOPTS", "DEQLAB_COMPILE_REPORT")}
+    env["PYTHONPATH"] = str(ROOT / "tests")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "compile_counter", "-p", "no:cacheprovider",
+                          "--junitxml", str(tmp_path / "report.xml"), str(tmp_path / "test_tiny.py")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    properties = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "report.xml").iter("property")}
+    assert int(properties["compiles"]) >= 2  # jnp.ones and the jitted lambda
+    assert set(properties) == {"compiles", "cache_hits", "compile_seconds"}
