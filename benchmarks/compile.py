@@ -15,8 +15,9 @@ For each program, in one process:
 for the Picard solve (deqlab's ``solve(..., solver="picard", batch_axis=0)``; optimistix's
 ``fixed_point`` with ``FixedPointIteration`` under ``jax.vmap``, its way of batching), the Anderson
 solve (deqlab only: optimistix has none), and ``jax.grad`` of L = sum(z*^2) with respect to W
-through ``deqlab.fixed_point`` (Anderson forward, implicit backward: the defaults) and through
-optimistix's ``fixed_point`` with its default ``ImplicitAdjoint``. The ratio column is against
+through ``deqlab.fixed_point`` (Anderson forward, implicit backward: the defaults; and, like for
+like with optimistix, Picard forward and its Picard adjoint solve) and through optimistix's
+``fixed_point`` (Picard) with its default ``ImplicitAdjoint`` (lineax's dense solve). The ratio column is against
 optimistix's Picard solve (solves) or optimistix's gradient (gradient).
 
 Then the per-call time of a jitted default solve against the same solve with
@@ -93,12 +94,15 @@ def deqlab_programs(batch: int, width: int):
     def anderson_solve(w, x):
         return deqlab.solve(_tanh_map, z0, w, x, solver=anderson, batch_axis=0).value
 
-    def gradient(w, x):
-        loss = lambda w: jnp.sum(deqlab.fixed_point(_tanh_map, z0, w, x, solver=anderson,  # noqa: E731
+    def gradient(w, x, solver=anderson):
+        loss = lambda w: jnp.sum(deqlab.fixed_point(_tanh_map, z0, w, x, solver=solver,  # noqa: E731
                                                     batch_axis=0).value ** 2)
         return jax.grad(loss)(w)
 
-    return picard_solve, anderson_solve, gradient
+    def picard_gradient(w, x):
+        return gradient(w, x, solver=picard)
+
+    return picard_solve, anderson_solve, gradient, picard_gradient
 
 
 def optimistix_programs(optx, width: int):
@@ -159,10 +163,11 @@ def main(argv=None) -> dict:
         peers = common.load_peers(args.no_peers)
         w, x = _problem(batch, width)
         rows = {}
-        picard_solve, anderson_solve, gradient = deqlab_programs(batch, width)
+        picard_solve, anderson_solve, gradient, picard_gradient = deqlab_programs(batch, width)
         rows["deqlab Picard solve"] = compile_stats(picard_solve, (w, x), repeats)
         rows["deqlab Anderson solve"] = compile_stats(anderson_solve, (w, x), repeats)
         rows["deqlab grad(fixed_point)"] = compile_stats(gradient, (w, x), repeats)
+        rows["deqlab grad, Picard both ways"] = compile_stats(picard_gradient, (w, x), repeats)
         if peers.optimistix is not None:
             o_solve, o_grad = optimistix_programs(peers.optimistix, width)
             rows["optimistix Picard solve"] = compile_stats(o_solve, (w, x), repeats)
@@ -184,7 +189,8 @@ def main(argv=None) -> dict:
             headline += f" ('callback' {calls['callback'] / calls['ignore']:.2f}x)"
         if base_solve and base_grad:
             headline += (f"; Picard {rows['deqlab Picard solve'][0] / base_solve[0]:.2f}x optimistix's HLO, "
-                         f"grad {rows['deqlab grad(fixed_point)'][0] / base_grad[0]:.2f}x, "
+                         f"grad {rows['deqlab grad(fixed_point)'][0] / base_grad[0]:.2f}x "
+                         f"(Picard both ways {rows['deqlab grad, Picard both ways'][0] / base_grad[0]:.2f}x), "
                          f"Anderson {rows['deqlab Anderson solve'][0] / base_solve[0]:.2f}x its Picard")
         print(headline)
     return {"rows": rows, "calls": calls}

@@ -369,3 +369,39 @@ def seed_list(value: Any, name: str = "seeds", where: str | None = None) -> list
     if len(set(seeds)) != len(seeds):
         raise fail(name, "distinct integers", value, where)
     return seeds
+
+
+def missing_methods(cls: type, base: str, signatures: dict[str, str]) -> TypeError | None:
+    """The ``TypeError`` for instantiating ``cls`` while it leaves abstract methods undefined
+    (``abc``), naming them with their signatures; None when it defines them all.
+
+    The one check behind :class:`deqlab.Solver`, :class:`deqlab.backward.Backward` and
+    :class:`deqlab.backward.LinearSolver` (their ``__new__``), whose required methods are
+    ``abc.abstractmethod``: the message says what to write, where Python's says only what is
+    missing.
+
+    Args:
+        cls: the class being instantiated.
+        base: the base class's public name, for the message.
+        signatures: each abstract method's signature as the message shows it.
+
+    Returns:
+        The error (raise it), or None.
+
+    Example:
+        >>> import abc
+        >>> from deqlab.checks import missing_methods
+        >>> class Base(abc.ABC):
+        ...     @abc.abstractmethod
+        ...     def step(self, x): ...
+        >>> print(missing_methods(Base, "Base", {"step": "step(self, x) -> y"}))
+        Base cannot be instantiated: a Base subclass must define step(self, x) -> y; Base does not define `step`.
+    """
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if not missing:
+        return None
+    return TypeError(
+        f"{cls.__name__} cannot be instantiated: a {base} subclass must define "
+        + " and ".join(signatures.get(name, name) for name in missing)
+        + f"; {cls.__name__} does not define " + " or ".join(f"`{name}`" for name in missing) + "."
+    )

@@ -14,6 +14,9 @@ ever formed.
 Backward modes of :func:`fixed_point` are objects, like the forward solvers (the strings
 ``"implicit"``, ``"unrolled"``, ``"phantom"`` are shortcuts for their defaults). Each is a
 subclass of :class:`Backward` that defines ``solve(problem)``, and so can be a mode of your own;
+the modes that approximate the implicit derivative's linear solves (:class:`Implicit`,
+:class:`SHINE`, a truncated Neumann series of one's own) share one custom-derivative rule,
+:class:`ImplicitRule`, and define only how they apply ``(I - J^T)^-1`` (and ``(I - J)^-1``);
 the adjoint linear solver is an object too (:class:`GMRES`, a :class:`LinearSolver`; the string
 ``"gmres"`` is its alias). All are pytrees, their ``float`` settings leaves and the others static,
 as solvers are:
@@ -60,7 +63,7 @@ silently zero); ``"callback"`` warns from a host callback inside compiled progra
 # Failures are reported rather than returned as a zero adjoint, which jaxopt's backward linear
 # solve does when it fails (google/jaxopt issue 466).
 #
-# The package is one module per idea: base.py (Problem, Backward, failure reports), linear.py
+# The package is one module per idea: base.py (Problem, Backward, failure reports), rule.py (the implicit family's shared rule), linear.py
 # (adjoint linear solvers), adjoint.py (adjoint_solve), one module per backward mode (implicit.py,
 # unrolled.py, phantom.py, shine.py), registry.py (modes by name), api.py (fixed_point) and
 # check.py (check_gradients).
@@ -75,6 +78,7 @@ from deqlab.backward.implicit import Implicit
 from deqlab.backward.linear import GMRES, LinearSolver, get_adjoint_solver
 from deqlab.backward.phantom import JacobianFree, Phantom
 from deqlab.backward.registry import get_backward
+from deqlab.backward.rule import ImplicitRule
 from deqlab.backward.shine import SHINE
 from deqlab.backward.unrolled import Unrolled
 from deqlab.failures import FAILURE_POLICIES
@@ -97,6 +101,7 @@ __all__ = [
     "GMRES",
     "LINEAR_SOLVERS",
     "get_adjoint_solver",
+    "ImplicitRule",
     "Implicit",
     "Unrolled",
     "Phantom",

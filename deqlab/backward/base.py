@@ -3,6 +3,7 @@ base class, and how failures of the solves behind a gradient are reported."""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable, ClassVar
 
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.failures import SolverWarning, signal
 from deqlab.solvers import Solution, Solver, solve
@@ -119,9 +121,71 @@ class Problem:
         return solve(self.f, z0, *args, solver=solver, batch_axis=self.batch_axis,
                      precision=self.precision, init_state=init_state, budget=budget, **options)
 
+    def jacobian_at(self, z_star: Any, level: Any = None) -> Callable[[Any], Any]:
+        """The linear map ``v -> J_f(z*) v`` (Jacobian-vector products of f in z at ``args``).
+
+        Each call is one ``jax.jvp`` of f (nothing of f is stored between calls).
+
+        Args:
+            z_star: the point, a pytree shaped like ``z0`` (usually ``Solution.value``).
+            level: the matmul precision of the products (None: :attr:`level`).
+
+        Returns:
+            A function of a pytree ``v`` shaped like ``z_star``, returning ``J_f(z*) v``.
+
+        Example:
+            >>> import jax.numpy as jnp, deqlab
+            >>> from deqlab.backward import Problem
+            >>> problem = Problem(f=lambda z, w: w * z, z0=jnp.zeros(2), args=(3.0,),
+            ...                   solver=deqlab.Picard(), batch_axis=None, precision=None,
+            ...                   init_state=None, tol=1e-5, dtype=jnp.float32)
+            >>> problem.jacobian_at(jnp.ones(2))(jnp.array([1.0, 2.0])).tolist()
+            [3.0, 6.0]
+        """
+        f, args = self.f, self.args
+        level = self.level if level is None else level
+
+        def apply(v):
+            with precision_module.matmul_precision(level):
+                return jax.jvp(lambda z: f(z, *args), (z_star,), (v,))[1]
+
+        return apply
+
+    def jacobian_transpose_at(self, z_star: Any, level: Any = None) -> Callable[[Any], Any]:
+        """The linear map ``u -> J_f(z*)^T u`` (vector-Jacobian products of f in z at ``args``).
+
+        f is linearised once (``jax.vjp``) and each call is one transposed product.
+
+        Args:
+            z_star: the point, a pytree shaped like ``z0`` (usually ``Solution.value``).
+            level: the matmul precision of the products (None: :attr:`level`).
+
+        Returns:
+            A function of a pytree ``u`` shaped like ``z_star``, returning ``J_f(z*)^T u``.
+
+        Example:
+            >>> import jax.numpy as jnp, deqlab
+            >>> from deqlab.backward import Problem
+            >>> problem = Problem(f=lambda z, m: m @ z, z0=jnp.zeros(2), args=(jnp.array([[0.0, 1.0], [0.0, 0.0]]),),
+            ...                   solver=deqlab.Picard(), batch_axis=None, precision=None,
+            ...                   init_state=None, tol=1e-5, dtype=jnp.float32)
+            >>> problem.jacobian_transpose_at(jnp.ones(2))(jnp.array([1.0, 0.0])).tolist()
+            [0.0, 1.0]
+        """
+        f, args = self.f, self.args
+        level = self.level if level is None else level
+        with precision_module.matmul_precision(level):
+            _, vjp = jax.vjp(lambda z: f(z, *args), z_star)
+
+        def apply(u):
+            with precision_module.matmul_precision(level):
+                return vjp(u)[0]
+
+        return apply
 
 
-class Backward:
+
+class Backward(abc.ABC):
     """Base class of the backward modes of :func:`fixed_point` (how its gradient is computed).
 
     A subclass defines ``solve(problem) -> Solution``: the forward solve of ``problem`` (a
@@ -134,19 +198,23 @@ class Backward:
     static, as solvers are (do not decorate them), so a backward object can be an argument of a
     ``jax.jit``-ed function.
 
-    A mode with a custom derivative rule (``jax.custom_vjp`` or ``jax.custom_jvp``) takes every
-    traced value its rule uses as an input of the rule, never through a closure: ``problem.z0`` and
-    ``problem.args``, and ``problem.init_state``, ``problem.budget`` and ``problem.solver`` where
-    they matter (JAX otherwise fails with "No constant handler" or an UnexpectedTracerError), and
-    returns :func:`zero_cotangent` for the inputs the gradient does not depend on.
+    A mode that approximates the implicit derivative's linear solves subclasses
+    :class:`ImplicitRule` instead and defines only ``adjoint`` (and ``tangent`` for forward mode
+    where the default transpose does not apply): the custom-derivative rule is shared. A mode with
+    a rule of its own (``jax.custom_vjp`` or ``jax.custom_jvp``) takes every traced value its rule
+    uses as an input of the rule, never through a closure: ``problem.z0`` and ``problem.args``,
+    and ``problem.init_state``, ``problem.budget`` and ``problem.solver`` where they matter (JAX
+    otherwise fails with "No constant handler" or an UnexpectedTracerError), and returns
+    :func:`zero_cotangent` for the inputs the gradient does not depend on.
     :func:`fixed_point` checks what ``solve`` returns: a TypeError names the method when it is not a
     ``Solution``, a ValueError when its value is not shaped like ``z0``.
 
     Attributes:
         name: the mode's short name (a class attribute, not a setting; the built-in modes are
             in :data:`BACKWARDS` under it). A subclass's settings are its annotated class
-            attributes, keyword arguments of its constructor (validate them in
-            ``__post_init__``).
+            attributes, keyword arguments of its constructor (validate them in a
+            ``_check_settings(self)`` method: the constructor runs the one of every class of the
+            hierarchy, whether or not a subclass calls ``super()``).
 
     Raises:
         ValueError: a setting outside its range, naming it and the valid range.
@@ -181,11 +249,11 @@ class Backward:
         _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
-        if cls.solve is Backward.solve:
-            raise TypeError(
-                f"{cls.__name__} cannot be instantiated: a deqlab.backward.Backward subclass must "
-                f"define solve(self, problem) -> Solution; {cls.__name__} does not define `solve`."
-            )
+        error = checks.missing_methods(cls, "deqlab.backward.Backward", {
+            "solve": "solve(self, problem) -> Solution",
+            "adjoint": "adjoint(self, problem, solution, g) -> u"})
+        if error is not None:
+            raise error
         if "on_failure" in kwargs:
             raise TypeError(
                 f"backward.{cls.__name__}: `on_failure` is no longer a setting of the backward mode; "
@@ -197,6 +265,7 @@ class Backward:
     def __post_init__(self):
         pass
 
+    @abc.abstractmethod
     def solve(self, problem: Problem) -> Solution:
         """The forward solve of ``problem``, differentiable in this mode's way (required).
 

@@ -1,6 +1,6 @@
-"""The implicit derivative (003 Theorem 1, Eq. 8 and 11): the forward solve under
-``jax.custom_jvp``, with a tangent solve for forward mode and its transpose, the adjoint solve,
-for reverse mode."""
+"""The implicit derivative (003 Theorem 1, Eq. 8 and 11) by iterative solves: the tangent solve
+for forward mode and the adjoint solve for reverse mode, under the shared rule of
+:class:`~deqlab.backward.ImplicitRule`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import _adjoint_solve, _tangent_solve
-from deqlab.backward.base import Backward, Problem, _matmul_level, report, zero_cotangent
+from deqlab.backward.base import Problem, _matmul_level, report
+from deqlab.backward.rule import ImplicitRule
 from deqlab.backward.linear import LinearSolver, get_adjoint_solver
 from deqlab.failures import nan_where_failed
 from deqlab.solvers import Solver
@@ -21,7 +22,7 @@ from deqlab.solvers import Solver
 __all__ = ["Implicit"]
 
 
-class Implicit(Backward):
+class Implicit(ImplicitRule):
     """Implicit backward pass: solve the adjoint fixed point u = g + J_f(z*)^T u (003 Eq. 11).
 
     Attributes:
@@ -55,7 +56,7 @@ class Implicit(Backward):
     max_steps: int | None = None
     name = "implicit"
 
-    def __post_init__(self):
+    def _check_settings(self):  # run by the constructor at every level of a subclass
         where = "backward.Implicit"
         if self.solver is not None:
             get_adjoint_solver(self.solver, name="solver")
@@ -86,67 +87,30 @@ class Implicit(Backward):
             solver.max_steps if own else problem.solver.max_steps)
         return solver.replace(tol=tol, max_steps=max_steps)
 
-    def solve(self, problem):
-        return _implicit(problem, self)
+    def _matmul_level(self, problem):
+        # the adjoint solve's tolerance, not the forward one's, sets the precision of the
+        # products with f around it
+        return _matmul_level(problem.precision, self.adjoint_solver(problem).tol, problem.dtype)
+
+    def _options(self, problem):
+        return dict(solver=self.adjoint_solver(problem), batch_axis=problem.batch_axis,
+                    precision=problem.precision)
+
+    def adjoint(self, problem, solution, g):
+        """The adjoint solve u = g + J^T u (003 Eq. 11) with :meth:`adjoint_solver`; its failures
+        follow the caller's ``on_failure``."""
+        sol = _adjoint_solve(problem.f, solution.value, problem.args, g, **self._options(problem))
+        return _apply_policy(problem, sol, "adjoint")
+
+    def tangent(self, problem, solution, b):
+        """The tangent solve v = b + J v (forward mode) with :meth:`adjoint_solver`; its failures
+        follow the caller's ``on_failure``."""
+        sol = _tangent_solve(problem.f, solution.value, problem.args, b, **self._options(problem))
+        return _apply_policy(problem, sol, "tangent")
 
 
-
-def _implicit(problem, mode):
-    """The forward solve under ``jax.custom_jvp``: its tangent solves (I - J) z_dot = (df/dargs)
-    args_dot through ``lax.custom_linear_solve``, given the adjoint solve u = g + J^T u as its
-    ``transpose_solve``, which reverse mode runs (003 Eq. 8 and 11). One rule serves ``jvp``,
-    ``jacfwd``, ``grad`` and their compositions (``hessian``)."""
-    f = problem.f
-
-    def apply_policy(sol, what):
-        report(what, problem.on_failure, sol.result, sol.stats.best_residual)
-        if problem.on_failure == "nan":
-            return nan_where_failed(sol.value, sol.result, problem.batch_axis)
-        return sol.value
-
-    # The solver's array settings (a traced damping or tol) are inputs of the rule, never a
-    # closure; its Python numbers stay Python numbers (custom_jvp would turn every input into a
-    # tracer, and a Python tol chooses the matmul precision and warns where it is unreachable).
-    traced_settings, static_settings = _eager._partition(problem.solver)
-
-    @jax.custom_jvp
-    def equilibrium(z0, args, init_state, budget, settings):
-        solver = _eager._combine(settings, static_settings)
-        return problem.forward(z0, args, init_state=init_state, budget=budget, solver=solver)
-
-    @equilibrium.defjvp
-    def equilibrium_jvp(primals, tangents):
-        z0, args, init_state, budget, settings = primals
-        solver = _eager._combine(settings, static_settings)
-        # z0, init_state, budget and the solver's settings: the equilibrium does not depend on them
-        args_dot = tangents[1]
-        # the custom rule again, not the bare solve: a derivative of this rule (a hessian) is
-        # implicit too
-        sol = equilibrium(z0, args, init_state, budget, settings)
-        z_star = sol.value
-        # settings read from the rule's own inputs, never from the enclosing trace: JAX may run
-        # this rule after that trace has ended (linearising an outer jit)
-        adjoint_solver = mode.adjoint_solver(dataclasses.replace(problem, solver=solver, tol=solver.tol))
-        options = dict(solver=adjoint_solver, batch_axis=problem.batch_axis, precision=problem.precision)
-        level = _matmul_level(problem.precision, adjoint_solver.tol, problem.dtype)
-        with precision_module.matmul_precision(level):
-            _, rhs = jax.jvp(lambda a: f(z_star, *a), (args,), (args_dot,))
-
-        def identity_minus_jacobian(v):
-            # (I - J) v, linear in v: custom_linear_solve traces it (for its transpose) but never
-            # evaluates it here, where `tangent` and `adjoint` solve; a jvp rather than a stored
-            # linearisation keeps nothing of f's from the forward pass
-            with precision_module.matmul_precision(level):
-                jv = jax.jvp(lambda z: f(z, *args), (z_star,), (v,))[1]
-            return jax.tree_util.tree_map(jnp.subtract, v, jv)
-
-        def tangent(_, b):
-            return apply_policy(_tangent_solve(f, z_star, args, b, **options), "tangent")
-
-        def adjoint(_, g):
-            return apply_policy(_adjoint_solve(f, z_star, args, g, **options), "adjoint")
-
-        z_dot = jax.lax.custom_linear_solve(identity_minus_jacobian, rhs, tangent, adjoint)
-        return sol, zero_cotangent(sol)._replace(value=z_dot)
-
-    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget, traced_settings)
+def _apply_policy(problem, sol, what):
+    report(what, problem.on_failure, sol.result, sol.stats.best_residual)
+    if problem.on_failure == "nan":
+        return nan_where_failed(sol.value, sol.result, problem.batch_axis)
+    return sol.value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 from typing import Any, Callable, ClassVar
 
@@ -15,7 +17,7 @@ from deqlab.solvers.base import _configuration_class, _replace_settings
 __all__ = ["LinearSolver", "GMRES", "LINEAR_SOLVERS", "get_adjoint_solver"]
 
 
-class LinearSolver:
+class LinearSolver(abc.ABC):
     """Base class of the adjoint linear solvers: ``(I - J_f(z*)^T) u = g``, matrix-free (003 Eq. 11).
 
     The adjoint of :func:`adjoint_solve` can be found either as a fixed point (any
@@ -62,12 +64,10 @@ class LinearSolver:
         _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
-        if cls.solve is LinearSolver.solve:
-            raise TypeError(
-                f"{cls.__name__} cannot be instantiated: a deqlab.backward.LinearSolver subclass must "
-                f"define solve(self, operator, b, *, tol, max_steps) -> u; {cls.__name__} does not "
-                "define `solve`."
-            )
+        error = checks.missing_methods(cls, "deqlab.backward.LinearSolver", {
+            "solve": "solve(self, operator, b, *, tol, max_steps) -> u"})
+        if error is not None:
+            raise error
         return super().__new__(cls)
 
     def __post_init__(self):
@@ -111,6 +111,7 @@ class LinearSolver:
             return precision_module.default_tol(dtype)
         return self.tol if checks.is_traced(self.tol) else float(self.tol)
 
+    @abc.abstractmethod
     def solve(self, operator: Callable[[Any], Any], b: Any, *, tol: float, max_steps: int) -> Any:
         """Solve ``operator(u) = b`` (required in a subclass).
 

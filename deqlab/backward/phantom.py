@@ -41,7 +41,7 @@ class Phantom(Backward):
     damping: float = 0.5
     name = "phantom"
 
-    def __post_init__(self):
+    def _check_settings(self):  # run by the constructor at every level of a subclass
         checks.positive_int(self.steps, "steps", "backward.Phantom")
         checks.unit_interval(self.damping, "damping", "backward.Phantom", allow_traced=True)
 
@@ -91,7 +91,7 @@ class JacobianFree(Phantom):
     damping: float = 1.0
     name = "jacobian_free"
 
-    def __post_init__(self):
+    def _check_settings(self):
         if self.steps != 1 or self.damping != 1.0:
             raise ValueError("backward.JacobianFree: `steps` and `damping` are fixed at 1 (use "
                              f"deqlab.backward.Phantom for other values), got steps={self.steps!r}, "

@@ -6,18 +6,19 @@ import jax
 import jax.numpy as jnp
 
 from deqlab import checks
-from deqlab import precision as precision_module
-from deqlab.backward.base import Backward, zero_cotangent
+from deqlab.backward.rule import ImplicitRule
 from deqlab.solvers.flatten import Flattener
 
 __all__ = ["SHINE"]
 
 
-class SHINE(Backward):
+class SHINE(ImplicitRule):
     """SHINE (Ramzi et al. 2022): the adjoint from the forward Broyden estimate.
 
     The forward solve must be :class:`deqlab.solvers.Broyden` (or any solver with an
-    ``inverse_jacobian_transpose(state, x)`` method, :meth:`Broyden.inverse_jacobian_transpose`);
+    ``inverse_jacobian_transpose(state, x)`` method, :meth:`Broyden.inverse_jacobian_transpose`,
+    and for forward mode ``inverse_jacobian(state, x)``); a mode of the shared rule
+    (:class:`ImplicitRule`): forward mode applies ``-B b`` the same way;
     its final inverse-Jacobian estimate ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is
     kept, and the adjoint of 003 Eq. 11, ``u = (I - J_f^T)^{-1} g``, is approximated by
     ``-B^T g``: no adjoint solve. ``refine`` > 0 then takes that many steps ``u <- g + J_f^T u``
@@ -54,7 +55,7 @@ class SHINE(Backward):
     refine: int = 0
     name = "shine"
 
-    def __post_init__(self):
+    def _check_settings(self):  # run by the constructor at every level of a subclass
         checks.integer(self.refine, "refine", "backward.SHINE", minimum=0)
 
     def solve(self, problem):
@@ -63,41 +64,25 @@ class SHINE(Backward):
                               "inverse-Jacobian estimate; any solver with an "
                               "inverse_jacobian_transpose method works)", type(problem.solver).__name__,
                               "fixed_point")
-        return _shine(problem, self)
+        return super().solve(problem)
+
+    def adjoint(self, problem, solution, g):
+        """``-B^T g`` from the forward solve's final estimate (its state, frozen per sample when
+        the sample stopped: each sample's pairs are its estimate at its own equilibrium), then
+        ``refine`` steps ``u <- g + J_f^T u``."""
+        flat = Flattener(solution.value, problem.batch_axis)
+        u = flat.unflatten(-problem.solver.inverse_jacobian_transpose(solution.state.history, flat.flatten(g)))
+        return _refine(problem.jacobian_transpose_at(solution.value), g, u, self.refine)
+
+    def tangent(self, problem, solution, b):
+        """``-B b`` (forward mode), then ``refine`` steps ``v <- b + J_f v``."""
+        flat = Flattener(solution.value, problem.batch_axis)
+        v = flat.unflatten(-problem.solver.inverse_jacobian(solution.state.history, flat.flatten(b)))
+        return _refine(problem.jacobian_at(solution.value), b, v, self.refine)
 
 
-
-def _shine(problem, mode):
-    """The forward Broyden solve under ``jax.custom_vjp``; the backward pass applies ``-B^T`` of its
-    final inverse-Jacobian estimate (:meth:`deqlab.solvers.Broyden.inverse_jacobian_transpose`) to
-    the cotangent, then ``mode.refine`` adjoint steps."""
-    config = problem.solver
-    f = problem.f
-
-    @jax.custom_vjp
-    def equilibrium(z0, args, init_state, budget):
-        return problem.forward(z0, args, init_state=init_state, budget=budget)
-
-    def equilibrium_fwd(z0, args, init_state, budget):
-        sol = problem.forward(z0, args, init_state=init_state, budget=budget)
-        # The solver's state is frozen per sample when it stops (Solver.freeze_state): each
-        # sample's pairs are its estimate at its own equilibrium.
-        return sol, (sol.value, z0, args, init_state, budget, sol.state.history)
-
-    def equilibrium_bwd(residuals, cotangent):
-        z_star, z0, args, init_state, budget, history = residuals
-        flattener = Flattener(z_star, problem.batch_axis)
-        g_flat = flattener.flatten(cotangent.value)
-        u = flattener.unflatten(-config.inverse_jacobian_transpose(history, g_flat))
-        with precision_module.matmul_precision(problem.level):
-            _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)
-            for _ in range(mode.refine):
-                u = jax.tree_util.tree_map(jnp.add, cotangent.value, vjp_z(u)[0])
-            _, vjp_args = jax.vjp(lambda a: f(z_star, *a), args)
-        (args_bar,) = vjp_args(u)
-        return jax.tree_util.tree_map(jnp.zeros_like, z0), args_bar, zero_cotangent(init_state), zero_cotangent(budget)
-
-    equilibrium.defvjp(equilibrium_fwd, equilibrium_bwd)
-    return equilibrium(problem.z0, problem.args, problem.init_state, problem.budget)
-
-
+def _refine(product, rhs, x, steps):
+    """``steps`` fixed-point steps ``x <- rhs + product(x)`` (of u = g + J^T u or v = b + J v)."""
+    for _ in range(steps):
+        x = jax.tree_util.tree_map(jnp.add, rhs, product(x))
+    return x

@@ -3,6 +3,7 @@ hooks through which the shared loop (:mod:`deqlab.solvers.loop`) treats every so
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import inspect
 import re
@@ -34,7 +35,7 @@ RATE_WINDOW = 3
 RATE_ESTIMATES = ("residual_ratio", "secant")
 
 
-class Solver:
+class Solver(abc.ABC):
     """Base class of the forward fixed-point solvers: subclass it to write your own.
 
     A solver is a frozen configuration (tolerances, history sizes, step lengths) plus two methods
@@ -193,15 +194,10 @@ class Solver:
         _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
-        missing = [m for m in ("init", "propose") if getattr(cls, m) is getattr(Solver, m)]
-        if missing:
-            signatures = {"init": "init(self, z, fz) -> state",
-                          "propose": "propose(self, z, fz, state) -> (z_next, state)"}
-            raise TypeError(
-                f"{cls.__name__} cannot be instantiated: a deqlab.Solver subclass must define "
-                + " and ".join(signatures[m] for m in missing) + f"; {cls.__name__} does not define "
-                + " or ".join(f"`{m}`" for m in missing) + "."
-            )
+        error = checks.missing_methods(cls, "deqlab.Solver", {
+            "init": "init(self, z, fz) -> state", "propose": "propose(self, z, fz, state) -> (z_next, state)"})
+        if error is not None:
+            raise error
         return super().__new__(cls)
 
     def __post_init__(self):
@@ -270,6 +266,7 @@ class Solver:
             return precision_module.default_tol(dtype)
         return self.tol if checks.is_traced(self.tol) else float(self.tol)
 
+    @abc.abstractmethod
     def init(self, z: jax.Array, fz: jax.Array) -> Any:
         """The solver's state at the first iterate (required in a subclass).
 
@@ -284,6 +281,7 @@ class Solver:
         """
         raise NotImplementedError
 
+    @abc.abstractmethod
     def propose(self, z: jax.Array, fz: jax.Array, state: Any) -> tuple[jax.Array, Any]:
         """The next iterate (required in a subclass).
 

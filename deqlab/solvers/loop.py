@@ -92,7 +92,6 @@ class LoopCarry(NamedTuple):
         res: the relative residual of z, ``(B,)``.
         best_z, best_res, best_abs: the finite iterate of smallest absolute residual so far, with
             its relative and absolute residuals.
-        active: the samples still iterating.
         result: per-sample :class:`~deqlab.failures.Result` codes (int32).
         steps: steps taken by each sample (int32).
         step: loop steps taken (a scalar: the batch's slowest sample).
@@ -113,7 +112,6 @@ class LoopCarry(NamedTuple):
     best_z: jax.Array
     best_res: jax.Array
     best_abs: jax.Array
-    active: jax.Array
     result: jax.Array
     steps: jax.Array
     step: jax.Array
@@ -214,6 +212,12 @@ def _checked_terminate(config, tol, residual, error):
     return per_sample
 
 
+def _iterating(result):
+    """The samples still iterating: their code is MAX_STEPS_REACHED until they stop (a sample's
+    code is the carry's only record of whether it is active, which keeps the program small)."""
+    return result == Result.MAX_STEPS_REACHED
+
+
 def _where_batch(mask, new, old):
     """Per-sample select on pytrees whose leaves have a leading batch axis."""
 
@@ -273,7 +277,6 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         best_z=z0_flat,
         best_res=res0,
         best_abs=abs0,
-        active=result0 == Result.MAX_STEPS_REACHED,
         result=result0,
         steps=jnp.zeros_like(result0),
         step=jnp.zeros((), jnp.int32),
@@ -352,16 +355,21 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         diff = jax.lax.stop_gradient(fz_prop - z_prop)
         diff_norm = row_norm(diff)
         f_norm = row_norm(jax.lax.stop_gradient(fz_prop))
-        finite = jnp.isfinite(diff_norm) & jnp.isfinite(f_norm)
-        active = carry.active
+        # One test for both norms (a NaN or inf in either makes the sum non-finite): every
+        # condition below is computed once per sample and XLA copies it into each fused consumer,
+        # so the fewer there are, the smaller the program.
+        finite = jnp.isfinite(diff_norm + f_norm)
+        active = _iterating(carry.result)
         if step_limit is not None:
             # a budget below the cap: the steps past it change nothing (unrolled: masked)
             active = active & (carry.step + span <= step_limit)
         accept = active & finite
         z = jnp.where(accept[:, None], z_prop, carry.z)
         fz = jnp.where(accept[:, None], fz_prop, carry.fz)
-        res_prop = jnp.where(finite, diff_norm / (f_norm + residual_floor), big)
-        abs_prop = jnp.where(finite, diff_norm, big)
+        # Where not finite these are NaN or inf, and never used: the sample stops with NONFINITE
+        # below whatever they hold, and every other use is selected by `accept`.
+        res_prop = diff_norm / (f_norm + residual_floor)
+        abs_prop = diff_norm
         res = jnp.where(accept, res_prop, carry.res)
         state = record(z_prop, fz_prop, state_prop)
         if unrolled or config.freeze_state:
@@ -382,13 +390,16 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
                                           accept, span)
             abs_kept = jnp.where(accept, abs_prop, carry.abs)
             err = jnp.where(accept, error, carry.err)
-        # The convergence test is the solver's (Solver.terminate), per sample.
-        meets = terminate(tol, res_prop, error)
-        converged = accept & meets
-        diverged = accept & ~converged & (abs_prop > config.divergence_factor * carry.best_abs)
-        result = jnp.where(active & ~finite, Result.NONFINITE, carry.result)
-        result = jnp.where(converged, Result.SUCCESS, result)
-        result = jnp.where(diverged, Result.DIVERGED, result).astype(jnp.int32)
+        # The convergence test is the solver's (Solver.terminate), per sample; it sees big, not
+        # NaN, for a non-finite proposal.
+        meets = terminate(tol, jnp.where(finite, res_prop, big), error)
+        # The sample's code after this step: NONFINITE, SUCCESS, DIVERGED (its residual grew past
+        # divergence_factor times its best) or still MAX_STEPS_REACHED (iterating), in that order
+        # of precedence; a sample that was not active keeps its code.
+        code = jnp.where(~finite, Result.NONFINITE, jnp.where(
+            meets, Result.SUCCESS, jnp.where(abs_prop > config.divergence_factor * carry.best_abs,
+                                             Result.DIVERGED, Result.MAX_STEPS_REACHED)))
+        result = jnp.where(active, code, carry.result).astype(jnp.int32)
         step = carry.step + span
         if isinstance(span, int):
             rows = res[None, :] if span == 1 else jnp.broadcast_to(res[None, :], (span,) + res.shape)
@@ -409,7 +420,6 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             best_z=jnp.where(improved[:, None], z_prop, carry.best_z),
             best_res=jnp.where(improved, res_prop, carry.best_res),
             best_abs=jnp.where(improved, abs_prop, carry.best_abs),
-            active=active & finite & ~converged & ~diverged,
             result=result,
             steps=carry.steps + span * active.astype(jnp.int32),
             step=step,
@@ -440,7 +450,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         level, level_before = jnp.abs(now), jnp.abs(prev)
         target = jnp.asarray(tol, work)
         decay = (level / level_before) ** (1.0 / span.astype(work))
-        usable = (after.active & ((prev < 0) == (now < 0)) & jnp.isfinite(decay) & (decay > 0)
+        usable = (_iterating(after.result) & ((prev < 0) == (now < 0)) & jnp.isfinite(decay) & (decay > 0)
                   & (decay < 1) & (level > target))
         predicted = jnp.ceil(jnp.log(target / jnp.where(usable, level, 1.0))
                              / jnp.log(jnp.where(usable, decay, 0.5)))
@@ -486,11 +496,11 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     else:
         final = carry0
         if auto:
-            final = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.step < limit), auto_chunk, final)
+            final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step < limit), auto_chunk, final)
         elif every > 1:
             # Whole chunks while they fit, then single judged steps up to max_steps.
-            final = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.step + every <= limit), chunk, final)
-        final = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.step < limit), body, final)
+            final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step + every <= limit), chunk, final)
+        final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step < limit), body, final)
 
     # Rows after the last step repeat the final residual, so the trace is finite and plottable.
     rows = jnp.arange(config.max_steps + 1)[:, None]

@@ -83,6 +83,10 @@ def test_shine_applies_the_forward_broyden_estimate(linear):
     np.testing.assert_allclose(g, -b_matrix.T @ np.asarray(c), rtol=1e-9, atol=1e-12)
     # the estimate is informative: closer to the exact adjoint than the Jacobian-free one
     assert np.linalg.norm(g - exact) < np.linalg.norm(np.asarray(c) - exact)
+    # forward mode through the shared rule: the tangent of z* along c is -B c (B, not B^T)
+    tangent = jax.jvp(lambda b: fixed_point(f, jnp.zeros(N), b, solver=get_solver(solver, tol=1e-13, max_steps=300),
+                                            backward=SHINE()).value, (b,), (c,))[1]
+    np.testing.assert_allclose(tangent, -b_matrix @ np.asarray(c), rtol=1e-9, atol=1e-12)
 
 
 def test_shine_refine_converges_to_the_exact_gradient(linear):

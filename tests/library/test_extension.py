@@ -14,12 +14,12 @@ import deqlab
 from deqlab.backward import (
     GMRES,
     Backward,
+    ImplicitRule,
     Implicit,
     JacobianFree,
     Phantom,
     Unrolled,
     adjoint_solve,
-    zero_cotangent,
 )
 from deqlab.nn import DEQ, TanhCell
 from deqlab.solvers import Result, SolverState
@@ -435,33 +435,20 @@ def test_broyden_public_inverse_jacobian():
     assert int(history.count[0]) > 0 and not np.allclose(dense, -np.eye(N))
 
 
-class Neumann(Backward):
-    """A user's backward mode in 20 lines: the adjoint u = g + J^T u approximated by the first
+class Neumann(ImplicitRule):
+    """A user's backward mode in 8 lines: the adjoint u = g + J^T u approximated by the first
     ``terms`` terms of its Neumann series (which Phantom(steps=terms, damping=1) also computes, by
-    differentiating ``terms`` steps of f from the equilibrium)."""
+    differentiating ``terms`` steps of f from the equilibrium). The shared rule gives it forward
+    mode too (its tangent is the transpose of this adjoint)."""
 
     terms: int = 4
 
-    def solve(self, problem):  # every traced value the rule uses is an input, never a closure
-        @jax.custom_vjp
-        def equilibrium(z0, args):
-            return problem.forward(z0, args)
-
-        def forward(z0, args):
-            sol = equilibrium(z0, args)
-            return sol, (sol.value, z0, args)
-
-        def backward(residuals, cotangent):
-            z, z0, args = residuals
-            _, vjp_z = jax.vjp(lambda z: problem.f(z, *args), z)
-            u = term = cotangent.value
-            for _ in range(self.terms - 1):
-                term = vjp_z(term)[0]
-                u = u + term
-            return zero_cotangent(z0), jax.vjp(lambda a: problem.f(z, *a), args)[1](u)[0]
-
-        equilibrium.defvjp(forward, backward)
-        return equilibrium(problem.z0, problem.args)
+    def adjoint(self, problem, solution, g):
+        jt = problem.jacobian_transpose_at(solution.value)
+        u = g
+        for _ in range(self.terms - 1):
+            u = g + jt(u)
+        return u
 
 
 def test_a_users_backward_mode_works_under_jit_vmap_and_grad():
@@ -477,6 +464,41 @@ def test_a_users_backward_mode_works_under_jit_vmap_and_grad():
     exact = jax.vmap(jax.grad(lambda x: loss(x, "implicit")))(xs)
     # four terms of a series contracting at about 0.5 (W's scale): close to, not equal to, exact
     assert 0 < float(jnp.max(jnp.abs(ours - exact))) < 0.1 * float(jnp.max(jnp.abs(exact)))
+    # forward mode through the same rule: the tangent is the transposed series, which
+    # differentiating Phantom's four steps in forward mode also gives
+    direction = jnp.ones(N)
+    tangent = jax.jvp(lambda x: loss(x, Neumann(terms=4)), (xs[0],), (direction,))[1]
+    np.testing.assert_allclose(tangent, phantom[0] @ direction, rtol=1e-4)
+
+
+def test_the_implicit_rule_names_a_modes_mistakes():
+    """A mode of the shared rule: no adjoint, an adjoint of the wrong shape or type, and a
+    settings check that runs though the subclass skipped super().__post_init__()."""
+
+    class NoAdjoint(ImplicitRule):
+        pass
+
+    class Truncates(ImplicitRule):
+        def adjoint(self, problem, solution, g):
+            return g[:1]
+
+    class Forgets(ImplicitRule):
+        def adjoint(self, problem, solution, g):
+            pass
+
+    class Quiet(Phantom):
+        def __post_init__(self):  # no super(): Phantom's checks still run
+            pass
+
+    with pytest.raises(TypeError, match=r"NoAdjoint cannot be instantiated.*adjoint\(self, problem, solution, g\)"):
+        NoAdjoint()
+    grad = jax.grad(lambda x, mode: deqlab.fixed_point(tanh_map, jnp.zeros(N), x, backward=mode).value.sum())
+    with pytest.raises(ValueError, match=r"Truncates.adjoint\(problem, solution, g\) must return arrays shaped.*\(1,\)"):
+        grad(jnp.ones(N), Truncates())
+    with pytest.raises(TypeError, match=r"Forgets.adjoint\(problem, solution, g\) must return a pytree.*NoneType"):
+        grad(jnp.ones(N), Forgets())
+    with pytest.raises(ValueError, match="`steps`"):
+        Quiet(steps=0)
 
 
 def test_mistakes_in_a_backward_mode_are_named():
