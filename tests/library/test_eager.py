@@ -146,13 +146,48 @@ BACKWARDS = {
     "jacobian_free": JacobianFree(),
     "shine": SHINE(),
 }
-CASES = [(s, b) for s in ("picard", "anderson", "broyden") for b in BACKWARDS if b != "shine" or s == "broyden"]
 TOL = 1e-5
 PARTIAL = 4  # steps of the solve whose state starts the warm one
+# How the warm gradient is taken: of a state computed outside the gradient (not for Unrolled,
+# whose gradient through a constant start is cut), of one computed inside it, each eager and
+# jitted, and under vmap over problems.
+TRANSFORMS = ("grad", "jit(grad)", "grad inside", "jit(grad inside)", "vmap")
 
 
-@pytest.mark.parametrize("solver,backward", CASES)
-def test_warm_start_gradient_matches_cold_start(solver, backward):
+def _warm_start_cases():
+    """A covering design, not the product: every (solver, backward) pair once (the state's
+    structure is the solver's, what a mode does with it the mode's: both matter together), each
+    with two of the transformations, rotated so that every (solver, transformation) and every
+    (backward, transformation) pair occurs (SHINE, with Broyden only, takes all five). The
+    product ran 5 transformations x 16 pairs and compiled 2.5x the programs."""
+    cases = []
+    for b_index, backward in enumerate(BACKWARDS):
+        for s_index, solver in enumerate(("picard", "anderson", "broyden")):
+            if backward == "shine" and solver != "broyden":
+                continue
+            usable = TRANSFORMS[2:] if backward == "unrolled" else TRANSFORMS
+            if backward == "shine":
+                chosen = usable
+            else:
+                start = 2 * s_index + 2 * b_index
+                chosen = tuple(usable[(start + k) % len(usable)] for k in range(2))
+            cases.append(pytest.param(solver, backward, chosen, id=f"{solver}-{backward}"))
+    return cases
+
+
+def test_the_warm_start_design_covers_every_pair():
+    cases = [c.values for c in _warm_start_cases()]
+    assert {(s, b) for s, b, _ in cases} == {(s, b) for s in ("picard", "anderson", "broyden") for b in BACKWARDS
+                                             if b != "shine" or s == "broyden"}
+    for s in ("picard", "anderson", "broyden"):
+        assert {t for s2, _, ts in cases if s2 == s for t in ts} == set(TRANSFORMS)
+    for b in BACKWARDS:
+        usable = set(TRANSFORMS[2:] if b == "unrolled" else TRANSFORMS)
+        assert {t for _, b2, ts in cases if b2 == b for t in ts} == usable
+
+
+@pytest.mark.parametrize("solver,backward,transforms", _warm_start_cases())
+def test_warm_start_gradient_matches_cold_start(solver, backward, transforms):
     z0, w, x = _problem(batch=3, width=6, seed=1)
     mode = BACKWARDS[backward]
     options = dict(solver=get_solver(solver, tol=TOL, max_steps=200), batch_axis=0, backward=mode)
@@ -182,20 +217,22 @@ def test_warm_start_gradient_matches_cold_start(solver, backward):
         return warm(w, x, warm_state(w, x))
 
     g_cold, steps_cold = jax.grad(cold, has_aux=True)(w, x)
-    state = warm_state(w, x)
     scale = float(jnp.max(jnp.abs(g_cold)))
     atol = 50 * TOL * scale
-    results = {
-        "grad": jax.grad(warm, has_aux=True)(w, x, state),
-        "jit(grad)": jax.jit(jax.grad(warm, has_aux=True))(w, x, state),
-        "grad inside": jax.grad(warm_inside, has_aux=True)(w, x),
-        "jit(grad inside)": jax.jit(jax.grad(warm_inside, has_aux=True))(w, x),
+    runs = {
+        "grad": lambda: jax.grad(warm, has_aux=True)(w, x, warm_state(w, x)),
+        "jit(grad)": lambda: jax.jit(jax.grad(warm, has_aux=True))(w, x, warm_state(w, x)),
+        "grad inside": lambda: jax.grad(warm_inside, has_aux=True)(w, x),
+        "jit(grad inside)": lambda: jax.jit(jax.grad(warm_inside, has_aux=True))(w, x),
     }
-    for name, (g_warm, steps_warm) in results.items():
-        if backward == "unrolled" and name in ("grad", "jit(grad)"):
-            continue  # a constant start cuts the unrolled gradient of its first steps
+    for name in transforms:
+        if name == "vmap":
+            continue
+        g_warm, steps_warm = runs[name]()
         np.testing.assert_allclose(g_warm, g_cold, atol=atol, err_msg=name)
         assert int(jnp.max(steps_warm)) < int(jnp.max(steps_cold)), name
+    if "vmap" not in transforms:
+        return
     # vmap over problems (each sample solved on its own, batch_axis=None inside).
     xs = jnp.stack([x, 0.5 * x])
 

@@ -40,12 +40,14 @@ def tanh_map(z, w, u, b, x):
 @pytest.mark.slow
 @settings(deadline=None, max_examples=5, derandomize=True)
 @given(
-    n=st.integers(min_value=2, max_value=10),
     contraction=st.floats(min_value=0.1, max_value=0.85),
     seed=st.integers(min_value=0, max_value=2**31 - 1),
 )
-def test_random_contractive_maps(n, contraction, seed):
+def test_random_contractive_maps(contraction, seed):
     # ||W||_2 = contraction < 1 and |tanh'| <= 1, so f is a contraction: a unique fixed point.
+    # Hypothesis draws values, not shapes: every example runs the programs compiled for the
+    # first (check_gradients compiles once per signature); sizes are covered elsewhere.
+    n = 7
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     a = jax.random.normal(keys[0], (n, n))
     w = contraction * a / jnp.linalg.norm(a, 2)

@@ -634,9 +634,12 @@ def test_check_every_auto_judges_where_the_slowest_sample_is_predicted_to_stop(n
     if rule == "residual":
         assert np.all(np.asarray(sol.stats.best_residual) <= 1e-9)
     np.testing.assert_allclose(np.asarray(sol.value), np.asarray(base.value), atol=1e-7)
+    # Limits as traced budgets under one cap: one program for the three (the loop's limit is the
+    # same variable whether it comes from max_steps or a budget).
+    capped = get_solver(name, tol=1e-14, max_steps=23, check_every="auto")
     for limit in (1, 7, 23):
-        short = solve(tanh_map, jnp.zeros_like(x), w, u, x,
-                      solver=get_solver(name, tol=1e-14, max_steps=limit, check_every="auto"), batch_axis=0)
+        short = solve(tanh_map, jnp.zeros_like(x), w, u, x, solver=capped, batch_axis=0,
+                      budget=solvers.Budget(jnp.int32(limit), jnp.float64(1e-14)))
         assert np.all(np.asarray(short.result) == Result.MAX_STEPS_REACHED)
         assert np.all(np.asarray(short.stats.steps) == limit)
     nan_map = lambda z: jnp.where(jnp.abs(z) > 3.0, jnp.nan, z + 1.0)  # noqa: E731
