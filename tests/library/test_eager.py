@@ -24,18 +24,28 @@ def _problem(batch=4, width=8, seed=0):
     return jnp.zeros((batch, width), F32), w, x
 
 
-class Traces:
-    """Traces of the functions made by :func:`Counted` (a class attribute: a plain function that
-    reads a class stays cacheable; a callable object with state would run uncached)."""
+class _TraceLog:
+    """Traces of the functions made by :func:`Counted`. They count through a list's bound
+    ``append`` (a builtin method: keyed by identity, so the function stays cacheable); a function
+    that *read* a changing counter (``Traces.n += 1`` on a class attribute) is compiled again at
+    every change, as it must be (test_a_class_attribute_that_f_reads_is_never_stale)."""
 
-    n = 0
+    calls: list = []
+
+    @property
+    def n(self):
+        return len(self.calls)
+
+
+Traces = _TraceLog()
 
 
 def Counted():
     """A fresh function z = tanh(W z + x) (a new cache key), counting its traces in ``Traces.n``."""
+    log = Traces.calls.append
 
     def f(z, w, x):
-        Traces.n += 1
+        log(1)
         return jnp.tanh(z @ w.T + x)
 
     return f
@@ -99,8 +109,10 @@ def test_non_array_arguments_are_static_parts_of_the_key():
     # (right) answer; the same value hits the cache.
     z0 = jnp.zeros((3, 4), F32)
 
+    log = Traces.calls.append  # a builtin method: f stays cacheable (a closed-over list would not)
+
     def f(z, scale, offset):
-        Traces.n += 1  # a class attribute: f stays cacheable (a closed-over list would not)
+        log(1)
         return 0.5 * jnp.tanh(z) + scale * offset
 
     a = deqlab.solve(f, z0, 0.1, jnp.ones(4, F32))
@@ -260,6 +272,40 @@ def test_rebinding_a_global_array_that_f_reads_compiles_again():
                             batch_axis=0).value
     assert not np.allclose(first, second)
     np.testing.assert_allclose(second, expected, rtol=1e-5, atol=1e-6)
+
+
+class Settings:
+    scale = 0.5
+
+
+def test_a_class_attribute_that_f_reads_is_never_stale():
+    """f reads a class attribute that changes between calls: the second call compiles again
+    (0.9.0 returned the first equilibrium, 2 instead of 4)."""
+    f = lambda z: Settings.scale * z + 1.0  # noqa: E731
+    first = deqlab.solve(f, jnp.zeros(2), solver=deqlab.Picard(max_steps=500))
+    Settings.scale = 0.75
+    try:
+        second = deqlab.solve(f, jnp.zeros(2), solver=deqlab.Picard(max_steps=500))
+    finally:
+        Settings.scale = 0.5
+    np.testing.assert_allclose(first.value, 2.0, rtol=1e-4)
+    np.testing.assert_allclose(second.value, 4.0, rtol=1e-4)
+
+
+def test_a_rebound_global_releases_the_program_compiled_for_it():
+    """The program compiled for the old value of a global f reads holds it as a constant: the
+    cache keeps one program per function and configuration, so rebinding releases the old one
+    (0.9.0 kept every one: 144 MB per rebinding of a 36 MB matrix)."""
+    from deqlab import _eager
+
+    global _V
+    f = lambda z: 0.5 * jnp.tanh(z @ _V) + 1.0  # noqa: E731
+    held = []
+    for i in range(3):
+        _V = jnp.full((4, 4), 0.1 * (i + 1), F32)
+        deqlab.solve(f, jnp.zeros((1, 4), F32), batch_axis=0)
+        held.append(sum(1 for base in _eager._PROGRAMS if base[1] is f))
+    assert held == [1, 1, 1]
 
 
 def test_rebinding_a_closed_over_array_compiles_again():
