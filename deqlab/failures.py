@@ -27,7 +27,9 @@ for :func:`deqlab.solvers.solve`, :func:`deqlab.backward.fixed_point` (its forwa
     failed makes the gradient of every parameter it touches NaN (the caller never sees that
     solve, so cannot mask it);
 ``"ignore"``
-    the result codes are the only record;
+    the forward solve's result codes are the only record (a failed adjoint solve, which runs
+    inside the gradient, is recorded nowhere: watch it with ``deqlab.backward.adjoint_solve`` or
+    ``check_gradients``, or train with ``"nan"``);
 ``"callback"``
     ``"warn"`` from inside compiled programs: a host callback (``jax.debug.callback``) warns when
     the program runs, once per lane under ``vmap``. This was ``"warn"``'s behaviour under ``jit``

@@ -56,8 +56,9 @@ adjoint makes the gradient NaN) where they matter, or watch the adjoint with
 :func:`check_gradients` / :func:`adjoint_solve`. ``"nan"`` makes the failed samples' values NaN
 with no gradient through them (a loss on the value masked by ``converged`` trains on the others);
 ``"raise"`` raises :class:`~deqlab.failures.SolverError` (from a host callback under ``jit``);
-``"ignore"`` leaves the per-sample ``Solution.result`` as the only record (never an adjoint that is
-silently zero); ``"callback"`` warns from a host callback inside compiled programs.
+``"ignore"`` leaves the per-sample ``Solution.result`` of the forward solve as the only record (a
+failed adjoint solve is recorded nowhere with it, though never replaced by a silent zero);
+``"callback"`` warns from a host callback inside compiled programs.
 """
 
 # Failures are reported rather than returned as a zero adjoint, which jaxopt's backward linear

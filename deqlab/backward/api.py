@@ -145,7 +145,7 @@ def fixed_point(
                           "inverse_jacobian_transpose method works)", type(config).__name__,
                           "fixed_point")
     _check_init_state(init_state, "fixed_point")
-    check_budget(budget, "fixed_point")
+    budget = check_budget(budget, "fixed_point")
     _eager.check_finite([("z0", z0)] + [(f"args[{i}]", a) for i, a in enumerate(args)])
     # Called eagerly, failures are reported from the concrete results after the cached computation
     # returns (a warning or SolverError raised here, as without the cache); under an outer

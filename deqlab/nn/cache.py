@@ -116,7 +116,10 @@ class FixedPointCache:
             if lo < 0 or hi >= self.num_samples:
                 raise checks.fail("indices", f"sample indices in [0, {self.num_samples})",
                                   f"an index {lo if lo < 0 else hi}", where)
-        return indices
+        # Under jit a negative index would wrap around (JAX's .at[] reads index -1 as the last
+        # sample, even with mode="fill"/"drop"): it is moved past the end, so that it reads zeros
+        # and its update is dropped, like any other index out of range.
+        return jnp.where(indices < 0, self.num_samples, indices)
 
     def lookup(self, indices: Any) -> jax.Array:
         """The stored states of the samples ``indices``: the warm starts of a batch.

@@ -181,15 +181,23 @@ class ResNetCell(nnx.Module):
         dtype: as for :class:`TanhCell`.
         param_dtype: as for :class:`TanhCell`.
         precision: as for :class:`TanhCell`.
+        dropout: rate p of weight-tied dropout on the inner layer, in [0, 1): with masks m from
+            :meth:`dropout_masks` the inner activation is ``m * relu(LayerNorm(W1 z))``, where the
+            multiscale DEQ's residual block applies its variational dropout (Bai et al. 2020,
+            ``VariationalHidDropout2d`` after the first convolution); one mask per sample, the same
+            at every iteration. 0 (default): none.
         rngs: ``nnx.Rngs``.
 
     Attributes:
         width: size of z.
         in_features: size of x.
+        hidden: width of the inner layer.
+        dropout: the :class:`deqlab.nn.WeightTiedDropout`, or None without dropout.
 
     Raises:
         ValueError: as for :class:`TanhCell`, and when ``hidden`` is not an integer >= 1 or (for
-            ``"goe"`` and ``"antisymmetric"``) differs from ``width``.
+            ``"goe"`` and ``"antisymmetric"``) differs from ``width``, or ``dropout`` is not in
+            [0, 1).
 
     Example:
         >>> import jax.numpy as jnp
@@ -202,9 +210,11 @@ class ResNetCell(nnx.Module):
 
     def __init__(self, width: int, in_features: int, *, hidden: int | None = None,
                  ensemble: str = "gaussian", scale: float | None = None, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
+                 param_dtype: Any = jnp.float32, precision: Any = None, dropout: float = 0.0,
+                 rngs: nnx.Rngs):
         where = "nn.ResNetCell"
         precision = _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemble, rngs)
+        check_rate(dropout, "dropout", where)
         square = ensemble in ("goe", "antisymmetric")  # symmetric laws exist only for square W
         hidden = (width if square else 2 * width) if hidden is None else hidden
         checks.positive_int(hidden, "hidden", where)
@@ -222,16 +232,41 @@ class ResNetCell(nnx.Module):
         norms = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.inner_norm = nnx.LayerNorm(hidden, **norms)
         self.outer_norm = nnx.LayerNorm(width, **norms)
+        self.hidden = hidden
+        # last, so that the parameters are drawn as without dropout
+        self.dropout = _dropout_module(dropout, where, rngs)
 
-    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+    def dropout_masks(self, z_shape: tuple[int, ...], dtype: Any = jnp.float32) -> dict[str, jax.Array] | None:
+        """Fresh weight-tied dropout masks for a state of shape ``z_shape``, or None when off.
+
+        Args:
+            z_shape: the shape of z, ``(..., width)``.
+            dtype: the masks' dtype.
+
+        Returns:
+            ``{"inner": m}`` with m of shape ``(..., hidden)`` (entries 0 or 1/(1-p)), or None
+            without dropout or in evaluation mode.
+        """
+        if self.dropout is None or not self.dropout.active:
+            return None
+        return {"inner": self.dropout.mask(tuple(z_shape[:-1]) + (self.hidden,), dtype)}
+
+    def __call__(self, z: jax.Array, x: jax.Array, masks: dict[str, jax.Array] | None = None) -> jax.Array:
         """One step of the cell.
 
         Args:
             z: hidden state, last axis ``width``.
             x: input, last axis ``in_features``.
+            masks: weight-tied dropout masks from :meth:`dropout_masks`; None: no dropout.
 
         Returns:
             The next state, of z's shape.
+
+        Raises:
+            ValueError: ``masks`` is not None or a dict of masks that fit the inner layer.
         """
+        masks = _check_masks(masks, {"inner": jnp.shape(z)[:-1] + (self.hidden,)}, "nn.ResNetCell")
         h = jax.nn.relu(self.inner_norm(self.expand(z)))
+        if masks is not None:
+            h = h * masks["inner"].astype(h.dtype)
         return self.outer_norm(jax.nn.relu(z + self.contract(h) + self.inject(x)))

@@ -95,8 +95,9 @@ class DEQ(nnx.Module):
         eval_max_steps: the iteration limit in evaluation mode (``layer.eval()``, a model's
             ``model.eval()``); it may exceed ``max_steps``. None: the training one.
         eval_tol: the tolerance in evaluation mode (> 0); None: the training one.
-        deterministic: start in evaluation mode (``eval_max_steps`` / ``eval_tol``); flax's
-            ``train()`` / ``eval()`` switch it (as they do :class:`deqlab.nn.WeightTiedDropout`).
+        deterministic: start in evaluation mode (``eval_max_steps`` / ``eval_tol``, and the
+            cell's dropout switched off, as ``layer.eval()`` would); flax's ``train()`` /
+            ``eval()`` switch it (as they do :class:`deqlab.nn.WeightTiedDropout`).
 
     Attributes:
         cell: the cell (a copy with ``param_dtype`` parameters when that was given).
@@ -192,6 +193,10 @@ class DEQ(nnx.Module):
         if not isinstance(deterministic, bool):
             raise checks.fail("deterministic", "True or False", deterministic, where)
         self.deterministic = deterministic
+        if deterministic:
+            # Evaluation mode is the whole layer's, as model.eval() would set it: the cell's
+            # dropout (a WeightTiedDropout, an nnx.Dropout) stops drawing masks too.
+            cell.set_attributes(deterministic=True, raise_if_not_found=False)
         self.backward = get_backward(backward)
         self.on_failure = check_policy(on_failure, where)
         self.batch_axis = batch_axis

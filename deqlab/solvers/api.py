@@ -123,7 +123,7 @@ def solve(
         raise checks.fail("checkpoint", "None unless unrolled=True (it checkpoints the unrolled scan)",
                           checkpoint, "solve")
     _check_init_state(init_state, "solve")
-    check_budget(budget, "solve")
+    budget = check_budget(budget, "solve")
     config = get_solver(solver)
     if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
         raise ValueError(f"`batch_axis` must be an int or None, got {batch_axis!r}.")

@@ -122,15 +122,36 @@ def make_budget(solver: Solver, dtype: Any, *, max_steps: Any = None, tol: Any =
     return Budget(steps, tol_value)
 
 
-def check_budget(budget: Any, where: str) -> None:
-    """``budget`` must be None or a :class:`Budget` of scalars."""
+def check_budget(budget: Any, where: str) -> Budget | None:
+    """``budget`` must be None or a :class:`Budget` of scalars: an integer ``max_steps`` and a
+    ``tol`` > 0. Returns it with a concrete ``max_steps`` clipped into int32's range (the solve
+    clips it into ``[1, cap]``; cast first, 2**32 + 3 would wrap around to 3)."""
     if budget is None:
-        return
+        return None
     if not isinstance(budget, Budget):
         raise checks.fail("budget", "a deqlab.solvers.Budget (make_budget) or None", type(budget).__name__, where)
     for name, value in zip(Budget._fields, budget):
+        if value is None or isinstance(value, (bool, np.bool_)) or not (
+                isinstance(value, (int, float, np.number)) or hasattr(value, "dtype")):
+            fill = "max_steps=None" if name == "max_steps" else "tol=None"
+            raise checks.fail(f"budget.{name}", "a number or a scalar array (make_budget(solver, dtype, "
+                              f"{fill}) fills it from the solver)", value, where)
         if jnp.shape(value) != ():
             raise checks.fail(f"budget.{name}", "a scalar", f"shape {tuple(jnp.shape(value))}", where)
+    steps, tol = budget
+    if not (isinstance(steps, (int, np.integer)) or jnp.issubdtype(jnp.result_type(steps), jnp.integer)):
+        # 2.7 steps would run 2: an iteration limit is a count
+        raise checks.fail("budget.max_steps", "an integer (a Python or NumPy integer, or an integer scalar "
+                          "array; values outside [1, the solver's max_steps] are clipped into it)", steps, where)
+    if not jnp.issubdtype(jnp.result_type(tol), jnp.inexact) and not isinstance(tol, (int, np.integer)):
+        raise checks.fail("budget.tol", "a number > 0 or a floating scalar array", tol, where)
+    if not checks.is_traced(tol):
+        value = float(np.asarray(tol))
+        if not (np.isfinite(value) and value > 0):
+            raise checks.fail("budget.tol", "a finite number > 0", value, where)
+    if not checks.is_traced(steps):
+        steps = np.int32(np.clip(np.asarray(steps, np.int64), 1, np.iinfo(np.int32).max))
+    return Budget(steps, tol)
 
 
 def limits(budget: Budget | None, solver: Solver, tol: float, dtype: Any):

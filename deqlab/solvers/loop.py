@@ -218,6 +218,59 @@ def _iterating(result):
     return result == Result.MAX_STEPS_REACHED
 
 
+def _checked_hooks(config, init, propose, record, z, fz, init_history):
+    """The first state (``init``'s, or ``init_history``), after checking once, abstractly
+    (``jax.eval_shape``: nothing runs), that the hooks return what the loop carries: ``init`` a
+    pytree of arrays, ``propose`` a pair ``(z_next, state)`` with ``z_next`` of z's shape and dtype,
+    ``propose`` and ``record`` a state of the structure, shapes and dtypes they were given. A
+    mistake is named with the hook, instead of a broadcasting or while-loop carry error."""
+    name = type(config).__name__
+    one = "" if config.couples_samples else " (for one sample: the (D,) row and that sample's state)"
+    if init_history is None:
+        try:
+            state = init(z, fz)
+        except TypeError as err:
+            named = TypeError(f"{name}.init(z, fz) must return a pytree of arrays (the solver's state, `()` "
+                              f"when it keeps none){one}: {err}")
+            for note in getattr(err, "__notes__", []):
+                named.add_note(note)
+            raise named from err
+    else:
+        state = init_history
+    leaves = jax.tree_util.tree_leaves(state)
+    bad = [leaf for leaf in leaves if not isinstance(leaf, (jax.Array, np.ndarray, np.generic))]
+    if bad:
+        raise TypeError(f"{name}.init(z, fz) must return a pytree of arrays{one}, got a leaf of type "
+                        f"{type(bad[0]).__name__}.")
+    def row(shape):  # what the hooks see: one sample's shapes, unless the solver couples samples
+        return tuple(shape) if config.couples_samples else tuple(shape)[1:]
+
+    def described(tree):
+        return [(row(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
+
+    want = (jax.tree_util.tree_structure(state), described(state))
+    try:
+        proposed = jax.eval_shape(propose, z, fz, state)
+    except (TypeError, ValueError, IndexError) as err:
+        err.add_note(f"deqlab: in {name}.propose(z, fz, state){one}.")
+        raise
+    if not (isinstance(proposed, tuple) and len(proposed) == 2):
+        got = f"a tuple of {len(proposed)}" if isinstance(proposed, tuple) else type(proposed).__name__
+        raise TypeError(f"{name}.propose(z, fz, state) must return a pair (z_next, state){one}, got {got}.")
+    z_next, state_next = proposed
+    if not hasattr(z_next, "shape") or (tuple(z_next.shape), z_next.dtype) != (tuple(z.shape), z.dtype):
+        got = f"shape {row(z_next.shape)} and dtype {z_next.dtype}" if hasattr(z_next, "shape") else type(z_next).__name__
+        raise TypeError(f"{name}.propose(z, fz, state) must return z_next of z's shape {row(z.shape)} and dtype "
+                        f"{z.dtype}{one}, got {got}.")
+    for hook, out in (("propose", state_next),
+                      ("record", jax.eval_shape(record, z, fz, state_next))):
+        if (jax.tree_util.tree_structure(out), described(out)) != want:
+            raise TypeError(f"{name}.{hook} must return a state of the structure, shapes and dtypes it was given "
+                            f"(the loop carries it from step to step){one}: expected {want[0]} with "
+                            f"{want[1]}, got {jax.tree_util.tree_structure(out)} with {described(out)}.")
+    return state
+
+
 def _where_batch(mask, new, old):
     """Per-sample select on pytrees whose leaves have a leading batch axis."""
 
@@ -284,7 +337,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         # One row per step, written with dynamic_update_slice: O(B) per step, and the batch axis
         # (the second) keeps the sharding of the residuals when the batch is split across devices.
         trace=jnp.repeat(res0[None, :], config.max_steps + 1, axis=0),
-        state=init(z0_flat, fz0_safe) if init_history is None else init_history,
+        state=_checked_hooks(config, init, propose, record, z0_flat, fz0_safe, init_history),
         # stop="error": the last RATE_WINDOW rate estimates (inf: none yet, so the residual rule
         # decides) or their running maximum, the absolute residual of the accepted iterate
         # (Picard's rate is a ratio of two of them) and the error estimate of the value the

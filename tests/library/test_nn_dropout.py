@@ -83,6 +83,21 @@ def test_masks_for_a_cell_without_dropout_are_refused():
         DEQ(ResNetCell(24, 3, rngs=nnx.Rngs(0)))(x, masks=masks)
 
 
+def test_resnet_cell_dropout_and_a_layer_built_deterministic():
+    """ResNetCell's rate (0.7's CHANGELOG listed it; 0.9.0 refused it) masks the inner layer, where
+    the multiscale DEQ's block drops; DEQ(..., deterministic=True) starts the whole layer in
+    evaluation mode, its cell's dropout included (0.9.0 kept drawing masks: calls differed by 1.7)."""
+    x = jax.random.normal(jax.random.key(1), (2, 3))
+    layer = DEQ(ResNetCell(16, 3, dropout=0.3, rngs=nnx.Rngs(0)), tol=1e-8, max_steps=200)
+    assert layer.cell.dropout_masks((2, 16))["inner"].shape == (2, 32)  # hidden = 2 * width
+    assert float(jnp.max(jnp.abs(layer(x) - layer(x)))) > 1e-3
+    reference = DEQ(ResNetCell(16, 3, rngs=nnx.Rngs(0)), tol=1e-8, max_steps=200)(x)
+    evaluated = DEQ(ResNetCell(16, 3, dropout=0.3, rngs=nnx.Rngs(0)), tol=1e-8, max_steps=200, deterministic=True)
+    assert np.array_equal(evaluated(x), reference) and np.array_equal(evaluated(x), reference)
+    with pytest.raises(ValueError, match="dropout"):
+        ResNetCell(16, 3, dropout=1.0, rngs=nnx.Rngs(0))
+
+
 @pytest.mark.parametrize("masks", [{"wrong": jnp.ones((4, 24))}, {"hidden": jnp.ones((4, 7))}, [1.0]])
 def test_malformed_masks_are_named(masks):
     cell, x = _tanh()

@@ -28,7 +28,8 @@ from deqlab.lab.experiments.sequence import ensemble_study
 from deqlab.nn import baselines, normalization, transformer, trellis
 from tests.library.test_probe import NAN, E, Probe, R, _run
 
-MODULES = ("nn", "nn.normalization", "stability", "data", "sweep", "cli", "exercises", "precision")
+MODULES = ("nn", "nn.normalization", "stability", "data", "sweep", "cli", "exercises", "precision", "solvers",
+           "eager")
 
 KEY = jax.random.key(0)
 
@@ -76,6 +77,61 @@ def _checkpoints_with_step(step=1):
 
 def _cli(*argv):
     return ensemble_study.main(list(argv))
+
+
+def _solve_with(solver, **options):
+    import deqlab
+
+    return deqlab.solve(lambda z: 0.5 * z + 1.0, jnp.zeros(3), solver=solver, **options)
+
+
+def _solve_without_fixed_point(solver, **options):
+    import deqlab
+
+    return deqlab.solve(lambda z: z + 1.0, jnp.zeros(3), solver=solver, on_failure="ignore", **options)
+
+
+def _hooked(propose=None, init=None):
+    """A Solver of one's own whose ``propose`` / ``init`` make the given mistake."""
+    import deqlab
+
+    class Mistaken(deqlab.Solver):
+        def init(self, z, fz):
+            return init(z, fz) if init else ()
+
+        def propose(self, z, fz, state):
+            return propose(z, fz, state) if propose else (fz, state)
+
+    return Mistaken()
+
+
+class _Setting:
+    scale = 0.5
+
+
+def _class_attribute_read_twice():
+    import deqlab
+
+    f = lambda z: _Setting.scale * z + 1.0  # noqa: E731
+    first = deqlab.solve(f, jnp.zeros(2), solver=deqlab.Picard(max_steps=500)).value
+    _Setting.scale = 0.75
+    try:
+        return first, deqlab.solve(f, jnp.zeros(2), solver=deqlab.Picard(max_steps=500)).value
+    finally:
+        _Setting.scale = 0.5
+
+
+def _cache_under_jit_with_index_minus_one():
+    cache = nn.FixedPointCache.create(3, (2,)).update(jnp.array([2]), jnp.ones((1, 2)))
+    looked = jax.jit(lambda c, i: c.lookup(i))(cache, jnp.array([-1]))
+    updated = jax.jit(lambda c, i: c.update(i, 5.0 * jnp.ones((1, 2))))(cache, jnp.array([-1]))
+    return looked, updated
+
+
+def _deterministic_deq_twice():
+    layer = nn.DEQ(nn.TanhCell(8, 3, dropout=0.5, rngs=_rngs()), deterministic=True)
+    x = jnp.ones((2, 3))
+    return layer(x), layer(x)
 
 
 def _z():
@@ -211,7 +267,70 @@ PROBES: list[Probe] = [
     E("working-dtype-int", "precision", lambda: precision.working_dtype(jnp.int32), "dtype", valid=r"floating-point"),
     E("emulate-matmuls-string", "precision", lambda: precision.emulate_accelerator_matmuls("yes").__enter__(),
       "enabled", valid=r"True or False"),
+    # ----------------------------------------------------------------------------- solvers (0.9: budgets, hooks)
+    E("budget-max-steps-float", "solvers",
+      lambda: _solve_with(_picard(50), budget=_budget(2.7, 1e-5)), "budget.max_steps", valid=r"an integer"),
+    E("budget-tol-none", "solvers", lambda: _solve_with(_picard(50), budget=_budget(jnp.int32(5), None)),
+      "budget.tol", valid=r"make_budget"),
+    R("budget-max-steps-past-int32-is-clipped", "solvers",
+      lambda: _solve_without_fixed_point(_picard(50), budget=_budget(np.int64(2**32 + 3), 1e-5)),
+      check=lambda sol: int(sol.stats.steps) == 50),
+    E("hook-propose-wrong-shape", "solvers", lambda: _solve_with(_hooked(propose=lambda z, fz, s: (fz[:1], s))),
+      r"re:Mistaken\.propose\(z, fz, state\)", valid=r"z's shape \(3,\)", exc=TypeError),
+    E("hook-propose-bare-array", "solvers", lambda: _solve_with(_hooked(propose=lambda z, fz, s: fz)),
+      r"re:Mistaken\.propose", valid=r"a pair \(z_next, state\)", exc=TypeError),
+    E("hook-propose-other-dtype", "solvers",
+      lambda: _solve_with(_hooked(propose=lambda z, fz, s: (fz.astype(jnp.float16), s))),
+      r"re:Mistaken\.propose", valid=r"dtype float32", exc=TypeError),
+    E("hook-propose-state-dtype", "solvers",
+      lambda: _solve_with(_hooked(init=lambda z, fz: jnp.zeros(3), propose=lambda z, fz, s: (fz, s.astype(jnp.int32)))),
+      r"re:Mistaken\.propose", valid=r"structure, shapes and dtypes it was given", exc=TypeError),
+    E("hook-init-string-leaf", "solvers", lambda: _solve_with(_hooked(init=lambda z, fz: "state")),
+      r"re:Mistaken\.init", valid=r"pytree of arrays", exc=TypeError),
+    # ----------------------------------------------------------------------------- eager cache, nn (0.9)
+    R("eager-class-attribute-changed", "eager", _class_attribute_read_twice,
+      check=lambda pair: abs(float(pair[0][0]) - 2.0) < 1e-3 and abs(float(pair[1][0]) - 4.0) < 1e-3),
+    R("eager-module-attribute-is-keyed", "eager",
+      lambda: deqlab_eager()._captured(lambda z: _Setting.scale * z),
+      check=lambda key: any(item == (float, 0.5) for item in key)),
+    R("eager-uncacheable-attribute-warns", "eager",
+      lambda: _solve_with_list_attribute(), warns=UserWarning, match=r"runs uncached"),
+    R("fixed-point-cache-index-minus-one-under-jit", "nn", _cache_under_jit_with_index_minus_one,
+      check=lambda out: bool(jnp.all(out[0] == 0)) and bool(jnp.all(out[1].values[2] == 1.0))
+      and not bool(out[1].filled[0])),
+    R("deq-built-deterministic-draws-no-mask", "nn", _deterministic_deq_twice,
+      check=lambda pair: bool(jnp.array_equal(pair[0], pair[1]))),
+    R("resnet-cell-dropout-rate", "nn", lambda: nn.ResNetCell(8, 3, dropout=0.1, rngs=_rngs()),
+      check=lambda cell: cell.dropout is not None and cell.dropout.rate == 0.1),
 ]
+
+
+def _picard(max_steps):
+    import deqlab
+
+    return deqlab.Picard(max_steps=max_steps)
+
+
+def _budget(max_steps, tol):
+    from deqlab.solvers import Budget
+
+    return Budget(max_steps, tol)
+
+
+def deqlab_eager():
+    from deqlab import _eager
+
+    return _eager
+
+
+class _Holder:
+    items = [0.5]
+
+
+def _solve_with_list_attribute():
+    import deqlab
+
+    return deqlab.solve(lambda z: _Holder.items[0] * z + 1.0, jnp.zeros(2), solver=deqlab.Picard(max_steps=500))
 
 
 def _forever():
