@@ -68,7 +68,8 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
 
     Raises:
         ValueError: a report that is not JUnit XML, holds no test case (a run that stopped at
-            collection), or gives a test time that is not a number.
+            collection), gives a test time that is not a number, or whose test cases map to no file
+            of the repository (a report of another checkout or layout: its tables would be empty).
     """
     seconds: dict[str, float] = {}
     slow: set[str] = set()
@@ -79,10 +80,12 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
             raise ValueError(f"`{report}` is not a JUnit XML report: {error}") from error
         if not cases:
             raise ValueError(f"`{report}` holds no test case: not the report of a run")
+        mapped = 0
         for case in cases:
             found = file_of(case.get("classname", ""))
             if found is None:
                 continue
+            mapped += 1
             path, classes = found
             try:
                 took = float(case.get("time", 0.0))
@@ -91,8 +94,19 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
             seconds[path] = seconds.get(path, 0.0) + took
             if path.endswith(".py") and took >= slow_seconds:
                 slow.add("::".join([path, *classes, case.get("name", "")]))
+        if not mapped:
+            raise ValueError(f"`{report}`: none of its {len(cases)} test cases names a file under {ROOT} (first "
+                             f"classname {cases[0].get('classname', '')!r}): the report of another checkout or "
+                             "layout; its tables would be empty")
     table = {p: round(s, 1) for p, s in sorted(seconds.items(), key=lambda kv: -kv[1]) if s >= 0.05}
     return table, sorted(slow)
+
+
+def _write(path: Path, value) -> None:
+    # whole or not at all: an interrupted write never leaves a truncated table
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=0) + "\n")
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,13 +125,20 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     if not out.is_dir():
         parser.error(f"--out: no such folder: {out}")
+    outputs = [out / "slow.json", *([out / "durations.json"] if args.durations else [])]
+    own = [r for r in args.reports if any(Path(r).resolve() == o.resolve() for o in outputs)]
+    if own:
+        parser.error(f"{', '.join(own)} is this script's output: refusing to overwrite its own input")
     try:
         table, slow = tables(args.reports)
     except ValueError as error:
         parser.error(str(error))
+    if not slow:  # never [] over the stored table: every unit test would go back into `make unit` unmarked
+        parser.error(f"no unit test took at least {SLOW_SECONDS:g} s in {', '.join(args.reports)}: not the reports "
+                     "of a full cold `make test` (see the docstring); slow.json left as it was")
     if args.durations:
-        (out / "durations.json").write_text(json.dumps(table, indent=0) + "\n")
-    (out / "slow.json").write_text(json.dumps(slow, indent=0) + "\n")
+        _write(out / "durations.json", table)
+    _write(out / "slow.json", slow)
     print(f"{len(table)} files, {sum(table.values()):.0f} s{' (durations.json written)' if args.durations else ''}; "
           f"{len(slow)} tests of at least {SLOW_SECONDS:g} s marked slow", file=sys.stderr)
 

@@ -90,6 +90,69 @@ def test_main_writes_both_tables_and_refuses_bad_reports(repository, capsys):
     assert "_build/reports/tests.xml" in capsys.readouterr().err
 
 
+FOREIGN = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="elsewhere.test_x" name="test_long" time="30.0"/>
+<testcase classname="tests.test_gone" name="test_renamed" time="9.0"/>
+</testsuite></testsuites>"""
+FAST = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.test_a" name="test_quick" time="0.4"/>
+<testcase classname="book.ch1_linear.01_ensembles.ipynb" name="01_ensembles.ipynb" time="40.0"/>
+</testsuite></testsuites>"""
+
+
+def test_main_never_overwrites_the_tables_with_an_empty_one(repository, capsys):
+    # a report whose test cases name no file of the repository (another checkout, another layout),
+    # alone or beside a good one, and a report with no unit test at the threshold, would each write
+    # slow.json = []: every measured slow test back into `make unit`. Refused, the tables kept.
+    out = repository / "out"
+    out.mkdir()
+    (out / "slow.json").write_text('["tests/test_a.py::test_kept"]\n')
+    (out / "durations.json").write_text('{"tests/test_a.py": 1.0}\n')
+    kept = {name: (out / name).read_text() for name in ("slow.json", "durations.json")}
+    (repository / "foreign.xml").write_text(FOREIGN)
+    (repository / "fast.xml").write_text(FAST)
+    for argv, message in (
+        (["foreign.xml"], r"foreign.xml`: none of its 2 test cases names a file under .*'elsewhere.test_x'"),
+        (["tests.xml", "foreign.xml"], r"foreign.xml`: none of its 2 test cases"),
+        (["fast.xml"], r"no unit test took at least 3 s in .*fast.xml.*slow.json left as it was"),
+    ):
+        for durations_flag in ([], ["--durations"]):
+            with pytest.raises(SystemExit) as exit_info:
+                durations.main([*(str(repository / a) for a in argv), "--out", str(out), *durations_flag])
+            assert exit_info.value.code == 2
+            assert re.search(message, capsys.readouterr().err), message
+            assert {name: (out / name).read_text() for name in kept} == kept
+
+
+def test_main_refuses_to_overwrite_its_own_input(repository, capsys):
+    # even a valid report stored where the script writes (a mistyped --out or report path)
+    out = repository / "out"
+    out.mkdir()
+    (out / "slow.json").write_text(PASS_1)
+    (out / "durations.json").write_text(PASS_1)
+    for argv in ([str(out / "slow.json")], [str(repository / "tests.xml"), str(out / ".." / "out" / "slow.json")],
+                 [str(out / "durations.json"), "--durations"]):
+        with pytest.raises(SystemExit) as exit_info:
+            durations.main([*argv, "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert "this script's output: refusing to overwrite its own input" in capsys.readouterr().err
+        assert (out / "slow.json").read_text() == PASS_1 and (out / "durations.json").read_text() == PASS_1
+    # durations.json is read, not written, without --durations: a report like any other
+    durations.main([str(out / "durations.json"), "--out", str(out)])
+    assert (out / "durations.json").read_text() == PASS_1 and len(json.loads((out / "slow.json").read_text())) == 4
+
+
+def test_script_exits_non_zero_on_a_report_of_no_file(tmp_path):
+    # as `python .ci/test_durations.py` runs: argparse's exit status 2, the output folder untouched
+    (tmp_path / "foreign.xml").write_text(FOREIGN)
+    (tmp_path / "slow.json").write_text("[\"x\"]\n")
+    res = subprocess.run([sys.executable, str(ROOT / ".ci" / "test_durations.py"), str(tmp_path / "foreign.xml"),
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "none of its 2 test cases names a file" in res.stderr, res.stderr
+    assert (tmp_path / "slow.json").read_text() == "[\"x\"]\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "foreign.xml", "slow.json"]
+
+
 def test_stored_tables_name_existing_tests():
     table = json.loads((ROOT / "tests" / "durations.json").read_text())
     slow = json.loads((ROOT / "tests" / "slow.json").read_text())

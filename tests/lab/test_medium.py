@@ -113,3 +113,178 @@ def test_stored_results_are_current_and_consistent(key):
     again = power.claims_from_raw({key: record["raw"]})
     assert [c["verdict_at_quick"] for c in again] == [c["verdict"] for c in record["claims"]]
     assert [c["claim"] for c in again] == [c["claim"] for c in record["claims"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# load() verifies a stored result against its own per-seed data, and names the file in every error
+# ---------------------------------------------------------------------------------------------
+
+_STEPS = "ch3 p6 ranking: spectral lowers the forward solver steps, last epoch at sqrt(V) = 2.5"
+
+
+def _stored(tmp_path, key="ch3p6"):
+    # a stored result to edit: the fake ch3p6 run, or a copy of the real stored one of `key`
+    if key == "ch3p6-fake":
+        medium.run("ch3p6", tmp_path, collect=_fake_stabilisation)
+        return tmp_path / "ch3p6.json"
+    target = tmp_path / f"{key}.json"
+    target.write_text(medium.path_for(key).read_text())
+    return target
+
+
+def _edit(path, change):
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("verdict", "not resolved", "verdict: stored 'not resolved', recomputed 'holds'"),
+    ("effect", 9.0, "effect: stored 9.0, recomputed 5.00"),
+    ("lo", -1.0, "lo: stored -1.0, recomputed"),
+    ("hi", 1.0, "hi: stored 1.0, recomputed"),
+    ("se", 3.0, "se: stored 3.0, recomputed"),
+    ("seeds_now", 500, "seeds_now: stored 500, recomputed 128"),
+])
+def test_load_refuses_a_claim_edited_while_its_data_stayed(tmp_path, field, value, shown):
+    path = _stored(tmp_path, "ch3p6-fake")
+    assert medium.load("ch3p6", tmp_path)["verified"] is True
+
+    def change(record):
+        claim = next(c for c in record["claims"] if c["claim"] == _STEPS)
+        claim[field] = value
+
+    _edit(path, change)
+    with pytest.raises(medium.StoredResultError) as error:
+        medium.load("ch3p6", tmp_path)
+    message = str(error.value)
+    assert str(path) in message and _STEPS in message and shown in message, message
+    assert "rerun `OPENBLAS_NUM_THREADS=1 python -m deqlab.lab.experiments.medium ch3p6`" in message
+    with pytest.raises(medium.StoredResultError):  # what a page calls: nothing is glued or shown
+        medium.show("ch3p6", "x", tmp_path)
+
+
+def test_load_ignores_prose_and_refuses_added_or_dropped_claims(tmp_path):
+    path = _stored(tmp_path, "ch3p6-fake")
+    _edit(path, lambda r: r["claims"][0].update(paper_source="reworded", note="reworded"))
+    assert medium.load("ch3p6", tmp_path)["verified"] is True  # words, not numbers: a rewording changes no verdict
+    _edit(path, lambda r: r["claims"].pop())
+    with pytest.raises(medium.StoredResultError, match=r"3 claims stored, 4 recomputed"):
+        medium.load("ch3p6", tmp_path)
+    _stored(tmp_path, "ch3p6-fake")
+    _edit(path, lambda r: r["claims"].reverse())
+    with pytest.raises(medium.StoredResultError, match=r"claims\[0\] is .*shine.*, recomputed .*spectral"):
+        medium.load("ch3p6", tmp_path)
+
+
+def test_load_refuses_edited_per_seed_data(tmp_path):
+    # the data edited and the claims left: the claims no longer follow from it
+    path = _stored(tmp_path, "ch3p6-fake")
+    _edit(path, lambda r: r["raw"]["cells"]["spectral@2.5"]["steps_last"].__setitem__(0, 1e3))
+    with pytest.raises(medium.StoredResultError, match=re.escape(_STEPS) + r".*effect: stored"):
+        medium.load("ch3p6", tmp_path)
+
+
+@pytest.mark.parametrize("key", sorted(medium.EXPERIMENTS))
+def test_load_refuses_an_edited_verdict_of_every_stored_result(tmp_path, key):
+    # the real stored files, each claim's verdict flipped in a copy
+    path = _stored(tmp_path, key)
+    for i in range(len(json.loads(path.read_text())["claims"])):
+        _stored(tmp_path, key)
+        flip = {"holds": "contradicted", "contradicted": "holds", "not resolved": "holds"}
+        _edit(path, lambda r: r["claims"][i].update(verdict=flip[r["claims"][i]["verdict"]]))
+        with pytest.raises(medium.StoredResultError, match=rf"{re.escape(str(path))}: claims\[{i}\] .*verdict: stored"):
+            medium.load(key, tmp_path)
+
+
+def test_load_refuses_an_edited_page_claim_of_ch5p6(tmp_path):
+    # the page shows raw["page_claims"] too: the bootstrap ones are recomputed from the per-seed
+    # perplexities, the count ones checked against the counts they state
+    path = _stored(tmp_path, "ch5p6")
+    claims = json.loads(path.read_text())["raw"]["page_claims"]
+    boot = next(i for i, c in enumerate(claims) if "bootstrap" in c["method"] and c["verdict"] == "holds")
+    every = next(i for i, c in enumerate(claims) if c["method"].startswith("count"))
+    sign = next(i for i, c in enumerate(claims) if c["method"].startswith("exact sign"))
+    for i, change, shown in ((boot, {"verdict": "contradicted"}, "verdict: stored 'contradicted', recomputed 'holds'"),
+                             (boot, {"lo": -5.0}, "lo: stored -5.0"),
+                             (every, {"verdict": "contradicted"}, "verdict: stored 'contradicted', recomputed 'holds'"),
+                             (sign, {"verdict": "holds"}, "verdict: stored 'holds', recomputed 'not resolved'"),
+                             (sign, {"detail": "vs orthogonal: random misses its plateau in more runs in 1 seeds"},
+                              "expected the counts of an exact test")):
+        _stored(tmp_path, "ch5p6")
+        _edit(path, lambda r: r["raw"]["page_claims"][i].update(change))
+        with pytest.raises(medium.StoredResultError, match=re.escape(str(path))) as error:
+            medium.load("ch5p6", tmp_path)
+        assert claims[i]["claim"] in str(error.value) and shown in str(error.value), str(error.value)
+
+
+def test_every_stored_result_verifies_or_says_why_not():
+    # ch5p6's count claims rest on per-run flags (plateau, divergence) the file stores only as counts
+    for key in ("ch3p5", "ch3p6", "ch4p5"):
+        record = medium.load(key)
+        assert record["verified"] is True and record["verification"]["unverified"] == [], key
+        assert record["verification"]["recomputed"] == len(record["claims"]), key
+    record = medium.load("ch5p6")
+    assert record["verified"] is False
+    unverified = [u["claim"] for u in record["verification"]["unverified"]]
+    counts = [c["claim"] for c in record["raw"]["page_claims"] if "bootstrap" not in c["method"]]
+    assert len(counts) == 4 and unverified[:4] == counts
+    assert unverified[4:] == [c["claim"] for c in record["claims"] if c.get("sd", 0) is None]
+    assert "not store" in record["verification"]["reason"] and all(u["reason"] for u in record["verification"]["unverified"])
+    assert record["verification"]["recomputed"] == len(record["claims"]) - 1 + len(record["raw"]["page_claims"]) - 4
+
+
+def test_show_glues_whether_the_claims_were_verified(monkeypatch):
+    import deqlab.lab.experiments as experiments
+
+    glued = {}
+    monkeypatch.setattr(experiments, "glue", lambda name, value, display=True: glued.__setitem__(name, value))
+    medium.show("ch3p6", "x")
+    assert glued["x_medium_verified"].startswith("Every claim below was recomputed")
+    _, shown = medium.show("ch5p6", "y")
+    assert glued["y_medium_verified"].startswith("Not every claim could be recomputed")
+    assert "001 Fig. 6: random trajectories" in glued["y_medium_verified"]
+    assert glued["y_medium_verified"] in shown.caption
+
+
+@pytest.mark.parametrize("write, message", [
+    (lambda text: text[: len(text) // 2], r"not valid JSON at line \d+ column \d+"),
+    (lambda text: "", r"not valid JSON at line 1 column 1"),
+    (lambda text: "[1, 2]", r"expected a JSON object \(a stored medium result\), got list"),
+    (lambda text: b"\xff\xfe".decode("latin-1"), r"not valid JSON|not UTF-8"),
+])
+def test_load_names_the_file_of_a_malformed_result(tmp_path, write, message):
+    path = _stored(tmp_path, "ch3p6-fake")
+    path.write_text(write(path.read_text()))
+    with pytest.raises(medium.StoredResultError, match=re.escape(str(path)) + ": " + message):
+        medium.load("ch3p6", tmp_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("claims"), "missing key 'claims' (expected a list of objects)"),
+    (lambda r: r.pop("config_hash"), "missing key 'config_hash' (expected a string)"),
+    (lambda r: r["provenance"]["machine"].pop("cpus"), "missing key 'provenance.machine.cpus' (expected an integer)"),
+    (lambda r: r["raw"].pop("cells"), "missing key 'raw.cells' (expected an object)"),
+    (lambda r: r["claims"][1].pop("verdict"), "missing key claims[1].'verdict' (expected a string)"),
+    (lambda r: r["options"].update(seeds="128"), "'options.seeds' has the wrong type: expected an integer, got str '128'"),
+    (lambda r: r.update(provenance=[]), "'provenance' has the wrong type: expected an object, got list"),
+    (lambda r: r["raw"]["settings"].update(seeds=[0, 1.5]), "'raw.settings.seeds' has the wrong type"),
+    (lambda r: r.update(experiment="ch3p5"), "'experiment' is 'ch3p5', expected 'ch3p6'"),
+    (lambda r: r["options"].update(seeds=17), "options.seeds is 17, but the per-seed data has 128 seeds"),
+    (lambda r: r["raw"]["cells"].pop("shine@2.5"), "per-seed data (raw) is not what the statistics code reads "
+                                                   "(missing key 'shine@2.5')"),
+    (lambda r: r["raw"]["cells"]["none@2.5"].update(steps_last="x"),
+     "'raw.cells.none@2.5.steps_last': expected a list of 128 per-seed numbers (one per raw.settings.seeds), got str 'x'"),
+    (lambda r: r["raw"]["cells"]["none@2.5"]["steps_last"].__setitem__(3, "x"),
+     "'raw.cells.none@2.5.steps_last': expected a list of 128 per-seed numbers (one per raw.settings.seeds), got "
+     "128 values, not all numbers"),
+    (lambda r: r["raw"]["cells"]["none@2.5"]["radius_last"].pop(), "'raw.cells.none@2.5.radius_last': expected a "
+                                                                   "list of 128 per-seed numbers"),
+    (lambda r: r["raw"]["cells"].update({"none@2.5": [1.0]}), "'raw.cells.none@2.5' has the wrong type: expected an object"),
+])
+def test_load_names_the_file_and_what_was_expected(tmp_path, change, message):
+    path = _stored(tmp_path, "ch3p6-fake")
+    _edit(path, change)
+    with pytest.raises(medium.StoredResultError) as error:
+        medium.load("ch3p6", tmp_path)
+    assert str(error.value).startswith(f"experiments.medium.load: {path}: ") and message in str(error.value), error.value

@@ -14,15 +14,20 @@ One command re-runs any stored experiment::
     python -m deqlab.lab.experiments.medium ch3p6      # or: make medium EXPERIMENT=ch3p6
 
 A page reads the stored result with :func:`load`, which flags it ``stale`` when the settings the
-current code would run (:data:`EXPERIMENTS`) hash differently from the stored ones.
+current code would run (:data:`EXPERIMENTS`) hash differently from the stored ones, recomputes its
+claims from its stored per-seed data (refusing a file whose claims differ from them, and saying in
+``verified`` which claims rest on numbers it does not store per seed), and names the file and the
+field in every error (not valid JSON, a missing key, a wrong type).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,7 +35,8 @@ from typing import Any, Callable, Sequence
 
 from deqlab import checks
 
-__all__ = ["EXPERIMENTS", "DEFAULT_DIRECTORY", "settings", "config_hash", "path_for", "run", "load", "short_commit", "show", "main"]
+__all__ = ["EXPERIMENTS", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "config_hash", "path_for", "run",
+           "load", "short_commit", "show", "main"]
 
 _WHERE = "experiments.medium"
 
@@ -224,7 +230,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
     start = time.perf_counter()
     raw = (collect or experiment["collect"])(options)
     wall = time.perf_counter() - start
-    claims = power.claims_from_raw({key: raw})
+    claims = power.claims_from_raw({key: raw})  # the statistics load() recomputes (_verify)
     record = {
         "experiment": key,
         "page": experiment["page"],
@@ -242,8 +248,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
             "environment": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "XLA_FLAGS", "DEQLAB_SCALE")},
         },
         "raw": raw,
-        # the power analysis names its fields after the quick scale; here they are the medium run's
-        "claims": [{k.replace("quick_", "").replace("_at_quick", ""): v for k, v in c.items()} for c in claims],
+        "claims": _medium_claims(claims),
     }
     target = path_for(key, directory)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -254,27 +259,314 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
 
 
 def load(key: str, directory: Any = None) -> dict[str, Any]:
-    """The stored medium result of ``key``, with ``stale`` added: True when the settings it was run
-    with hash differently from those the current code would run (:func:`config_hash`); rerun it
-    with the command in its ``command`` field.
+    """The stored medium result of ``key``, checked and verified against its own per-seed data,
+    with ``stale``, ``verified`` and ``verification`` added.
+
+    * ``stale``: True when the settings it was run with hash differently from those the current
+      code would run (:func:`config_hash`); rerun it with the command in its ``command`` field.
+    * Every claim (``claims``, and for ch5p6 the page's own tests in ``raw["page_claims"]``) is
+      recomputed from the stored per-seed numbers (``raw``) with the statistics code that made it
+      (:func:`deqlab.lab.experiments.power.claims_from_raw`;
+      :func:`deqlab.lab.experiments.sequence.ensemble_study.check_claims` for the page's bootstrap
+      tests): pure NumPy/SciPy, well under a second. A claim whose stored effect, interval,
+      standard error, seeds or verdict differs from the recomputed one is **refused**
+      (:class:`StoredResultError`): a page must never show a verdict its data does not give. The
+      prose fields (``paper_source``, ``note``) are not compared.
+    * ``verified``: True when every claim was recomputed from per-seed data. False when some
+      claim rests on numbers the file does not store per seed; ``verification`` then says which
+      and why (``unverified``: ``{"claim", "reason"}`` per claim; ``reason``: a sentence). Such a
+      claim is still checked against the counts it states (its estimate, interval and verdict
+      must follow from them), but the counts themselves cannot be checked.
+      ``verification["recomputed"]`` counts the claims recomputed from per-seed data.
 
     Raises:
         ValueError: ``key`` is not in :data:`EXPERIMENTS`.
         FileNotFoundError: nothing is stored for ``key`` (the message gives the command that runs it).
+        StoredResultError: (a ``ValueError``) the file is not valid JSON (line and column given),
+            lacks a field or has one of the wrong type (named, with the type expected), names
+            another experiment, or a claim does not follow from its per-seed data (the first such
+            claim, with its stored and recomputed values). The message names the file.
 
     Example:
         >>> from deqlab.lab.experiments import medium
         >>> record = medium.load("ch3p6")  # doctest: +SKIP
-        >>> record["stale"], record["options"]  # doctest: +SKIP
-        (False, {'seeds': 128})
+        >>> record["stale"], record["verified"], record["options"]  # doctest: +SKIP
+        (False, True, {'seeds': 128})
     """
     target = path_for(key, directory)
     if not target.exists():
         raise FileNotFoundError(f"{_WHERE}.load: no stored medium result for {key!r} at {target}; run "
                                 f"`python -m deqlab.lab.experiments.medium {key}` to make it.")
-    record = json.loads(target.read_text())
-    record["stale"] = record.get("config_hash") != config_hash(key)
+    record = _read(key, target)
+    record["verification"] = _verify(key, record, target)
+    record["verified"] = not record["verification"]["unverified"]
+    record["stale"] = record["config_hash"] != config_hash(key)
     return record
+
+
+class StoredResultError(ValueError):
+    """A stored medium result that cannot be shown: malformed, or claims its per-seed data does not give."""
+
+
+def _medium_claims(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # the power analysis names its fields after the quick scale; in a stored record they are the medium run's
+    return [{k.replace("quick_", "").replace("_at_quick", ""): v for k, v in c.items()} for c in claims]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    "a string": lambda v: isinstance(v, str),
+    "a string or null": lambda v: v is None or isinstance(v, str),
+    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "a number": _is_number,
+    "an object": lambda v: isinstance(v, dict),
+    "a list": lambda v: isinstance(v, list),
+    "a list of integers": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                for x in v),
+    "a list of numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "a list of objects": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+}
+
+_SCHEMA = {  # dotted path -> kind, parents before children; what load() and show() read
+    "experiment": "a string", "page": "a string", "what": "a string", "command": "a string",
+    "options": "an object", "options.seeds": "an integer", "config_hash": "a string",
+    "provenance": "an object", "provenance.deqlab_version": "a string", "provenance.git_commit": "a string or null",
+    "provenance.date": "a string", "provenance.machine": "an object", "provenance.machine.cpus": "an integer",
+    "provenance.wall_time_s": "a number",
+    "raw": "an object", "raw.page": "a string", "raw.settings": "an object", "raw.settings.seeds": "a list of integers",
+    "claims": "a list of objects",
+}
+_RAW_SCHEMA = {  # what power.claims_from_raw reads of each experiment's raw record (its values are checked there)
+    "ch3p5": {"raw.test_error": "an object", "raw.settings.scales": "a list of numbers"},
+    "ch3p6": {"raw.cells": "an object", "raw.settings.scales": "a list of numbers",
+              "raw.settings.remedies": "a list of strings"},
+    "ch4p5": {"raw.best_cells": "a list of objects"},
+    "ch5p6": {"raw.test_perplexity": "an object", "raw.page_claims": "a list of objects"},
+}
+_CLAIM_SCHEMA = {"claim": "a string", "verdict": "a string"}
+
+
+def _fail(target: Path, message: str) -> StoredResultError:
+    return StoredResultError(f"{_WHERE}.load: {target}: {message}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_fields(record: dict, schema: dict[str, str], target: Path, what: str = "") -> None:
+    for path, kind in schema.items():
+        *parents, name = path.split(".")
+        holder = record
+        for part in parents:
+            holder = holder[part]  # checked before (parents come first)
+        if name not in holder:
+            raise _fail(target, f"missing key {what}{path!r} (expected {kind}); the file is truncated or was "
+                                "edited by hand: rerun its experiment")
+        if not _KINDS[kind](holder[name]):
+            raise _fail(target, f"{what}{path!r} has the wrong type: expected {kind}, got "
+                                f"{type(holder[name]).__name__} {_shown(holder[name])}")
+
+
+def _read(key: str, target: Path) -> dict[str, Any]:
+    """The stored record of ``key`` at ``target``, its fields checked (:data:`_SCHEMA`)."""
+    try:
+        text = target.read_text()
+    except UnicodeDecodeError as error:
+        raise _fail(target, f"not UTF-8 text ({error})") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _fail(target, f"not valid JSON at line {error.lineno} column {error.colno} ({error.msg}); expected a "
+                            "stored medium result (a truncated file? rerun its experiment)") from None
+    if not isinstance(record, dict):
+        raise _fail(target, f"expected a JSON object (a stored medium result), got {type(record).__name__}")
+    _check_fields(record, _SCHEMA, target)
+    if record["experiment"] != key:
+        raise _fail(target, f"'experiment' is {record['experiment']!r}, expected {key!r} (the file's name)")
+    _check_fields(record, _RAW_SCHEMA[key], target)
+    for i, claim in enumerate(record["claims"]):
+        _check_fields(claim, _CLAIM_SCHEMA, target, what=f"claims[{i}].")
+    n = len(record["raw"]["settings"]["seeds"])
+    for path, values in _per_seed_lists(key, record["raw"], target).items():
+        if not (_KINDS["a list of numbers"](values) and len(values) == n):
+            got = (f"{len(values)} values" + ("" if _KINDS["a list of numbers"](values) else ", not all numbers")
+                   if isinstance(values, list) else f"{type(values).__name__} {_shown(values)}")
+            raise _fail(target, f"{path!r}: expected a list of {n} per-seed numbers (one per raw.settings.seeds), "
+                                f"got {got}")
+    return record
+
+
+def _per_seed_lists(key: str, raw: dict[str, Any], target: Path) -> dict[str, Any]:
+    # the per-seed lists the statistics read, by dotted path (their containers' types checked here)
+    def objects(path: str, value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise _fail(target, f"{path!r} has the wrong type: expected an object, got {type(value).__name__} "
+                                f"{_shown(value)}")
+        return value
+
+    if key == "ch3p5":
+        return {f"raw.test_error.{name}": v for name, v in raw["test_error"].items()}
+    if key == "ch3p6":
+        return {f"raw.cells.{cell}.{name}": v for cell, fields in raw["cells"].items()
+                for name, v in objects(f"raw.cells.{cell}", fields).items()}
+    if key == "ch4p5":
+        for i, cell in enumerate(raw["best_cells"]):
+            _check_fields(cell, {"epoch": "an integer", "random": "a list", "kglm": "a list"}, target,
+                          what=f"raw.best_cells[{i}].")
+        return {f"raw.best_cells[{i}].{name}": cell[name] for i, cell in enumerate(raw["best_cells"])
+                for name in ("random", "kglm")}
+    return {f"raw.test_perplexity.{name}": v for name, v in raw["test_perplexity"].items()}
+
+
+_PROSE = ("paper_source", "note")
+"""Claim fields not compared on load: words, not numbers (a rewording in the code changes no verdict)."""
+
+
+def _same(a: Any, b: Any) -> bool:
+    # equal, numbers to 1e-9 relative (the same code on another BLAS or NumPy may differ in the last bits)
+    if _is_number(a) and _is_number(b):
+        return bool(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _compare(stored: list[dict], again: list[dict], where: str, target: Path, command: str,
+             skip: Sequence[str] = _PROSE) -> None:
+    """Refuse the first claim of ``stored`` that differs from ``again`` (recomputed), naming its fields."""
+    advice = (f"the stored claims do not follow from the stored per-seed data (edited by hand, or the statistics "
+              f"code changed since the run): rerun `{command}`")
+    for i, (s, a) in enumerate(zip(stored, again)):
+        if s.get("claim") != a.get("claim"):
+            raise _fail(target, f"{where}[{i}] is {s.get('claim')!r}, recomputed {a.get('claim')!r}; {advice}")
+        fields = [k for k in dict.fromkeys([*a, *s]) if k not in skip]
+        differ = [f"{k}: stored {_shown(s[k]) if k in s else '(missing)'}, recomputed "
+                  f"{_shown(a[k]) if k in a else '(none)'}"
+                  for k in fields if k not in s or k not in a or not _same(s[k], a[k])]
+        if differ:
+            raise _fail(target, f"{where}[{i}] ({s['claim']!r}) differs from its recomputation: "
+                                f"{'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; {advice}")
+    if len(stored) != len(again):
+        raise _fail(target, f"{len(stored)} {where} stored, {len(again)} recomputed from its per-seed data; {advice}")
+
+
+def _verify(key: str, record: dict[str, Any], target: Path) -> dict[str, Any]:
+    """Recompute ``record``'s claims from its per-seed data (:func:`load`); refuse one that differs."""
+    from deqlab.lab.experiments import power
+
+    raw, command = record["raw"], record["command"]
+    seeds = raw["settings"]["seeds"]
+    if record["options"]["seeds"] != len(seeds):
+        raise _fail(target, f"options.seeds is {record['options']['seeds']}, but the per-seed data has "
+                            f"{len(seeds)} seeds (raw.settings.seeds)")
+    try:
+        again = _medium_claims(power.claims_from_raw({key: raw}))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        missing = f"missing key {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+        raise _fail(target, f"its per-seed data (raw) is not what the statistics code reads ({missing})") from None
+    unverified = []
+    recomputed = len(again)
+    if key == "ch5p6":  # first the page's own tests, which the power claims copy in part
+        page_recomputed, page_unverified = _verify_page_claims(raw, target, command)
+        recomputed += page_recomputed
+        unverified += page_unverified
+    for i, (s, a) in enumerate(zip(record["claims"], again)):
+        if a.get("verdict") == "not analysed" and s.get("verdict") != "not analysed" and s["claim"] == a["claim"]:
+            raise _fail(target, f"claims[{i}] ({s['claim']!r}): its per-seed data cannot be analysed "
+                                f"({a.get('note')}); expected per-seed numbers in raw")
+    _compare(record["claims"], again, "claims", target, command)
+    if key == "ch5p6":
+        # claims_from_raw copies the page's count claims (001 Fig. 6) into the power claims
+        counted = {c["claim"] for c in page_unverified}
+        unverified += [{"claim": c["claim"], "reason": "copied from raw.page_claims' count claim "
+                        f"{c['claim'].split(': ', 1)[-1]!r}: not stored per seed"}
+                       for c in record["claims"] if c["claim"].split(": ", 1)[-1] in counted]
+        recomputed -= sum(c["claim"].split(": ", 1)[-1] in counted for c in record["claims"])
+    reason = None
+    if unverified:
+        reason = (f"{len(unverified)} claim(s) rest on per-run flags (test-loss plateau reached, run diverged or "
+                  "solver failed) that the file does not store, only their counts: each is checked against the "
+                  "counts it states, which cannot be checked; the other claims were recomputed from per-seed data")
+    return {"recomputed": recomputed, "unverified": unverified, "reason": reason}
+
+
+_EVERY_RUN = re.compile(r"^(\d+) of (\d+) GOE runs do not; (\d+) of (\d+) seeds affected$")
+_VERSUS = re.compile(r"vs (\w+): random .*? in more runs in (\d+) seeds, fewer in (\d+), as many in (\d+) \(runs:")
+
+
+def _verify_page_claims(raw: dict[str, Any], target: Path, command: str) -> tuple[int, list[dict[str, str]]]:
+    """ch5p6's own tests of 001 (raw["page_claims"], shown by the page): the bootstrap ones recomputed from
+    the per-seed perplexities by ensemble_study.check_claims; the count ones (per-run flags, not stored)
+    checked against their own counts. Returns (claims recomputed, unverified claims)."""
+    import numpy as np
+
+    from deqlab.lab import stats
+    from deqlab.lab.experiments.sequence import ensemble_study as es
+
+    stored = raw["page_claims"]
+    for i, c in enumerate(stored):
+        _check_fields(c, {"claim": "a string", "method": "a string", "verdict": "a string", "detail": "a string",
+                          "n_seeds": "an integer", "estimate": "a number", "lo": "a number", "hi": "a number"},
+                      target, what=f"raw.page_claims[{i}].")
+    ppl = raw["test_perplexity"]
+    seeds = raw["settings"]["seeds"]
+    try:
+        # check_claims reads per-run rows; only the perplexities are stored, so the curves and flags here are
+        # placeholders and the claims they feed (the counts) are not compared
+        rows = [{"ensemble": e, "sqrt_v": v, "seed": s, "test_perplexity": ppl[f"{e}@{v:g}"][i],
+                 "test_loss_curve": [2.0, 1.0, 1.0, 1.0], "eval_steps": [0, 1, 2, 3], "diverged": False,
+                 "solver_failed": False}
+                for e in es.ENSEMBLES for v in es.SQRT_V for i, s in enumerate(seeds)]
+        again = es.check_claims(rows)
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        missing = f"missing key {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+        raise _fail(target, f"raw.test_perplexity is not what ensemble_study.check_claims reads ({missing})") from None
+    keys = ("claim", "kind", "method", "estimate", "lo", "hi", "n_seeds", "verdict")
+    again = [{k: c[k] for k in keys} for c in again]
+    if [c["claim"] for c in stored] != [c["claim"] for c in again]:
+        _compare([{"claim": c["claim"]} for c in stored], [{"claim": c["claim"]} for c in again],
+                 "raw.page_claims", target, command)
+    boot = [i for i, c in enumerate(again) if "bootstrap" in c["method"]]
+    _compare([{k: stored[i].get(k) for k in keys} for i in boot], [again[i] for i in boot], "raw.page_claims (bootstrap)",
+             target, command, skip=())
+    unverified = []
+    for i, c in enumerate(stored):
+        if i in boot:
+            continue
+        n = c["n_seeds"]
+        if n != len(seeds):
+            raise _fail(target, f"raw.page_claims[{i}] ({c['claim']!r}): n_seeds {n}, the data has {len(seeds)}")
+        every, versus = _EVERY_RUN.match(c["detail"]), _VERSUS.findall(c["detail"])
+        if every:  # ensemble_study.check_claims' every_run
+            affected = int(every.group(3))
+            good = n - affected
+            lo, hi = stats.clopper_pearson(good, n)
+            again_c = {"estimate": good / n, "lo": lo, "hi": hi, "verdict": "holds" if good == n else "contradicted"}
+        elif len(versus) == 2:  # its random_worse: two exact sign tests, the interval of the weaker
+            tests = {e: stats.sign_test(np.r_[np.ones(int(p)), -np.ones(int(m)), np.zeros(int(t))])
+                     for e, p, m, t in versus}
+            if any(int(p) + int(m) + int(t) != n for _, p, m, t in versus):
+                raise _fail(target, f"raw.page_claims[{i}] ({c['claim']!r}): its counts do not add up to {n} seeds")
+            verdict = ("holds" if all(t["lo"] > 0 for t in tests.values()) else
+                       "contradicted" if any(t["hi"] < 0 for t in tests.values()) else "not resolved")
+            t = tests[min(tests, key=lambda e: tests[e]["lo"])]
+            again_c = {"estimate": t["estimate"], "lo": t["lo"], "hi": t["hi"], "verdict": verdict}
+        else:
+            raise _fail(target, f"raw.page_claims[{i}] ({c['claim']!r}): expected the counts of an exact test in its "
+                                f"detail, got {_shown(c['detail'])}")
+        _compare([{"claim": c["claim"], **{k: c[k] for k in again_c}}], [{"claim": c["claim"], **again_c}],
+                 f"raw.page_claims (counts, claim {i})", target, command, skip=())
+        unverified.append({"claim": c["claim"], "reason": "rests on per-run flags (plateau reached, diverged, "
+                           "solver failed) not stored per seed: checked only against the counts in its detail"})
+    return len(boot), unverified
 
 
 def short_commit(commit: str | None) -> str:
@@ -302,7 +594,8 @@ def short_commit(commit: str | None) -> str:
 def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], Any]:
     """What a page shows of a stored medium result: its claims as a table, and its provenance glued.
 
-    Glues ``<prefix>_medium_stale`` (a sentence: current or stale), ``_seeds``, ``_wall`` (minutes),
+    Glues ``<prefix>_medium_stale`` (a sentence: current or stale), ``_verified`` (a sentence: every
+    claim recomputed from the stored per-seed data, or which were not and why), ``_seeds``, ``_wall`` (minutes),
     ``_version`` (deqlab version and commit), ``_date``, ``_cpus``, and, for each verdict
     (``holds``, ``contradicted``, ``not_resolved``), ``<prefix>_medium_<verdict>``: the number of
     claims with it.
@@ -320,6 +613,8 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
     Raises:
         ValueError: ``key`` is not in :data:`EXPERIMENTS`.
         FileNotFoundError: nothing is stored for ``key``.
+        StoredResultError: the stored result is malformed or its claims do not follow from its
+            per-seed data (:func:`load`).
 
     Example:
         >>> from deqlab.lab.experiments import medium
@@ -332,6 +627,11 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
     glue(f"{prefix}_medium_stale", "**These results are stale**: the medium settings in "
          "`deqlab.lab.experiments.medium` have changed since this run; rerun its command." if record["stale"]
          else "The stored run's settings are those of the current code.", display=False)
+    unverified = [u["claim"] for u in record["verification"]["unverified"]]
+    verified = ("Every claim below was recomputed from the stored per-seed data when this page was built." if not
+                unverified else f"Not every claim could be recomputed from the stored per-seed data: "
+                f"{record['verification']['reason']} ({'; '.join(unverified)}).")
+    glue(f"{prefix}_medium_verified", verified, display=False)
     glue(f"{prefix}_medium_seeds", record["options"]["seeds"], display=False)
     glue(f"{prefix}_medium_wall", prov["wall_time_s"] / 60, display=False)
     glue(f"{prefix}_medium_version", f"{prov['deqlab_version']} ({short_commit(prov['git_commit'])})", display=False)
@@ -355,7 +655,8 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
                   "(contradicted), or neither (not resolved)."
                   + (" A row without a standard error is a count: the net share of the seeds that do not tie "
                      "(the seeds column counts all of them), with the exact sign test's interval and verdict."
-                     if counts else ""))
+                     if counts else "")
+                  + ("" if record["verified"] else " " + verified))
     return record, claims_table
 
 
