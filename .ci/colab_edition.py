@@ -43,14 +43,26 @@ the Markdown cells say what the site says:
   ``{math}`` a ``$$`` block; ``{code-block}`` / ``{code-cell}``-free ``{code}`` a plain fence;
 - MyST targets (``(label)=``) and comments (``% ...``) are dropped.
 
+``glue()`` (``deqlab.lab.experiments.glue``) prints ``name = value`` under a cell outside the
+site's build, for a reader who sees the literal role; in the Colab edition the prose shows the
+values, so a cell (id ``colab-edition-quiet-glue``) placed before the first cell that calls
+``glue(`` sets ``DEQLAB_BOOK_BUILD=1``, which switches that echo off as in the book's own build,
+and echo lines of the glued names are dropped from the stored stdout.
+
 Nothing else changes: code cells are copied as they are (source, outputs, metadata), as are the
 cells' order, ids and metadata and the notebook's metadata (to which ``deqlab_colab_edition``,
-naming the source, is added). Fenced code blocks and inline code in the prose are left alone.
+naming the source and the executed notebook by paths relative to the book's root, never the
+builder's absolute path, is added). Fenced code blocks and inline code in the prose are left alone.
 
 A role or directive the script does not know, a glue key the build did not store, a label or
 citation key that does not exist is an error naming the notebook, the cell and the role; all
 missing glue values of a notebook are reported together (``MissingGlueError.missing``). Exit
-status 1 with those messages, 2 on bad usage.
+status 1 with those messages. Malformed input (a notebook that is not valid JSON, has no
+``cells`` or a cell whose ``source`` is not text, a ``_toc.yml`` without ``root``, a role with no
+content such as an empty ``{cite:t}``) and bad usage (a notebook outside the book's root, an
+``--out`` that would overwrite the inputs: ``book/`` or inside it, the root itself, myst-nb's
+``jupyter_execute``) are one line, ``colab edition: error: FILE[: cell N]: ...; expected ...``,
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -74,6 +86,51 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class ConversionError(ValueError):
     """A notebook the Colab edition cannot be made from (names the notebook, cell and role)."""
+
+
+class MalformedInputError(ConversionError):
+    """Input the script cannot read at all (not valid JSON, a notebook without cells, a cell whose
+    source is not text, a table of contents without ``root``, a notebook outside the book): one
+    line naming the file (and cell) and what was expected; exit status 2."""
+
+
+def _display_path(path: Path, root: Path | None = None) -> str:
+    """``path`` relative to ``root`` (or to the working folder) when inside it, else as given: what
+    messages and the edition's metadata show (never the builder's absolute path in metadata)."""
+    for base in filter(None, (root, Path.cwd())):
+        try:
+            return path.resolve().relative_to(base.resolve()).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
+def read_notebook(path: Path, root: Path | None = None) -> dict:
+    """A notebook file as a dict, checked: valid JSON, an object with a ``cells`` list, each cell
+    an object with a ``cell_type`` and a ``source`` that is a string or a list of strings.
+
+    Raises:
+        MalformedInputError: naming the file (and cell) and what was expected.
+    """
+    name = _display_path(path, root)
+    try:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise MalformedInputError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg});"
+                                  " expected an nbformat 4 notebook") from None
+    except UnicodeDecodeError:
+        raise MalformedInputError(f"{name}: not UTF-8 text; expected an nbformat 4 notebook") from None
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise MalformedInputError(f"{name}: no \"cells\" list; expected an nbformat 4 notebook"
+                                  " ({\"cells\": [...], \"metadata\": {...}, \"nbformat\": 4})")
+    for index, cell in enumerate(notebook["cells"]):
+        if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
+            raise MalformedInputError(f"{name}: cell {index}: not a cell; expected an object with a \"cell_type\"")
+        source = cell.get("source", "")
+        if not (isinstance(source, str) or (isinstance(source, list) and all(isinstance(x, str) for x in source))):
+            raise MalformedInputError(f"{name}: cell {index}: \"source\" is {json.dumps(source)[:40]};"
+                                      " expected a string or a list of strings")
+    return notebook
 
 
 class MissingGlueError(ConversionError):
@@ -106,7 +163,12 @@ def _cell_source(cell: dict) -> str:
 def _read_yaml(path: Path) -> dict:
     import yaml  # PyYAML comes with jupyter-book (the book extra)
 
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise MalformedInputError(f"{path}: no such file; expected the book's root folder to hold it") from None
+    except yaml.YAMLError as exc:
+        raise MalformedInputError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
 
 
 @dataclass
@@ -122,6 +184,9 @@ def read_toc(root: Path) -> list[TocEntry]:
     next (sphinx-multitoc-numbering, on with ``html.use_multitoc_numbering``).
     """
     toc = _read_yaml(root / "_toc.yml")
+    if not isinstance(toc, dict) or not isinstance(toc.get("root"), str) or not toc["root"].strip():
+        raise MalformedInputError(f"{_display_path(root / '_toc.yml', root)}: no `root` entry; expected the"
+                                  " first page, e.g. `root: book/intro`")
     entries = [TocEntry(toc["root"], ())]
     chapter = 0
 
@@ -161,7 +226,7 @@ def _markdown_blocks(root: Path, docname: str) -> list[str]:
     if path is None:
         return []
     if path.suffix == ".ipynb":
-        notebook = json.loads(path.read_text(encoding="utf-8"))
+        notebook = read_notebook(path, root)
         return [_cell_source(c) for c in notebook["cells"] if c["cell_type"] == "markdown"]
     text = path.read_text(encoding="utf-8")
     if text.startswith("---\n"):
@@ -205,7 +270,7 @@ def _figures_of_page(root: Path, docname: str) -> list[str]:
     names = []
     cells: list[tuple[str, str, dict]]
     if path.suffix == ".ipynb":
-        notebook = json.loads(path.read_text(encoding="utf-8"))
+        notebook = read_notebook(path, root)
         cells = [(c["cell_type"], _cell_source(c), c.get("metadata", {})) for c in notebook["cells"]]
     else:
         cells = [("markdown", text, {}) for text in _markdown_blocks(root, docname)]
@@ -406,16 +471,34 @@ def load_source(root: Path, docname: str, build: Path | None) -> Source:
     if build is not None:
         executed = build / "jupyter_execute" / f"{docname}.ipynb"
         if executed.exists():
-            notebook = json.loads(executed.read_text(encoding="utf-8"))
+            notebook = read_notebook(executed, root)
             glue = glue_outputs(notebook)
             glue_json = executed.with_name(executed.name[: -len(".ipynb")] + ".glue.json")
             if glue_json.exists():
-                for key, output in json.loads(glue_json.read_text(encoding="utf-8")).items():
-                    glue[key] = output.get("data", output)
-            return Source(executed, notebook, glue, str(executed))
+                try:
+                    stored = json.loads(glue_json.read_text(encoding="utf-8"))
+                except json.JSONDecodeError as exc:
+                    raise MalformedInputError(f"{_display_path(glue_json, root)}: not valid JSON (line {exc.lineno},"
+                                              f" column {exc.colno}: {exc.msg}); expected myst-nb's glue values")\
+                        from None
+                if not isinstance(stored, dict):
+                    raise MalformedInputError(f"{_display_path(glue_json, root)}: expected an object of glue values")
+                for key, output in stored.items():
+                    glue[key] = output.get("data", output) if isinstance(output, dict) else {}
+            return Source(executed, notebook, glue, _build_path(executed, root, build))
     path = root / f"{docname}.ipynb"
-    notebook = json.loads(path.read_text(encoding="utf-8"))
-    return Source(path, notebook, glue_outputs(notebook), f"{path} (no executed build under {build})")
+    notebook = read_notebook(path, root)
+    return Source(path, notebook, glue_outputs(notebook),
+                  f"{_display_path(path, root)} (no executed build)")
+
+
+def _build_path(path: Path, root: Path, build: Path) -> str:
+    """A path in the build folder as the edition records it: relative to the book's root, or, for a
+    build folder elsewhere, starting at the build folder's name (never the builder's absolute path)."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return f"{build.name}/{path.resolve().relative_to(build.resolve()).as_posix()}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -608,6 +691,9 @@ def render_role(ctx: CellContext, name: str, content: str, whole: str) -> str:
         return f"[{text or title}]({ctx.book.url(docname, label)})"
     if name in ("cite", "cite:p", "cite:t", "cite:ps", "cite:ts", "cite:year", "cite:author"):
         keys = [k.strip() for k in content.split(",") if k.strip()]
+        if not keys:
+            raise MalformedInputError(f"{ctx.notebook}: cell {ctx.cell}: {whole}: an empty citation; expected one"
+                                      f" or more bibliography keys, e.g. {{{name}}}`bai2019deep`")
         parts = []
         for key in keys:
             if key not in ctx.book.bibliography:
@@ -874,6 +960,12 @@ def convert_notebook(
         ctx = CellContext(book, name, docname, index, source.glue, equations, citations, missing, sources, build,
                           stats)
         converted = convert_markdown(ctx, text)
+        # a role the patterns above could not take apart (``{cite:t}`` with nothing between its
+        # backticks) is left as written: an error, not literal MyST in the edition
+        unknown = [r for r in find_leftover_myst(converted) if not r.startswith("{glue") and r.endswith("`")]
+        if unknown:
+            raise MalformedInputError(f"{name}: cell {index}: {unknown[0]}: a role with no content; expected"
+                                      f" {unknown[0]}content`")
         cell["source"] = _as_source(converted, cell.get("source", ""))
     if missing and missing_glue == "error":
         raise MissingGlueError(name, missing, source.origin)
@@ -888,12 +980,75 @@ def convert_notebook(
             }
         )
         stats["citations"] = len(citations)
+    quiet_glue(notebook)
     notebook.setdefault("metadata", {})["deqlab_colab_edition"] = {
         "source": name,
         "site": book.url(docname),
         "executed": source.origin,
     }
     return notebook, stats
+
+
+QUIET_GLUE_ID = "colab-edition-quiet-glue"
+QUIET_GLUE_SOURCE = (
+    "# Colab edition: the prose already shows every value the cells glue, so glue() need not print them\n"
+    "# (deqlab.lab.experiments.glue echoes `name = value` unless DEQLAB_BOOK_BUILD is set).\n"
+    "import os\n"
+    "\n"
+    'os.environ["DEQLAB_BOOK_BUILD"] = "1"\n'
+)
+_GLUE_CALL = re.compile(r"^\s*glue\(\s*(?:f?[\"'])", re.MULTILINE)
+_GLUED_NAME = re.compile(r"\bglue\(\s*[\"']([^\"']+)[\"']")
+
+
+def quiet_glue(notebook: dict) -> None:
+    """Hide ``glue()``'s echo in the Colab edition (in place): before the first code cell that calls
+    ``glue(``, a cell that sets ``DEQLAB_BOOK_BUILD`` (what switches the echo of
+    :func:`deqlab.lab.experiments.glue` off, as in the book's own build), and the echo lines
+    ``name = value`` of the names a cell glues dropped from its stored stdout."""
+    cells = notebook["cells"]
+    first = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"
+                  and _GLUE_CALL.search(_cell_source(c))), None)
+    if first is None:
+        return
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            continue
+        names = set(_GLUED_NAME.findall(_cell_source(cell)))
+        if not names:
+            continue
+        outputs = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stdout":
+                lines = _joined(output.get("text", "")).splitlines(keepends=True)
+                kept = [line for line in lines if line.split(" = ", 1)[0] not in names or " = " not in line]
+                if not kept:
+                    continue
+                output = {**output, "text": kept if isinstance(output.get("text"), list) else "".join(kept)}
+            outputs.append(output)
+        cell["outputs"] = outputs
+    quiet = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+             "source": _as_source(QUIET_GLUE_SOURCE, cells[first].get("source", ""))}
+    if "id" in cells[first]:
+        quiet = {"cell_type": "code", "execution_count": None, "id": QUIET_GLUE_ID, "metadata": {}, "outputs": [],
+                 "source": quiet["source"]}
+    cells.insert(first, quiet)
+
+
+def overwrites_input(root: Path, build: Path, out: Path, pages: list[str]) -> str | None:
+    """Why writing the edition into ``out`` would overwrite what it reads (the book's notebooks
+    under ``root``, the executed ones under ``build/jupyter_execute``, ``_toc.yml``), or None."""
+    root, build, out = root.resolve(), build.resolve(), out.resolve()
+    book = root / "book"
+    if out == book or book in out.parents:
+        return "is the book folder or inside it" if out == book else "is inside the book folder"
+    executed = build / "jupyter_execute"
+    if out == executed or executed in out.parents:
+        return "is myst-nb's executed notebooks folder (or inside it)"
+    inputs = {root / f"{d}.ipynb" for d in pages} | {executed / f"{d}.ipynb" for d in pages}
+    if any(out / f"{d}.ipynb" in inputs for d in pages):
+        return "the edition's notebooks would replace the book's own (out is the book's root)"
+    return None
 
 
 def notebook_pages(book: Book) -> list[str]:
@@ -917,27 +1072,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         book = load_book(root, build, args.base_url, args.version)
     except (ConversionError, FileNotFoundError) as exc:
-        print(f"colab edition: {exc}", file=sys.stderr)
+        print(f"colab edition: error: {exc}", file=sys.stderr)
         return 2
     pages = notebook_pages(book)
     if args.notebooks:
         wanted = []
         for path in args.notebooks:
-            docname = str(path.resolve().relative_to(root).with_suffix(""))
+            try:
+                docname = path.resolve().relative_to(root).with_suffix("").as_posix()
+            except ValueError:
+                print(f"colab edition: error: {path}: not under the book's root {root}; expected a notebook of"
+                      " its _toc.yml", file=sys.stderr)
+                return 2
             if docname not in pages:
-                print(f"colab edition: {path} is not a notebook of _toc.yml", file=sys.stderr)
+                print(f"colab edition: error: {path}: not a notebook of _toc.yml", file=sys.stderr)
                 return 2
             wanted.append(docname)
         pages = wanted
+    if (clash := overwrites_input(root, build, out, pages)) is not None:
+        print(f"colab edition: error: --out {args.out or out}: {clash}; choose a folder outside the book"
+              " (default: _build/colab)", file=sys.stderr)
+        return 2
     if not (build / "jupyter_execute").is_dir():
         print(f"colab edition: no executed build in {build / 'jupyter_execute'}: using the notebooks"
               " under book/ (they must carry outputs: make test)", file=sys.stderr)
-    failures, total_roles, total_directives = [], 0, 0
+    failures, total_roles, total_directives, malformed = [], 0, 0, False
     for docname in pages:
         try:
             notebook, stats = convert_notebook(book, docname, build)
         except ConversionError as exc:
             failures.append(str(exc))
+            malformed |= isinstance(exc, MalformedInputError)
             continue
         target = out / f"{docname}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -948,9 +1113,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[colab] {target.relative_to(out)}: {roles} roles, {directives} directives,"
               f" {stats['citations']} references")
     if failures:
-        print("\n".join(failures), file=sys.stderr)
+        print("\n".join(f"colab edition: error: {f}" for f in failures), file=sys.stderr)
         print(f"colab edition: {len(failures)} of {len(pages)} notebooks failed", file=sys.stderr)
-        return 1
+        return 2 if malformed else 1
     print(f"[colab] {len(pages)} notebooks into {out}: {total_roles} roles, {total_directives} directives replaced")
     return 0
 

@@ -100,6 +100,11 @@ def make_book(tmp_path: Path, page_a: list | None = None) -> Path:
     return root
 
 
+def _code_cells(notebook: dict) -> list[dict]:
+    """The code cells of a Colab edition, less the one it adds to quiet glue()'s echo."""
+    return [c for c in notebook["cells"] if c["cell_type"] == "code" and c.get("id") != ce.QUIET_GLUE_ID]
+
+
 def _markdown(notebook: dict) -> list[str]:
     return ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown"]
 
@@ -140,8 +145,9 @@ def test_code_cells_and_metadata_are_unchanged(tmp_path):
     notebook, _ = convert(root)
     original = json.loads((root / "book/ch1/a.ipynb").read_text())
     code = [c for c in original["cells"] if c["cell_type"] == "code"]
-    assert [c for c in notebook["cells"] if c["cell_type"] == "code"] == code
-    assert [c["id"] for c in notebook["cells"][: len(original["cells"])]] == [c["id"] for c in original["cells"]]
+    assert _code_cells(notebook) == code
+    ids = [c["id"] for c in notebook["cells"] if c["id"] != ce.QUIET_GLUE_ID]
+    assert ids[: len(original["cells"])] == [c["id"] for c in original["cells"]]
     assert notebook["metadata"]["kernelspec"] == original["metadata"]["kernelspec"]
     assert notebook["metadata"]["deqlab_colab_edition"]["source"] == "book/ch1/a.ipynb"
 
@@ -276,5 +282,118 @@ def test_real_notebook_converts_completely_or_reports_exactly_the_missing_glue(r
             left = set(ce.find_leftover_myst("".join(cell["source"])))
             assert left <= left_allowed, (docname, left)
     original = source.notebook["cells"]
-    assert [c for c in notebook["cells"] if c["cell_type"] == "code"] == [c for c in original if c["cell_type"] == "code"]
+    assert _code_cells(notebook) == [c for c in original if c["cell_type"] == "code"]
     assert sum(stats["roles"].values()) > 0
+    # no absolute path of the machine that built it
+    assert str(ROOT) not in json.dumps(notebook["metadata"]), notebook["metadata"]["deqlab_colab_edition"]
+
+
+# ------------------------------------------------------------------------------------------------
+# malformed input, outputs over inputs, absolute paths, glue's echo
+
+
+def _write_notebook(root: Path, text: str) -> None:
+    (root / "book/ch1/a.ipynb").write_text(text)
+
+
+def _with_cell(root: Path, cell: dict) -> None:
+    notebook = json.loads((root / "book/ch1/a.ipynb").read_text())
+    notebook["cells"].append(cell)
+    _write_notebook(root, json.dumps(notebook))
+
+
+def _null_source(root: Path) -> None:
+    notebook = json.loads((root / "book/ch1/a.ipynb").read_text())
+    notebook["cells"][2]["source"] = None
+    _write_notebook(root, json.dumps(notebook))
+
+
+MALFORMED = {
+    "no cells": (lambda root: _write_notebook(root, json.dumps({"metadata": {}, "nbformat": 4})),
+                 r'book/ch1/a\.ipynb: no "cells" list; expected an nbformat 4 notebook'),
+    "bad JSON": (lambda root: _write_notebook(root, '{"cells": [}'),
+                 r"book/ch1/a\.ipynb: not valid JSON \(line 1, column 12: .*\); expected an nbformat 4 notebook"),
+    "toc without root": (lambda root: (root / "_toc.yml").write_text(
+        (root / "_toc.yml").read_text().replace("root: book/intro\n", "")),
+        r"_toc\.yml: no `root` entry; expected the first page, e.g. `root: book/intro`"),
+    "null source": (_null_source,
+                    r'book/ch1/a\.ipynb: cell 2: "source" is null; expected a string or a list of strings'),
+    "empty cite:t": (lambda root: _with_cell(root, _md("As {cite:t}`` showed.")),
+                     r"book/ch1/a\.ipynb: cell 5: \{cite:t\}`: a role with no content; expected"),
+    "blank cite:t": (lambda root: _with_cell(root, _md("As {cite:t}` ` showed.")),
+                     r"book/ch1/a\.ipynb: cell 5: \{cite:t\}` `: an empty citation; expected one or more"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_input_is_a_one_line_error_with_status_2(tmp_path, case):
+    root = make_book(tmp_path)
+    spoil, expected = MALFORMED[case]
+    spoil(root)
+    command = [sys.executable, str(ROOT / ".ci" / "colab_edition.py"), "--root", str(root), "--out", str(tmp_path / "o")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("colab edition: error: ")]
+    assert len(errors) == 1 and re.search(expected, errors[0]), result.stderr
+
+
+def test_a_notebook_outside_the_root_is_a_usage_error(tmp_path):
+    root = make_book(tmp_path)
+    outside = tmp_path / "elsewhere.ipynb"
+    outside.write_text(json.dumps(_notebook([_md("# x")])))
+    result = subprocess.run([sys.executable, str(ROOT / ".ci" / "colab_edition.py"), "--root", str(root), "--out",
+                             str(tmp_path / "o"), str(outside)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert re.fullmatch(r"colab edition: error: .*elsewhere\.ipynb: not under the book's root .*; expected a notebook"
+                        r" of its _toc\.yml\n", result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("out", ["book", "book/ch1", ".", "_build/jupyter_execute"])
+def test_the_edition_never_overwrites_its_inputs(tmp_path, out):
+    root = make_book(tmp_path)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    result = subprocess.run([sys.executable, str(ROOT / ".ci" / "colab_edition.py"), "--root", str(root), "--out",
+                             str(root / out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert re.search(r"colab edition: error: --out .*: .*; choose a folder outside the book", result.stderr)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
+def test_no_absolute_path_in_the_edition(tmp_path):
+    root = make_book(tmp_path)
+    executed = root / "_build" / "jupyter_execute" / "book" / "ch1"
+    executed.mkdir(parents=True)
+    (executed / "a.ipynb").write_text((root / "book/ch1/a.ipynb").read_text())
+    out = tmp_path / "colab"
+    result = subprocess.run([sys.executable, str(ROOT / ".ci" / "colab_edition.py"), "--root", str(root), "--out",
+                             str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for path in out.rglob("*.ipynb"):
+        text = path.read_text()
+        assert str(tmp_path) not in text and str(ROOT) not in text, path
+    meta = json.loads((out / "book/ch1/a.ipynb").read_text())["metadata"]["deqlab_colab_edition"]
+    assert meta["executed"] == "_build/jupyter_execute/book/ch1/a.ipynb"
+    meta = json.loads((out / "book/ch1/b.ipynb").read_text())["metadata"]["deqlab_colab_edition"]
+    assert meta["executed"] == "book/ch1/b.ipynb (no executed build)"
+
+
+def test_glue_echo_is_hidden(tmp_path, monkeypatch, capsys):
+    echo = {"output_type": "stream", "name": "stdout", "text": ["err = 3.14159e-05\n", "hello\n", "n = 12\n"]}
+    page = copy.deepcopy(PAGE_A)
+    page[1]["outputs"].append(echo)
+    root = make_book(tmp_path, page)
+    notebook, _ = convert(root)
+    code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    # a cell that switches the echo off, just before the first cell that calls glue()
+    assert code[0]["id"] == ce.QUIET_GLUE_ID and "glue('err'" in "".join(code[1]["source"])
+    streams = [o for o in code[1]["outputs"] if o["output_type"] == "stream"]
+    assert ["".join(o["text"]) for o in streams] == ["hello\n", "hello\n"]  # the echo lines are gone
+    # and it does switch deqlab's echo off
+    config = pytest.importorskip("deqlab.lab.experiments.config")
+    monkeypatch.setenv(config.BOOK_BUILD_ENV, "")  # recorded: the cell's setting is undone after the test
+    config.glue("ch0_probe", 1.5)
+    assert capsys.readouterr().out == "ch0_probe = 1.5\n"
+    exec("".join(code[0]["source"]), {})
+    config.glue("ch0_probe", 1.5)
+    assert capsys.readouterr().out == ""
