@@ -30,6 +30,17 @@ names the exception; a result of the wrong shape or dtype fails with a line that
 expected. A grader raises only for its own arguments (``TypeError`` when what you pass is not a
 callable).
 
+**Your own code, not deqlab's.** While a grader runs your function, the ``deqlab`` functions the
+exercise asks you to reimplement (``freeprob.samples`` for :func:`check_stieltjes`,
+``data.copy_memory`` for :func:`check_copy_memory`, ...; the list per grader is
+``exercises._forbid.FORBIDDEN``) raise "you were asked to write this yourself": calling them fails
+the checks. The graders' docstrings show how to call them, never an answer.
+
+**Grading a class.** ``python -m deqlab.lab.exercises.grade SUBMISSION.ipynb ... --out results.csv``
+executes student-edition notebooks in fresh kernels, scores every check cell against the grading
+manifest that ``make student-edition`` writes (a deleted or edited check cell is a failure) and
+exits non-zero when a check fails (:mod:`deqlab.lab.exercises.grade`).
+
 **Time limit.** Every grader runs within a time limit (default :data:`TIME_LIMIT`, 300 s, or the
 environment variable ``DEQLAB_GRADER_TIME_LIMIT``; per call ``check_solver(..., time_limit=60)``,
 ``time_limit=math.inf`` for none): code that never returns (a loop whose stopping test is never met)

@@ -7,6 +7,7 @@ from :mod:`deqlab.lab.exercises`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -62,6 +63,29 @@ def _time_limit(value: Any, where: str) -> float:
     return checks.number(value, name, where, lower=0.0, lower_open=True)
 
 
+_RUNNING = threading.local()
+"""``_RUNNING.grader``: the name of the grader running in this thread (see :func:`_student_code`)."""
+
+
+def _as_current(name: str, grader: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    previous = getattr(_RUNNING, "grader", None)
+    _RUNNING.grader = name
+    try:
+        return grader(*args, **kwargs)
+    finally:
+        _RUNNING.grader = previous
+
+
+@contextlib.contextmanager
+def _student_code():
+    """Run the reader's code: the library references that the running grader forbids (listed in
+    :data:`deqlab.lab.exercises._forbid.FORBIDDEN`) raise ``ReferenceBlocked`` inside the block."""
+    from deqlab.lab.exercises._forbid import blocked
+
+    with blocked(getattr(_RUNNING, "grader", None) or ""):
+        yield
+
+
 def _time_limited(grader: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``grader`` in a worker thread, at most ``time_limit`` seconds (the module docstring)."""
     where = f"exercises.{grader.__name__}"
@@ -70,12 +94,12 @@ def _time_limited(grader: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, time_limit: float | None = None, **kwargs: Any) -> Any:
         limit = _time_limit(time_limit, where)
         if limit == math.inf:
-            return grader(*args, **kwargs)
+            return _as_current(grader.__name__, grader, args, kwargs)
         box: dict[str, Any] = {}
 
         def target() -> None:
             try:
-                box["value"] = grader(*args, **kwargs)
+                box["value"] = _as_current(grader.__name__, grader, args, kwargs)
             except _Stop:
                 pass
             except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
@@ -88,6 +112,9 @@ def _time_limited(grader: Callable[..., Any]) -> Callable[..., Any]:
             # interrupt a Python loop at its next bytecode; a compiled loop runs on in the background
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Stop))
             thread.join(1.0)
+            from deqlab.lab.exercises._forbid import release
+
+            release(thread.ident)  # a call that runs on must not leave deqlab's references blocked
             raise GraderTimeout(
                 f"{where} did not finish within its time limit of {limit:g} s: the code it grades probably "
                 "never returns (a loop whose stopping test is never met?). Raise the limit with "
@@ -103,7 +130,20 @@ def _time_limited(grader: Callable[..., Any]) -> Callable[..., Any]:
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One line of a :class:`Report`: ``error`` is compared with ``tolerance`` (``error <= tolerance``
-    passes; NaN never does). ``hint`` is shown when the check fails."""
+    passes; NaN never does). ``hint`` is shown when the check fails.
+
+    Attributes:
+        name: what is checked.
+        error: the measured error.
+        tolerance: the largest error that passes.
+        hint: shown when the check fails.
+        note: shown after the numbers.
+
+    Example:
+        >>> from deqlab.lab.exercises import Check
+        >>> Check("max |yours - deqlab's|", 0.5, 1e-6, hint="check the sign").passed
+        False
+    """
 
     name: str
     error: float
@@ -113,9 +153,11 @@ class Check:
 
     @property
     def passed(self) -> bool:
+        """True when ``error <= tolerance`` (a NaN or infinite error never passes)."""
         return bool(np.isfinite(self.error) and self.error <= self.tolerance)
 
     def line(self) -> str:
+        """The check as one line of text (PASS/FAIL, the numbers, and the hint when it fails)."""
         mark = "PASS" if self.passed else "FAIL"
         text = f"{mark}  {self.name}: {_number(self.error)} (tolerance {_number(self.tolerance)})"
         if self.note:
@@ -135,7 +177,18 @@ def _number(value: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """The verdict of a grader: ``title`` and its :class:`Check` lines."""
+    """The verdict of a grader: ``title`` and its :class:`Check` lines.
+
+    Attributes:
+        title: the grader's call, e.g. ``check_stieltjes(my_stieltjes)``.
+        checks: its checks, in order.
+
+    Example:
+        >>> from deqlab.lab.exercises import Check, Report
+        >>> report = Report("check_x(my_x)", (Check("a", 0.0, 1e-6), Check("b", 1.0, 1e-6)))
+        >>> report.passed, [c.name for c in report.failed]
+        (False, ['b'])
+    """
 
     title: str
     checks: tuple[Check, ...]
@@ -197,7 +250,11 @@ def _require_callable(value: Any, name: str, where: str) -> None:
 
 
 def _crashed(name: str, error: BaseException, hint: str) -> Check:
-    message = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    from deqlab.lab.exercises._forbid import ReferenceBlocked
+
+    message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    if isinstance(error, ReferenceBlocked):
+        return Check(name, math.inf, 0.0, hint=f"{error}.")
     if isinstance(error, NotImplementedError):  # the student edition's stub (.ci/student_edition.py)
         hint = f"not written yet: replace `raise NotImplementedError` with your code. {hint}"
     return Check(name, math.inf, 0.0, hint=f"your code raised {message}. {hint}".strip())
@@ -229,7 +286,8 @@ def _call(fn: Callable[..., Any], args: tuple, name: str, usage: str, kwargs: di
     """Call the reader's ``fn(*args, **kwargs)``: ``(value, None)``, or ``(None, failed Check)`` naming the
     exception (a ``TypeError`` from the call itself is reported as a wrong signature, with ``usage``)."""
     try:
-        return fn(*args, **(kwargs or {})), None
+        with _student_code():
+            return fn(*args, **(kwargs or {})), None
     except TypeError as error:
         return None, _crashed(name, error, f"check the signature: call it as {usage}.")
     except Exception as error:  # noqa: BLE001 - reported as a failed check

@@ -29,6 +29,7 @@ from deqlab.lab.exercises._core import (
     _reference,
     _relative,
     _require_callable,
+    _student_code,
     _time_limited,
 )
 from deqlab.solvers import Anderson, get_solver, relative_residual, solve
@@ -73,13 +74,38 @@ def check_layer(my_layer: Callable[..., Any]) -> Report:
     rows (page 1; 001 Eq. 21, 003 Eq. 4), against :func:`deqlab.lab.experiments.practice.tanh_map`.
 
     Problems: a float32 batch near the linear regime of tanh, and a float64 one with a large
-    input (saturated tanh), a non-zero state, a non-zero bias and more inputs than hidden units.
+    input (saturated tanh), a non-zero state, a non-zero bias and more inputs than hidden units
+    (the float64 one runs only with ``jax_enable_x64``).
+
+    Args:
+        my_layer: your function, called as ``my_layer(z, W, U, b, x)`` on a batch of rows.
+
+    Returns:
+        A :class:`Report` with one line per problem.
+
+    Raises:
+        TypeError: ``my_layer`` is not callable.
+
+    Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_layer(z, W, U, b, x):
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_layer(my_layer)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_layer, "my_layer", "check_layer")
     checks = []
     cases = [("float32, small input", 0, 16, 8, 0.5, jnp.float32, 1e-5),
              ("float64, saturated, non-zero z and b", 1, 16, 20, 4.0, jnp.float64, 1e-12)]
     for label, seed, width, in_features, input_scale, dtype, tol in cases:
+        if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+            continue  # float64 arrays are float32 without x64: the float32 case covers the formula
         p = _tanh_problem(seed, width=width, scale=0.9, in_features=in_features,
                           input_scale=input_scale, dtype=dtype)
         w, u, _, x = p.args
@@ -87,10 +113,9 @@ def check_layer(my_layer: Callable[..., Any]) -> Report:
         z = jnp.asarray(rng.standard_normal(p.z0.shape), dtype) if seed else p.z0
         b = jnp.asarray(0.5 * rng.standard_normal(width), dtype) if seed else p.args[2]
         name = f"layer, {label}: max |yours - deqlab's|"
-        if dtype == jnp.float64 and not jax.config.jax_enable_x64:
-            continue  # float64 arrays are float32 without x64: the float32 case covers the formula
         try:
-            mine = jnp.asarray(my_layer(z, w, u, b, x))
+            with _student_code():
+                mine = jnp.asarray(my_layer(z, w, u, b, x))
         except Exception as error:  # noqa: BLE001 - reported as a failed check
             checks.append(_crashed(name, error, "call it as my_layer(z, W, U, b, x) on a batch of rows."))
             continue
@@ -108,14 +133,39 @@ def check_layer(my_layer: Callable[..., Any]) -> Report:
 @_time_limited
 def check_weight_tied(my_weight_tied: Callable[..., Any]) -> Report:
     """Grade ``my_weight_tied(f, z0, args, depth)``, the states z^[0..depth] of the weight-tied
-    network z^[i+1] = f(z^[i]) (page 1; 003 Eq. 3), stacked on a new first axis."""
+    network z^[i+1] = f(z^[i]) (page 1; 003 Eq. 3), stacked on a new first axis, against a
+    ``jax.lax.scan`` of the layer (scale 0.5 at depth 10, scale 0.95 at depth 40; 1e-5).
+
+    Args:
+        my_weight_tied: your function, called as ``my_weight_tied(f, z0, args, depth)``.
+
+    Returns:
+        A :class:`Report` with one line per problem.
+
+    Raises:
+        TypeError: ``my_weight_tied`` is not callable.
+
+    Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_weight_tied(f, z0, args, depth):
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_weight_tied(my_weight_tied)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
+    """
     _require_callable(my_weight_tied, "my_weight_tied", "check_weight_tied")
     checks = []
     for label, seed, scale, depth in (("scale 0.5, depth 10", 0, 0.5, 10), ("scale 0.95, depth 40", 1, 0.95, 40)):
         p = _tanh_problem(seed, scale=scale)
         name = f"weight-tied, {label}: max |yours - deqlab's| over all depths"
         try:
-            mine = jnp.asarray(my_weight_tied(p.f, p.z0, p.args, depth))
+            with _student_code():
+                mine = jnp.asarray(my_weight_tied(p.f, p.z0, p.args, depth))
         except Exception as error:  # noqa: BLE001
             checks.append(_crashed(name, error, "call it as my_weight_tied(f, z0, args, depth)."))
             continue
@@ -136,7 +186,31 @@ def check_weight_tied(my_weight_tied: Callable[..., Any]) -> Report:
 def check_residual(my_residual: Callable[..., Any]) -> Report:
     """Grade ``my_residual(fz, z)``, the per-row relative residual
     ||f(z) - z|| / (||f(z)|| + eps sqrt(D)) of :func:`deqlab.solvers.relative_residual` (page 1),
-    on random rows, a row at the fixed point 0, and rows of very different sizes."""
+    on random rows, a row at the fixed point 0, and rows of very different sizes.
+
+    Args:
+        my_residual: your function, called as ``my_residual(fz, z)`` with float32 arrays (B, D); it
+            must return one number per row.
+
+    Returns:
+        A :class:`Report` with one line.
+
+    Raises:
+        TypeError: ``my_residual`` is not callable.
+
+    Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_residual(fz, z):
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_residual(my_residual)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
+    """
     _require_callable(my_residual, "my_residual", "check_residual")
     rng = np.random.default_rng(7)
     z = rng.standard_normal((6, 20)) * np.array([1, 1e-3, 1e3, 1, 1, 0])[:, None]
@@ -145,7 +219,8 @@ def check_residual(my_residual: Callable[..., Any]) -> Report:
     name = "relative residual per row: max relative difference"
     try:
         # compared in NumPy float64: jnp.float64 would warn (and truncate) without jax_enable_x64
-        mine = np.asarray(my_residual(fz, z), np.float64)
+        with _student_code():
+            mine = np.asarray(my_residual(fz, z), np.float64)
     except Exception as error:  # noqa: BLE001
         return Report("check_residual(my_residual)", (_crashed(name, error, "call it as my_residual(fz, z)."),))
     theirs = np.asarray(relative_residual(fz, z), np.float64)
@@ -194,6 +269,26 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
             takes it; default :data:`TIME_LIMIT`); it is not passed to your solver.
         **options: passed to your solver as keyword arguments (e.g. ``beta=0.7`` for a damped
             Picard, ``m=5``).
+
+    Returns:
+        A :class:`Report` with one line per check.
+
+    Raises:
+        TypeError: ``my_solve`` is not callable.
+        ValueError: ``tol`` is out of range or ``reference`` names no solver.
+
+    Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_picard(f, z0, args, tol=1e-5, max_steps=500):
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_solver(my_picard, reference="picard")
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_solve, "my_solve", "check_solver")
     if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 1e-6 <= tol <= 1e-2:
@@ -207,7 +302,8 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
     for label, seed, ensemble, scale, max_steps in problems:
         p = _tanh_problem(seed, scale=scale, ensemble=ensemble)
         try:
-            out = my_solve(p.f, p.z0, p.args, tol=tol, max_steps=max_steps, **options)
+            with _student_code():
+                out = my_solve(p.f, p.z0, p.args, tol=tol, max_steps=max_steps, **options)
             z, steps = out
             z = jnp.asarray(z)
             steps = int(steps)
@@ -238,7 +334,8 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
     p = _tanh_problem(2, scale=1.5)
     label = "expanding (scale 1.5, max_steps=30): raises or converges"
     try:
-        z, _ = my_solve(p.f, p.z0, p.args, tol=tol, max_steps=30, **options)
+        with _student_code():
+            z, _ = my_solve(p.f, p.z0, p.args, tol=tol, max_steps=30, **options)
         residual = float(jnp.max(relative_residual(p.f(jnp.asarray(z), *p.args), jnp.asarray(z))))
         checks.append(Check(label, residual, 2 * tol, note="returned without raising",
                             hint="when max_steps is reached without convergence, raise (e.g. RuntimeError) "
@@ -272,6 +369,28 @@ def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
       the loss (relative 1e-5).
 
     A gradient that skips the adjoint solve (u = g instead of u = (I - J^T)^-1 g) fails the last two.
+
+    Args:
+        my_fixed_point: your function, called as ``my_fixed_point(f, params, x)`` with ``params =
+            (W, U, b)``; a ``jax.custom_vjp`` with ``f`` as its non-differentiable argument.
+
+    Returns:
+        A :class:`Report` with three lines per problem.
+
+    Raises:
+        TypeError: ``my_fixed_point`` is not callable.
+        RuntimeError: float64 is off (``jax_enable_x64``).
+
+    Example:
+        Grade your ``custom_vjp`` in a float64 session (in float32 the grader says so):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_fixed_point(f, params, x):
+        ...     raise NotImplementedError("your code here")
+        >>> exercises.check_implicit_gradient(my_fixed_point)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: exercises.check_implicit_gradient needs float64: run jax.config.update('jax_enable_x64', True) first (before creating arrays).
     """
     _require_callable(my_fixed_point, "my_fixed_point", "check_implicit_gradient")
     if not jax.config.jax_enable_x64:
@@ -293,7 +412,8 @@ def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
             return lambda params, x: jnp.sum(c * value_fn(params, x)) + jnp.sum(value_fn(params, x) ** 2)
 
         def my_value(params, x, p=p):
-            return my_fixed_point(p.f, params, x)
+            with _student_code():
+                return my_fixed_point(p.f, params, x)
 
         def reference(params=params, x=x, their_value=their_value, loss_of=loss_of, rng=rng):
             """deqlab's z*, gradient, and central differences of the loss along two random directions."""
@@ -366,6 +486,22 @@ def check_classifier(model: Any, *, x: Any = None, y: Any = None) -> Report:
         model: your model instance, with attributes ``cell`` (called as ``cell(z, x)``) and
             ``readout``.
         x, y: a batch of inputs (B, features) and integer labels (B,); default: 32 training digits.
+
+    Returns:
+        A :class:`Report` with one line per check.
+
+    Raises:
+        TypeError: ``model`` is not an ``nnx.Module`` with ``cell`` and ``readout``.
+
+    Example:
+        Grade your model instance, ``exercises.check_classifier(MyDEQClassifier(...))``; anything
+        else is refused:
+
+        >>> from deqlab.lab import exercises
+        >>> exercises.check_classifier("my model")
+        Traceback (most recent call last):
+        ...
+        TypeError: exercises.check_classifier: `model` must be an nnx.Module instance called as model(x), got str.
     """
     import optax
     from flax import nnx
@@ -399,7 +535,8 @@ def check_classifier(model: Any, *, x: Any = None, y: Any = None) -> Report:
 
     theirs = jax.jit(reference_logits)(state)
     try:
-        mine = jnp.asarray(model(x))
+        with _student_code():
+            mine = jnp.asarray(model(x))
     except Exception as error:  # noqa: BLE001
         return Report("check_classifier(model)", (_crashed("logits", error, "model(x) must return logits (B, 10)."),))
     checks.append(Check("logits vs readout(z*) at deqlab's equilibrium of your cell", _relative(mine, theirs), 2e-2,
@@ -407,7 +544,8 @@ def check_classifier(model: Any, *, x: Any = None, y: Any = None) -> Report:
                         note="" if mine.shape == theirs.shape else f"shape {mine.shape}, expected {theirs.shape}"))
 
     def my_loss(state):
-        return loss(nnx.merge(graphdef, state)(x))
+        with _student_code():
+            return loss(nnx.merge(graphdef, state)(x))
 
     try:
         my_grads = jax.jit(jax.grad(my_loss))(state)
@@ -453,6 +591,31 @@ def check_train_step(my_train_step: Callable[..., Any], model: Any, *, learning_
     to its size). Checks: the first returned loss equals the loss before any step; the parameter
     update of the first step and the parameters after the last agree with the reference's
     (relative 1e-3); the loss fell over the steps.
+
+    Args:
+        my_train_step: your function, called as ``my_train_step(model, optimizer, x, y)``.
+        model: an ``nnx.Module`` classifier to train (cloned, not modified).
+        learning_rate: the SGD learning rate, in (0, 1].
+        steps: the number of steps, 2 to 50.
+        x, y: a batch of inputs and integer labels; default: 32 training digits.
+
+    Returns:
+        A :class:`Report` with four lines.
+
+    Raises:
+        TypeError: ``my_train_step`` is not callable or ``model`` is not an ``nnx.Module``.
+        ValueError: ``learning_rate`` or ``steps`` is out of range.
+
+    Example:
+        Grade your step on your model, ``exercises.check_train_step(my_train_step, model)``:
+
+        >>> from deqlab.lab import exercises
+        >>> def my_train_step(model, optimizer, x, y):
+        ...     raise NotImplementedError("your code here")
+        >>> exercises.check_train_step(my_train_step, "my model")
+        Traceback (most recent call last):
+        ...
+        TypeError: exercises.check_train_step: `model` must be an nnx.Module instance, got str.
     """
     import optax
     from flax import nnx
@@ -487,7 +650,8 @@ def check_train_step(my_train_step: Callable[..., Any], model: Any, *, learning_
     my_losses = []
     try:
         for i in range(steps):
-            my_losses.append(float(my_train_step(mine, my_opt, x, y)))
+            with _student_code():
+                my_losses.append(float(my_train_step(mine, my_opt, x, y)))
             reference_step(theirs, their_opt)
             if i == 0:
                 first = _worst_param_error(mine, theirs, before)

@@ -69,11 +69,17 @@ def check_length_trace(my_length_trace: Callable[..., Any]) -> Report:
         TypeError: ``my_length_trace`` is not callable.
 
     Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
         >>> def my_length_trace(w0, V):
-        ...     s = np.linalg.svd(np.eye(len(w0)) - np.sqrt(V) * w0, compute_uv=False)
-        ...     return np.mean(s ** -4.0)
-        >>> exercises.check_length_trace(my_length_trace).passed
-        True
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_length_trace(my_length_trace)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_length_trace, "my_length_trace", "check_length_trace")
     usage = "my_length_trace(w0, V) -> one float, the normalised trace tr[(M^T M)^2]"

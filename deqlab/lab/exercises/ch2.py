@@ -43,9 +43,27 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
         TypeError: ``my_stieltjes`` is not callable.
 
     Example:
-        >>> my_stieltjes = lambda lam, z: np.mean(1 / (np.asarray(z)[..., None] - lam), axis=-1)
-        >>> exercises.check_stieltjes(my_stieltjes).passed
-        True
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_stieltjes(eigenvalues, z):
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_stieltjes(my_stieltjes)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
+
+        Calling ``deqlab``'s own transform is not an answer: the grader blocks it while it runs your
+        code (see ``exercises._forbid.FORBIDDEN``):
+
+        >>> from deqlab.theory import freeprob
+        >>> report = exercises.check_stieltjes(lambda e, z: freeprob.samples(e).stieltjes(z))
+        >>> report.passed
+        False
+        >>> print(report.failed[0].hint)
+        your code called deqlab.theory.freeprob.spectra.samples: you were asked to write this yourself, ...
     """
     _require_callable(my_stieltjes, "my_stieltjes", "check_stieltjes")
     usage = ("my_stieltjes(eigenvalues, z) -> complex array of z's shape, the mean over eigenvalues of "
@@ -86,7 +104,8 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
         elif np.allclose(value, lam.size * exact, rtol=1e-8, atol=0):
             hint = "off by the factor N: G_N is the mean over the eigenvalues (1/N) sum, not the sum"
         else:
-            hint = "G_N(z) = np.mean(1 / (z[..., None] - eigenvalues), axis=-1), complex, of z's shape"
+            hint = ("G_N(z) is the mean over the eigenvalues of 1/(z - lambda), at every point of z: complex, "
+                    "of z's shape")
         checks.append(Check(name, error, 1e-10, hint=hint))
     # the semicircle: the empirical transform of a large GOE sample converges to it, at rate 1/N
     n = 2000

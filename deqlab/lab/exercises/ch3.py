@@ -24,8 +24,10 @@ from deqlab.lab.exercises._core import (
     _call,
     _close_to,
     _require_callable,
+    _student_code,
     _time_limited,
 )
+from deqlab.lab.exercises._forbid import ReferenceBlocked
 
 __all__ = ["check_mean_difference", "check_jacobian_penalty"]
 
@@ -65,10 +67,17 @@ def check_mean_difference(my_mean_difference: Callable[..., Any]) -> Report:
         TypeError: ``my_mean_difference`` is not callable.
 
     Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
         >>> def my_mean_difference(a, b):
-        ...     return a.mean() - b.mean(), np.hypot(a.std(ddof=1) / np.sqrt(a.size), b.std(ddof=1) / np.sqrt(b.size))
-        >>> exercises.check_mean_difference(my_mean_difference).passed
-        True
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_mean_difference(my_mean_difference)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_mean_difference, "my_mean_difference", "check_mean_difference")
     usage = "my_mean_difference(a, b) -> (mean(a) - mean(b), its standard error), two floats"
@@ -112,9 +121,13 @@ def check_mean_difference(my_mean_difference: Callable[..., Any]) -> Report:
     try:
         with warnings.catch_warnings():  # numpy warns on ddof=1 with one value: the NaN is the right answer
             warnings.simplefilter("ignore", RuntimeWarning)
-            value = np.asarray(my_mean_difference(np.array([0.1]), np.array([0.2, 0.3, 0.25])), float).reshape(-1)
+            with _student_code():
+                value = my_mean_difference(np.array([0.1]), np.array([0.2, 0.3, 0.25]))
+            value = np.asarray(value, float).reshape(-1)
         undefined = value.size == 2 and not np.isfinite(value[1])
         note = "" if undefined else f"returned {value.tolist()}"
+    except (NotImplementedError, ReferenceBlocked) as error:  # a stub, or deqlab's own function: not an answer
+        undefined, note = False, f"raised {type(error).__name__}: {error}"[:300]
     except Exception as error:  # noqa: BLE001 - raising is a right answer here
         undefined, note = True, f"raised {type(error).__name__}"
     checks.append(Check(name, 0.0 if undefined else 1.0, 0.0, note=note,
@@ -196,12 +209,17 @@ def check_jacobian_penalty(my_jacobian_penalty: Callable[..., Any], *, repetitio
         ValueError: ``repetitions`` is not an integer in [20, 1000].
 
     Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
         >>> def my_jacobian_penalty(f, z, key, n_probes):
-        ...     eps = jax.random.rademacher(key, (n_probes,) + z.shape, dtype=z.dtype)
-        ...     products = jax.vmap(lambda e: jax.jvp(f, (z,), (e,))[1])(eps)
-        ...     return jnp.mean(jnp.sum(products**2, axis=-1))
-        >>> exercises.check_jacobian_penalty(my_jacobian_penalty).passed
-        True
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_jacobian_penalty(my_jacobian_penalty)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_jacobian_penalty, "my_jacobian_penalty", "check_jacobian_penalty")
     if isinstance(repetitions, bool) or not isinstance(repetitions, int) or not 20 <= repetitions <= 1000:

@@ -51,13 +51,17 @@ def check_linear_deq(my_linear_deq: Callable[..., Any]) -> Report:
         TypeError: ``my_linear_deq`` is not callable.
 
     Example:
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
         >>> def my_linear_deq(K, Y, lam, depth):
-        ...     path = [np.zeros_like(Y)]
-        ...     for _ in range(depth):
-        ...         path.append(K @ (Y - path[-1]) / lam)
-        ...     return np.stack(path)
-        >>> exercises.check_linear_deq(my_linear_deq).passed
-        True
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_linear_deq(my_linear_deq)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_linear_deq, "my_linear_deq", "check_linear_deq")
     usage = "my_linear_deq(K, Y, lam, depth) -> array (depth + 1,) + Y.shape, row r = z_r, row 0 = z_0 = 0"

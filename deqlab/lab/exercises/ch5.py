@@ -44,9 +44,17 @@ def check_copy_memory(my_copy_memory: Callable[..., Any]) -> Report:
         TypeError: ``my_copy_memory`` is not callable.
 
     Example:
-        >>> exercises.check_copy_memory(lambda key, b, t, m, s: data.copy_memory(
-        ...     key, batch_size=b, delay=t, memory=m, symbols=s)).passed
-        True
+        Grade your function; here one not written yet, as the student edition hands it out (every
+        check fails, with the hint "not written yet"):
+
+        >>> from deqlab.lab import exercises
+        >>> def my_copy_memory(key, batch_size, delay, memory=10, symbols=8):
+        ...     raise NotImplementedError("your code here")
+        >>> report = exercises.check_copy_memory(my_copy_memory)
+        >>> report.passed, len(report.failed) == len(report.checks)
+        (False, True)
+        >>> print(report.failed[0].hint)
+        your code raised NotImplementedError: your code here. not written yet: ...
     """
     _require_callable(my_copy_memory, "my_copy_memory", "check_copy_memory")
     usage = ("my_copy_memory(key, batch_size, delay, memory, symbols) -> (x, y), integer arrays "
