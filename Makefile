@@ -33,7 +33,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test unit unit-all test-profile lint book pdf tex-check site-check student-edition colab-edition clean distclean strip dry-runs power-analysis medium help
+.PHONY: install test unit unit-all test-profile lint book pdf tex-check site-check student-edition instructor-key colab-edition clean distclean strip dry-runs power-analysis medium help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
@@ -51,6 +51,7 @@ help:
 	@echo "              chromium chromium-driver); screenshots into _build/screenshots"
 	@echo "make student-edition  the notebooks for students into $(STUDENT): solutions removed, the reader's"
 	@echo "              code stubbed (raise NotImplementedError), graders kept (.ci/student_edition.py)"
+	@echo "make instructor-key  the graders' model answers into $(KEY) (python -m deqlab.lab.exercises.grade grades)"
 	@echo "make colab-edition  after make book: the executed notebooks for Colab into $(COLAB), glue values,"
 	@echo "              references and admonitions written out as Markdown (.ci/colab_edition.py)"
 	@echo "make strip    remove outputs from notebooks (run before committing)"
@@ -187,6 +188,15 @@ STUDENT ?= _build/student
 student-edition:
 	rm -rf $(STUDENT)
 	$(PYTHON) .ci/student_edition.py --out $(STUDENT)
+
+# The instructor's key: the graders' model answers (deqlab.lab.exercises._key, which the wheel does
+# not ship and the API page does not document), printed as one Python file.
+KEY ?= _build/instructor_key.py
+
+instructor-key: install
+	mkdir -p $(dir $(KEY))
+	$(BIN)/python -m deqlab.lab.exercises._key > $(KEY)
+	@echo "the instructor's key: $(KEY)"
 
 # The Colab edition (book/contributing.md): every notebook of _toc.yml as the executed build has it
 # (_build/jupyter_execute), its MyST prose rendered as plain Markdown: glue values, links to the

@@ -4,18 +4,13 @@ for forward mode and the adjoint solve for reverse mode, under the shared rule o
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
-from deqlab import _eager, checks
-from deqlab import precision as precision_module
+from deqlab import checks
 from deqlab.backward.adjoint import _adjoint_solve, _tangent_solve
 from deqlab.backward.base import Problem, _matmul_level, report
-from deqlab.backward.rule import ImplicitRule
 from deqlab.backward.linear import LinearSolver, get_adjoint_solver
+from deqlab.backward.rule import ImplicitRule
 from deqlab.failures import nan_where_failed
 from deqlab.solvers import Solver
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-
 import dataclasses
 from typing import Any, Callable, ClassVar
 

@@ -14,8 +14,8 @@ import deqlab
 from deqlab.backward import (
     GMRES,
     Backward,
-    ImplicitRule,
     Implicit,
+    ImplicitRule,
     JacobianFree,
     Phantom,
     Unrolled,

@@ -10,7 +10,7 @@ For each submission (a notebook of the student edition, ``make student-edition``
 1. **Which page.** ``--page`` (a path relative to ``book/``, e.g. ``ch2_freeprob/01_transforms.ipynb``),
    else the page the notebook's metadata names (``deqlab_student_edition.source``, which the
    student edition writes and Jupyter keeps). The page must be in the manifest.
-2. **Its check cells.** The manifest (:mod:`deqlab.lab.exercises._manifest`, written by
+2. **Its check cells.** The manifest (``deqlab.lab.exercises._manifest``, written by
    ``.ci/student_edition.py`` as ``grading_manifest.json`` next to the edition's notebooks) lists
    each page's check cells, their graders and the hash of their source. A check cell found by its
    id with the same hash (or, if ids changed, any cell with that hash) is kept; one that is missing
