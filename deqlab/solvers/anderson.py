@@ -12,6 +12,13 @@ from deqlab.solvers.history import empty_history, exact_einsum, write_gram, writ
 __all__ = ["Anderson"]
 
 
+#: The largest history size whose mixing problem is solved by :func:`_solve_positive_definite`
+#: (a rolled loop of m eliminations); larger ones use ``jnp.linalg.solve``. Measured on the tanh
+#: problem of ``benchmarks/step_cost.py`` (N = 384, batch 96): at m = 5 a step costs 1.54x a plain
+#: one with the elimination and 1.68x with LU, at m = 10 2.74x and 2.06x.
+ELIMINATION_MAX_M = 6
+
+
 class Anderson(Solver):
     """Anderson acceleration (type II) with a history of ``m`` iterates (Anderson 1965;
     Walker & Ni 2011).
@@ -89,7 +96,10 @@ class Anderson(Solver):
         scaled = gram * inv_sqrt[:, None] * inv_sqrt[None, :]
         # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
         hessian = scaled + jnp.diag(jnp.where(usable, self.ridge, 1.0).astype(work))
-        y = inv_sqrt * _solve_positive_definite(hessian, inv_sqrt)
+        if m <= ELIMINATION_MAX_M:
+            y = inv_sqrt * _solve_positive_definite(hessian, inv_sqrt)
+        else:  # LAPACK's LU: its per-sample calls cost less than m rounds of the elimination loop
+            y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[:, None])[:, 0]
         total = jnp.sum(y)
         # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
         # Likewise when the factorisation broke down (ridge = 0 and dependent residuals make the
@@ -121,9 +131,9 @@ def _solve_positive_definite(a, b):
     The scaled Gram matrix plus a positive ridge is positive definite, so no pivoting is needed.
     Written in array operations rather than a LAPACK call (``jnp.linalg.solve``: LU with pivots
     and a permutation loop; ``cho_solve``: three calls), because the loop's ``vmap`` turns a LAPACK
-    call into one call per sample on CPU: this form runs the whole batch at once (Anderson's step
-    1.67x a plain one with Cholesky, 1.43x with this, ``benchmarks/step_cost.py``) in a program
-    smaller than LU's. A zero pivot (ridge 0 and dependent residuals) gives inf or NaN, which
+    call into one call per sample on CPU: this form runs the whole batch at once, in a program
+    smaller than LU's, but takes m rounds of a loop, so it is used up to
+    :data:`ELIMINATION_MAX_M` only. A zero pivot (ridge 0 and dependent residuals) gives inf or NaN, which
     :meth:`Anderson.propose` turns into a plain step.
     """
     m = a.shape[0]
