@@ -186,6 +186,8 @@ site-check: install
 STUDENT ?= _build/student
 
 student-edition:
+	@case "$$(realpath -m $(STUDENT))/" in "$(CURDIR)/" | "$(CURDIR)/book/"*) \
+	  echo "make student-edition: STUDENT=$(STUDENT) is the checkout or inside book/; choose another folder" >&2; exit 2;; esac
 	rm -rf $(STUDENT)
 	$(PYTHON) .ci/student_edition.py --out $(STUDENT)
 

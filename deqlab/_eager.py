@@ -22,8 +22,11 @@ part of the key (:func:`_captured`): arrays read from ``f``'s closure or from th
 by identity (``f = lambda z, x: jnp.tanh(W @ z + x)`` in a notebook, then ``W = ...`` again
 compiles again), scalars and strings by value, the attributes ``f`` reads of a module or class of
 one's own (``C.a``, ``config.scale``) the same way, and the functions ``f`` calls are followed in the
-same way. A change of any of them compiles again, and the program compiled for the old values is
-released (it holds them as constants; :data:`MAX_PROGRAMS` bounds the rest). An ``f`` that reads state the key cannot follow, because its contents can change while
+same way (inherited class attributes and code nested in ``f`` included). A change of any of them
+compiles again; the programs compiled for the last :data:`PROGRAMS_PER_FUNCTION` values are kept
+(a loop alternating between two values of ``W`` compiles each once), older ones are released
+(each holds its values as constants), and so is everything compiled for a function that no
+longer exists (a notebook cell that redefines ``f``). An ``f`` that reads state the key cannot follow, because its contents can change while
 the object stays the same (a callable object such as an ``nnx.Module`` or a bound method, whose
 parameters change in training; a list or dict), runs uncached: correct, and as slow as before the
 cache. NumPy arrays changed in place are not seen: pass changing arrays as arguments of ``f``.
@@ -124,31 +127,42 @@ def _combine(dynamic, static):
     )
 
 
-def _traced_body(body, f, static, options, dynamic):
-    out = body(f, *_combine(dynamic, static), **dict(options))
+def _traced_body(body, f_ref, static, options, dynamic):
+    out = body(f_ref(), *_combine(dynamic, static), **dict(options))
     return jax.tree_util.tree_map(lambda leaf: leaf if is_array(leaf) else _Static(leaf), out)
 
 
-#: The compiled programs of eager calls: one ``jax.jit`` per (body, f, non-array inputs, options),
-#: with the key of what f reads (:func:`_captured`) it was compiled for. What f reads from its
-#: closure and globals is baked into the program as constants, so when that changes (a notebook
-#: rebinds ``W``) the entry is replaced and its programs, constants included, are released: a
-#: rebound 36 MB matrix no longer leaves 144 MB behind at every rebinding. Least recently used
-#: entries beyond :data:`MAX_PROGRAMS` are dropped too.
-_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
-MAX_PROGRAMS = 256
+#: The compiled programs of eager calls, per function ``f`` (held weakly: a function a notebook
+#: redefines is dropped with its programs): for each (body, non-array inputs, options) and each
+#: key of what ``f`` reads (:func:`_captured`), one ``jax.jit``. What f reads from its closure and
+#: globals is baked into the program as constants, so the programs for values that changed are
+#: released once more than :data:`PROGRAMS_PER_FUNCTION` are held for f (least recently used
+#: first): a loop that alternates between a few values of ``W`` compiles each once, and a
+#: notebook that rebinds a 36 MB ``W`` again and again no longer keeps every old one (0.9.0's first
+#: build kept 144 MB of constants per rebinding).
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PROGRAMS_STRONG: dict = {}  # functions that take no weak reference (rare): held, bounded alike
+PROGRAMS_PER_FUNCTION = 4
 
 
 def _program(body, f, static, options, captured):
-    base = (body, f, static, options)
-    entry = _PROGRAMS.get(base)
-    if entry is None or entry[0] != captured:
-        entry = (captured, jax.jit(functools.partial(_traced_body, body, f, static, options)))
-        _PROGRAMS[base] = entry
-        while len(_PROGRAMS) > MAX_PROGRAMS:
-            _PROGRAMS.popitem(last=False)
-    _PROGRAMS.move_to_end(base)
-    return entry[1]
+    try:
+        table = _PROGRAMS.setdefault(f, collections.OrderedDict())
+        f_ref = weakref.ref(f)
+    except TypeError:  # no weak reference to f
+        table = _PROGRAMS_STRONG.setdefault(id(f), collections.OrderedDict())
+        f_ref = (lambda f: lambda: f)(f)
+    key = (body, static, options, captured)
+    jitted = table.get(key)
+    if jitted is None:
+        # the program refers to f weakly: only tracing calls it, and a strong reference here would
+        # keep f (and so this table) alive for ever
+        jitted = jax.jit(functools.partial(_traced_body, body, f_ref, static, options))
+        table[key] = jitted
+        while len(table) > PROGRAMS_PER_FUNCTION:
+            table.popitem(last=False)
+    table.move_to_end(key)
+    return jitted
 
 
 def _unwrap(out):
@@ -214,20 +228,30 @@ def _captured(f, seen: set | None = None, depth: int = 0) -> tuple:
         raise _Uncacheable  # a callable object (nnx.Module, bound method): state the key cannot see
     if depth > 4:
         raise _Uncacheable
+    # The names f's code loads, its nested code included (a generator expression, a lambda or a
+    # function defined inside f are code objects of their own).
+    names = _loaded_names(f.__code__)
     values = [cell.cell_contents for cell in (f.__closure__ or ()) if _cell_filled(cell)]
-    values += [f.__globals__[name] for name in f.__code__.co_names if name in f.__globals__]
+    values += [f.__globals__[name] for name in names if name in f.__globals__]
     # A module or class f reads is keyed by identity, and the attributes f may read from it
-    # (the names its code loads: `C.a` loads `a`) by value, as if f read them directly: a class
-    # attribute or a module setting changed between calls compiles again, never a stale result.
-    # (Names f's code loads that the object does not hold are nobody's attributes: skipped.)
-    holders = [value for value in values if isinstance(value, (types.ModuleType, type)) and not _library(value)]
-    values += [getattr(holder, name) for holder in holders for name in f.__code__.co_names
-               if name in vars(holder)]
+    # (the names its code loads: `C.a` loads `a`) by value, as if f read them directly, inherited
+    # ones included and following attributes that are themselves a module or class (`K.Inner.s`):
+    # a class attribute or a module setting changed between calls compiles again, never a stale
+    # result. (Names f's code loads that the object does not hold are nobody's attributes.)
+    holders, seen_holders = [value for value in values if _user_holder(value)], set()
+    while holders:
+        holder = holders.pop()
+        if id(holder) in seen_holders:
+            continue
+        seen_holders.add(id(holder))
+        attributes = [getattr(holder, name) for name in names if _holds(holder, name)]
+        values += attributes
+        holders += [value for value in attributes if _user_holder(value)]
     key = []
     for value in values:
         if is_array(value):
             key.append(_ByIdentity(value))
-        elif isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
+        elif _plain_value(value):
             key.append((type(value), value))
         elif isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType)):
             key.append(id(value))
@@ -238,6 +262,36 @@ def _captured(f, seen: set | None = None, depth: int = 0) -> tuple:
         else:
             raise _Uncacheable
     return tuple(key)
+
+
+def _loaded_names(code) -> set:
+    """The global and attribute names ``code`` loads, with those of the code objects nested in it."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _loaded_names(const)
+    return names
+
+
+def _user_holder(value) -> bool:
+    return isinstance(value, (types.ModuleType, type)) and not _library(value)
+
+
+def _holds(holder, name) -> bool:
+    """Whether ``holder`` (a module, or a class through its MRO) defines ``name``."""
+    if isinstance(holder, type):
+        return any(name in vars(klass) for klass in holder.__mro__)
+    return name in vars(holder)
+
+
+def _plain_value(value) -> bool:
+    """Immutable values keyed by value: scalars, strings, None, NumPy dtypes, and tuples and
+    frozensets of them (``shape = (3, 4)``, ``layers = (64, 64)``)."""
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), np.dtype)):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_plain_value(item) for item in value)
+    return False
 
 
 def _library(holder) -> bool:

@@ -249,7 +249,9 @@ class Backward(abc.ABC):
         _configuration_class(cls)
 
     def __new__(cls, *args, **kwargs):
-        error = checks.missing_methods(cls, "deqlab.backward.Backward", {
+        base = "deqlab.backward.ImplicitRule" if "adjoint" in getattr(cls, "__abstractmethods__", ()) \
+            else "deqlab.backward.Backward"
+        error = checks.missing_methods(cls, base, {
             "solve": "solve(self, problem) -> Solution",
             "adjoint": "adjoint(self, problem, solution, g) -> u"})
         if error is not None:

@@ -41,16 +41,17 @@ class ImplicitRule(Backward, abc.ABC):
     value from these arguments, never from a closure or from ``self``, and return a pytree
     shaped like their input (a mistake is reported naming the method). A truncated Neumann
     series, ``(I - J^T)^-1 g ~ sum_{k<K} (J^T)^k g``, is the smallest such mode (example below);
-    :class:`Phantom` with ``damping=1`` computes the same gradient by differentiating K steps from
-    the detached z*.
+    ``Phantom(steps=K, damping=1)`` computes the same gradient by differentiating K steps from the
+    detached z*.
 
     Attributes:
         name: the mode's short name, as for :class:`Backward`; a subclass's settings are its
             annotated class attributes (validated in ``_check_settings``).
 
     Raises:
-        TypeError: a subclass without ``adjoint`` is instantiated; ``adjoint`` or ``tangent``
-            returns something not shaped like its input (the message names the method).
+        TypeError: a subclass without ``adjoint`` is instantiated, or ``adjoint`` or
+            ``tangent`` returns a pytree of another structure (the message names the method).
+        ValueError: ``adjoint`` or ``tangent`` returns a leaf of another shape (named likewise).
 
     Example:
         A mode of one's own in a few lines, under ``jit``, ``grad`` and ``jvp``: the Neumann

@@ -17,15 +17,16 @@ class SHINE(ImplicitRule):
 
     The forward solve must be :class:`deqlab.solvers.Broyden` (or any solver with an
     ``inverse_jacobian_transpose(state, x)`` method, :meth:`Broyden.inverse_jacobian_transpose`,
-    and for forward mode ``inverse_jacobian(state, x)``); a mode of the shared rule
-    (:class:`ImplicitRule`): forward mode applies ``-B b`` the same way;
+    and for forward mode ``inverse_jacobian(state, x)``);
     its final inverse-Jacobian estimate ``B ~ (J_f - I)^{-1}`` (of g = f - z, 003 Eq. 10) is
     kept, and the adjoint of 003 Eq. 11, ``u = (I - J_f^T)^{-1} g``, is approximated by
     ``-B^T g``: no adjoint solve. ``refine`` > 0 then takes that many steps ``u <- g + J_f^T u``
     from this estimate (one vector-Jacobian product each; SHINE's "refine" variant, which uses
     the estimate as the adjoint solve's start). The estimate is only as good as Broyden's secant
     updates along the forward path: Ramzi et al. add extra "outer-problem" updates (OPA) to
-    improve it in the direction of ``g``; we do not.
+    improve it in the direction of ``g``; we do not. SHINE is a mode of the shared rule
+    (:class:`ImplicitRule`): forward mode (``jvp``, ``jacfwd``) applies ``-B b``, with the same
+    ``refine`` steps ``v <- b + J_f v``.
 
     Attributes:
         refine: adjoint fixed-point steps after the estimate (>= 0).
@@ -76,6 +77,10 @@ class SHINE(ImplicitRule):
 
     def tangent(self, problem, solution, b):
         """``-B b`` (forward mode), then ``refine`` steps ``v <- b + J_f v``."""
+        if not callable(getattr(problem.solver, "inverse_jacobian", None)):
+            raise checks.fail("solver", "a solver with an inverse_jacobian method for SHINE's forward mode "
+                              "(jvp, jacfwd), such as deqlab.solvers.Broyden", type(problem.solver).__name__,
+                              "fixed_point")
         flat = Flattener(solution.value, problem.batch_axis)
         v = flat.unflatten(-problem.solver.inverse_jacobian(solution.state.history, flat.flatten(b)))
         return _refine(problem.jacobian_at(solution.value), b, v, self.refine)

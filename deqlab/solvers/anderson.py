@@ -14,8 +14,9 @@ __all__ = ["Anderson"]
 
 #: The largest history size whose mixing problem is solved by :func:`_solve_positive_definite`
 #: (a rolled loop of m eliminations); larger ones use ``jnp.linalg.solve``. Measured on the tanh
-#: problem of ``benchmarks/step_cost.py`` (N = 384, batch 96): at m = 5 a step costs 1.54x a plain
-#: one with the elimination and 1.68x with LU, at m = 10 2.74x and 2.06x.
+#: problem of ``benchmarks/step_cost.py`` (N = 384, batch 96, ``benchmarks/results/step_cost_quick.txt``):
+#: at m = 5 a step costs 1.54x a plain one with the elimination and 1.68x with LU; at m = 10, 2.74x
+#: with the elimination (one run, not stored) and 2.06-2.08x with LU.
 ELIMINATION_MAX_M = 6
 
 
@@ -102,8 +103,9 @@ class Anderson(Solver):
             y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[:, None])[:, 0]
         total = jnp.sum(y)
         # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
-        # Likewise when the factorisation broke down (ridge = 0 and dependent residuals make the
-        # matrix singular): that step is a plain one instead of NaN.
+        # Likewise when the solve gave inf or NaN (an exactly zero pivot: ridge = 0 and exactly
+        # dependent residuals): that step is a plain one. A nearly singular system (ridge 0) gives
+        # large finite weights instead, which is why the ridge is positive by default.
         newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)
         has_weight = (total != 0) & jnp.isfinite(total)
         alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), newest)
@@ -133,7 +135,7 @@ def _solve_positive_definite(a, b):
     and a permutation loop; ``cho_solve``: three calls), because the loop's ``vmap`` turns a LAPACK
     call into one call per sample on CPU: this form runs the whole batch at once, in a program
     smaller than LU's, but takes m rounds of a loop, so it is used up to
-    :data:`ELIMINATION_MAX_M` only. A zero pivot (ridge 0 and dependent residuals) gives inf or NaN, which
+    :data:`ELIMINATION_MAX_M` only. An exactly zero pivot gives inf or NaN, which
     :meth:`Anderson.propose` turns into a plain step.
     """
     m = a.shape[0]

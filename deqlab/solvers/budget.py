@@ -150,7 +150,8 @@ def check_budget(budget: Any, where: str) -> Budget | None:
         if not (np.isfinite(value) and value > 0):
             raise checks.fail("budget.tol", "a finite number > 0", value, where)
     if not checks.is_traced(steps):
-        steps = np.int32(np.clip(np.asarray(steps, np.int64), 1, np.iinfo(np.int32).max))
+        # clipped as a Python integer (any size, any NumPy integer type) before the int32 cast
+        steps = np.int32(min(max(int(np.asarray(steps).item()), 1), np.iinfo(np.int32).max))
     return Budget(steps, tol)
 
 

@@ -262,8 +262,12 @@ def _checked_hooks(config, init, propose, record, z, fz, init_history):
         got = f"shape {row(z_next.shape)} and dtype {z_next.dtype}" if hasattr(z_next, "shape") else type(z_next).__name__
         raise TypeError(f"{name}.propose(z, fz, state) must return z_next of z's shape {row(z.shape)} and dtype "
                         f"{z.dtype}{one}, got {got}.")
-    for hook, out in (("propose", state_next),
-                      ("record", jax.eval_shape(record, z, fz, state_next))):
+    try:
+        recorded = jax.eval_shape(record, z, fz, state_next)
+    except (TypeError, ValueError, IndexError) as err:
+        err.add_note(f"deqlab: in {name}.record(z, fz, state){one}.")
+        raise
+    for hook, out in (("propose", state_next), ("record", recorded)):
         if (jax.tree_util.tree_structure(out), described(out)) != want:
             raise TypeError(f"{name}.{hook} must return a state of the structure, shapes and dtypes it was given "
                             f"(the loop carries it from step to step){one}: expected {want[0]} with "

@@ -3,6 +3,7 @@ compose with grad, jit and vmap (item 5). No timings: retraces are counted by a 
 f, which runs only while f is traced."""
 
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -292,20 +293,68 @@ def test_a_class_attribute_that_f_reads_is_never_stale():
     np.testing.assert_allclose(second.value, 4.0, rtol=1e-4)
 
 
+class _Base:
+    shift = 1.0
+
+
+class _Derived(_Base):
+    class Inner:
+        scale = 0.5
+
+    shape = (2,)  # a tuple of plain values: keyed by value, the call stays cached
+
+
+_S = 1.0
+
+
+def test_inherited_nested_and_generator_reads_are_never_stale():
+    """What f reads through a base class, a nested class or a generator expression is keyed too
+    (the referee's three stale cases), and a tuple attribute keeps the call cached."""
+    solver = deqlab.Picard(max_steps=500)
+    inherited = lambda z: 0.5 * z + _Derived.shift  # noqa: E731
+    nested = lambda z: _Derived.Inner.scale * z + 1.0  # noqa: E731
+    generator = lambda z: 0.5 * z + sum(_S for _ in range(1))  # noqa: E731
+    shaped = lambda z: 0.5 * z + jnp.ones(_Derived.shape)  # noqa: E731
+    global _S
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", deqlab.solvers.UncachedCallWarning)
+        before = [float(deqlab.solve(g, jnp.zeros(2), solver=solver).value[0]) for g in (inherited, nested, generator, shaped)]
+        _Base.shift, _Derived.Inner.scale, _S = 2.0, 0.75, 2.0
+        try:
+            after = [float(deqlab.solve(g, jnp.zeros(2), solver=solver).value[0]) for g in (inherited, nested, generator)]
+        finally:
+            _Base.shift, _Derived.Inner.scale, _S = 1.0, 0.5, 1.0
+    np.testing.assert_allclose(before, [2.0, 2.0, 2.0, 2.0], rtol=1e-4)
+    np.testing.assert_allclose(after, [4.0, 4.0, 4.0], rtol=1e-4)
+
+
 def test_a_rebound_global_releases_the_program_compiled_for_it():
     """The program compiled for the old value of a global f reads holds it as a constant: the
-    cache keeps one program per function and configuration, so rebinding releases the old one
-    (0.9.0 kept every one: 144 MB per rebinding of a 36 MB matrix)."""
+    cache keeps the programs of the last few values per function (a loop alternating between two
+    values compiles each once) and releases older ones (0.9.0's first build kept every one: 144 MB
+    per rebinding of a 36 MB matrix), and all of a function's programs when it is gone."""
+    import gc
+
     from deqlab import _eager
 
     global _V
-    f = lambda z: 0.5 * jnp.tanh(z @ _V) + 1.0  # noqa: E731
-    held = []
-    for i in range(3):
-        _V = jnp.full((4, 4), 0.1 * (i + 1), F32)
+    log = Traces.calls.append
+    f = lambda z: (log(1), 0.5 * jnp.tanh(z @ _V) + 1.0)[1]  # noqa: E731
+    values = [jnp.full((4, 4), 0.1 * (i + 1), F32) for i in range(_eager.PROGRAMS_PER_FUNCTION + 2)]
+    for value in values:
+        _V = value
         deqlab.solve(f, jnp.zeros((1, 4), F32), batch_axis=0)
-        held.append(sum(1 for base in _eager._PROGRAMS if base[1] is f))
-    assert held == [1, 1, 1]
+    assert len(_eager._PROGRAMS[f]) == _eager.PROGRAMS_PER_FUNCTION
+    traced = Traces.n
+    for value in values[-2:] * 2:  # alternating between two recent values: nothing compiles again
+        _V = value
+        deqlab.solve(f, jnp.zeros((1, 4), F32), batch_axis=0)
+    assert Traces.n == traced
+    alive = weakref.ref(f)
+    count = len(_eager._PROGRAMS)
+    del f
+    gc.collect()
+    assert alive() is None and len(_eager._PROGRAMS) == count - 1  # the function and its programs
 
 
 def test_rebinding_a_closed_over_array_compiles_again():
