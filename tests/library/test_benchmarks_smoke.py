@@ -120,10 +120,12 @@ def test_stopping_benchmark_tiny():
 def test_compile_benchmark_tiny():
     out = compile_bench.main(["--size", "tiny", "--no-peers", "--repeats", "1"])
     rows = out["rows"]
-    assert set(rows) == {"deqlab Picard solve", "deqlab Anderson solve", "deqlab grad(fixed_point)"}
+    assert set(rows) == {"deqlab Picard solve", "deqlab Anderson solve", "deqlab grad(fixed_point)",
+                         "deqlab grad, Picard both ways"}
     # the instruction counter reads real programs: a solve has a loop of several dozen instructions,
     # its gradient (forward and adjoint solves) more; times are positive (no timing is asserted)
-    assert 30 < rows["deqlab Picard solve"][0] < rows["deqlab grad(fixed_point)"][0]
+    assert 30 < rows["deqlab Picard solve"][0] < rows["deqlab grad, Picard both ways"][0]
+    assert rows["deqlab grad, Picard both ways"][0] < rows["deqlab grad(fixed_point)"][0]
     assert all(seconds > 0 for _, seconds in rows.values())
     assert set(out["calls"]) == {"default", "ignore", "callback"}
 
