@@ -7,23 +7,34 @@
           \\qquad \\tilde x_{1:T} = x_{1:T} W_x ,
 
 with the input injection added to the queries, keys and values, and phi a 2-layer position-wise
-feed-forward residual block. :class:`TransformerCell` implements it with these choices:
+feed-forward residual block (003 §4, "Weight-tied transformers", an unnumbered display). :class:`TransformerCell`
+implements it as 003's released code runs it, with these choices:
 
-- **No residual around the attention (by default).** The first LayerNorm acts on
-  ``Attention(...)`` itself, exactly 003's formula; the second on the feed-forward residual block
-  ``a + W2 relu(W1 a)``. The post-norm layers of Transformer-XL, which 003's code builds on (Dai et
-  al. 2019; locuslab/deq), normalise ``z + Attention(...)`` instead (``attention_residual=True``).
-  That skip puts the identity into the Jacobian: without attention and feed-forward,
-  f(z) = LN(z) fixes every normalised z, and with them ``J_f`` keeps eigenvalues near 1, so the
-  plain iteration barely contracts and the equilibrium is pinned only by the small remainder.
+- **A residual around the attention (by default), as 003's code has it.** 003 prints the layer
+  as ``LN(phi(LN(Attention(...))))``, but its released code (locuslab/deq,
+  ``WeightShareSelfAttention.forward``) normalises ``attn_out + z``: the post-norm layer of
+  Transformer-XL (Dai et al. 2019), which it builds on, and the "vanilla transformer layer" of
+  Al-Rfou et al. (2019) that 001 §4.2 uses. :class:`TransformerCell` follows the code:
+  ``a = LN(z + Attention(...))``, then ``LN(a + W2 relu(W1 a))``. ``attention_residual=False``
+  gives the printed formula, ``a = LN(Attention(...))`` (book errata). The skip puts the identity
+  into the Jacobian: without attention, f(z) = LN(phi(LN(z))) nearly fixes every normalised z,
+  and with it ``J_f`` keeps eigenvalues near 1 (a spectral radius of 0.95-1.0 at initialisation
+  is typical, chapter 5 page 1), so plain iteration barely contracts, Broyden's method is needed,
+  and the equilibrium is pinned only by what attention and the feed-forward add. Without the
+  skip the radius at initialisation is about 0.5.
+- **LayerNorm without learned gain or bias**, epsilon 1e-5, as 003's code calls it
+  (``F.layer_norm(x, (d,))``).
 - **Positions: a learned relative bias.** Each head adds ``b_h[t - s]`` to the logit of query t
   and key s (``t - s >= 0``; distances at or beyond ``max_distance`` share the last entry). It is
   relative, as 003's relative positional embedding (§4-5, after Dai et al. 2019): f then commutes
   with a shift of the sequence, and one set of parameters serves every length, which a learned
   absolute embedding does not. It is a bias on the logits (Shaw et al. 2018; Raffel et al. 2020)
   rather than Transformer-XL's sinusoid-projected embedding, for the cost: H x max_distance
-  numbers. It starts as ALiBi's linear recency penalty ``-m_h (t - s)`` with head slopes
+  numbers. The bias starts as ALiBi's linear recency penalty ``-m_h (t - s)`` with head slopes
   ``m_h = 2^(-8h/H)`` (Press et al. 2022), so that positions are told apart from the first step.
+  Transformer-XL's global content bias ``u`` is kept (003's ``r_w_bias``, drawn from
+  U(-0.05, 0.05)): every query gains a learned per-head vector, so key s also gets the logit
+  ``u_h . k_s``.
 - **Causal.** Query t attends to keys s <= t only; masked logits are a large finite negative, so
   their weights are exactly 0 and the output at t never depends on the inputs after t (tested).
 - **Initialisation from an ensemble.** The feed-forward matrices W1 (width x hidden) and W2
@@ -103,8 +114,9 @@ class TransformerCell(nnx.Module):
             initialisation (003 §5 asks for "a small operator norm in the weight matrices").
         max_distance: number of learned relative-position biases per head (distances beyond
             share the last one).
-        attention_residual: normalise ``z + Attention(...)`` as Transformer-XL does, instead of
-            003's ``Attention(...)`` (module docstring).
+        attention_residual: True (default): normalise ``z + Attention(...)``, as 003's released
+            code and 001's vanilla layer do; False: ``Attention(...)`` alone, 003's printed
+            formula (module docstring).
         dtype: as for :class:`deqlab.nn.TanhCell`.
         param_dtype: as for :class:`deqlab.nn.TanhCell`.
         precision: as for :class:`deqlab.nn.TanhCell`.
@@ -140,7 +152,7 @@ class TransformerCell(nnx.Module):
     def __init__(self, width: int, in_features: int, *, heads: int = 4, hidden: int | None = None,
                  ensemble: str = "gaussian", scale: float | None = None,
                  attention_ensemble: str = "gaussian", attention_scale: float | None = None,
-                 max_distance: int = 64, attention_residual: bool = False, dtype: Any = None, param_dtype: Any = jnp.float32,
+                 max_distance: int = 64, attention_residual: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
                  precision: Any = None, dropout: float = 0.0, rngs: nnx.Rngs):
         where = "nn.TransformerCell"
         precision = _check_cell(where, width, in_features, dtype, param_dtype, precision, ensemble, rngs)
@@ -183,11 +195,17 @@ class TransformerCell(nnx.Module):
         ff = ensembles.initializer(ensemble, scale)
         self.expand = _linear(width, hidden, kernel_init=ff, **common)
         self.contract = _linear(hidden, width, kernel_init=ff, **common)
-        norms = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        # 003's code normalises with F.layer_norm(x, (d,)): no learned gain or bias, epsilon 1e-5
+        norms = dict(dtype=dtype, param_dtype=param_dtype, use_scale=False, use_bias=False, epsilon=1e-5,
+                     rngs=rngs)
         self.attention_norm = nnx.LayerNorm(width, **norms)
         self.output_norm = nnx.LayerNorm(width, **norms)
         distances = jnp.arange(max_distance, dtype=param_dtype)
         self.position_bias = nnx.Param(-alibi_slopes(heads).astype(param_dtype)[:, None] * distances)
+        # Transformer-XL's global content bias u (003's code: r_w_bias, drawn from U(-0.05, 0.05)):
+        # the logit of query t and key s gains u_h . k_s
+        self.content_bias = nnx.Param(jax.random.uniform(rngs.params(), (heads, width // heads), param_dtype,
+                                                         -0.05, 0.05))
         # last, so that the parameters are drawn as without dropout; one mask per sequence (axis -2)
         self.dropout = _dropout_module(dropout, where, rngs, broadcast_axes=(-2,))
 
@@ -244,6 +262,7 @@ class TransformerCell(nnx.Module):
             return jnp.swapaxes(u.reshape(u.shape[:-1] + (self.heads, dh)), -2, -3)
 
         q, k, v = heads(self.query(z) + xq), heads(self.key(z) + xk), heads(self.value(z) + xv)
+        q = q + self.content_bias[...][:, None, :].astype(q.dtype)  # (H, 1, dh) against (..., H, T, dh)
         logits = self._batched(q, k, contract=(-1, -1)) / jnp.sqrt(jnp.asarray(dh, q.dtype))
         t = jnp.arange(length)
         distance = t[:, None] - t[None, :]
@@ -303,7 +322,8 @@ class TransformerCell(nnx.Module):
             masks: weight-tied dropout masks from :meth:`dropout_masks`; None: no dropout.
 
         Returns:
-            ``LN(phi(LN(Attention(...))))``, of z's shape.
+            ``LN(phi(LN(z + Attention(...))))`` (``LN(phi(LN(Attention(...))))`` with
+            ``attention_residual=False``), of z's shape.
 
         Raises:
             ValueError: ``z`` or ``x`` has the wrong shape, or ``masks`` is not None or a dict of

@@ -31,6 +31,9 @@ def _tanh(rate=RATE, **kw):
 
 def _transformer(rate=RATE, **kw):
     x = jax.random.normal(jax.random.key(1), (3, 6, 5))
+    # the printed layer (no attention residual): the fixed-point tests below need solves that reach
+    # 1e-10 quickly; the dropout masks sit in the same three places either way
+    kw.setdefault("attention_residual", False)
     return TransformerCell(16, 5, heads=2, dropout=rate, rngs=nnx.Rngs(0), **kw), x
 
 

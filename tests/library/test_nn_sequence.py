@@ -19,7 +19,11 @@ F64 = dict(param_dtype=jnp.float64)
 
 
 def _transformer(seed=0, **kw):
-    options = dict(heads=2, attention_scale=0.1, rngs=nnx.Rngs(seed))
+    # 003's printed layer (no residual around the attention): these tests check the block's
+    # mechanics (causality, unroll against solve, gradients) and need a map that contracts fast
+    # (solves to 1e-11, a 12-layer unroll). The default cell, 003's code with the residual, has a
+    # spectral radius near 1 at initialisation; test_transformer_cell_is_003s_code checks its layer.
+    options = dict(heads=2, attention_scale=0.1, attention_residual=False, rngs=nnx.Rngs(seed))
     options.update(kw)
     return nn.TransformerCell(8, 6, **options)
 
@@ -75,6 +79,64 @@ def test_causality(name):
     # tol 1e-11 relative on a sequence of norm ~ sqrt(T d): the prefix moves by ~1e-10 at most
     np.testing.assert_allclose(deq_x[:, :t0], deq_y[:, :t0], atol=1e-8)
     assert jnp.max(jnp.abs(deq_x[:, t0:] - deq_y[:, t0:])) > 1e-3
+
+
+def _layer_norm_003(u, axis):
+    """``F.layer_norm(u, (d,))`` of 003's code: no gain, no bias, epsilon 1e-5, biased variance."""
+    centred = u - u.mean(axis, keepdims=True)
+    return centred / np.sqrt((centred**2).mean(axis, keepdims=True) + 1e-5)
+
+
+def _reference_003(cell, z, x, residual):
+    """One layer as 003's released code computes it (locuslab/deq, ``WeightShareSelfAttention`` and
+    ``WeightSharePositionwiseFF``, post-norm, no memory, no dropout), in its channels-first layout
+    ``(batch, d, T)`` with 1x1 convolutions as einsums. Written from that code, in float64 NumPy,
+    reading the cell's parameters. Its positional term ``BD`` (sinusoid-projected relative
+    embedding) is replaced by the cell's learned bias ``b_h[t - s]``, the one documented difference."""
+    p = lambda module, name="kernel": np.asarray(getattr(module, name)[...], np.float64)  # noqa: E731
+    conv = lambda w, u: np.einsum("io,bit->bot", w, u)  # noqa: E731  # Conv1d(kernel_size=1), w (in, out)
+    zc, xc = np.swapaxes(np.asarray(z, np.float64), 1, 2), np.swapaxes(np.asarray(x, np.float64), 1, 2)
+    bsz, d, qlen = zc.shape
+    n_head = cell.heads
+    d_head = d // n_head
+    w_qkv = np.concatenate([p(cell.query), p(cell.key), p(cell.value)], axis=1)
+    w_heads = conv(w_qkv, zc) + conv(p(cell.inject), xc) + p(cell.inject, "bias")[None, :, None]  # input injection
+    q, k, v = (u.reshape(bsz, n_head, d_head, qlen) for u in np.split(w_heads, 3, axis=1))
+    r_w_bias = np.asarray(cell.content_bias[...], np.float64)
+    ac = np.einsum("bndi,bndj->bnij", q + r_w_bias[:, :, None], k)
+    i, j = np.arange(qlen)[:, None], np.arange(qlen)[None, :]
+    bd = np.asarray(cell.position_bias[...], np.float64)[:, np.clip(i - j, 0, cell.max_distance - 1)]
+    score = ac / np.sqrt(d_head) + bd[None]
+    score = np.where(j > i, -np.inf, score)  # torch.triu(ones, diagonal=1) masked with -inf
+    prob = np.exp(score - score.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    attn_vec = np.einsum("bnij,bndj->bndi", prob, v).reshape(bsz, d, qlen)
+    attn_out = conv(p(cell.out), attn_vec) + p(cell.out, "bias")[None, :, None]
+    out = _layer_norm_003(attn_out + zc if residual else attn_out, axis=1)
+    relu_out1 = np.maximum(conv(p(cell.expand), out) + p(cell.expand, "bias")[None, :, None], 0.0)
+    out2 = conv(p(cell.contract), relu_out1) + p(cell.contract, "bias")[None, :, None]
+    return np.swapaxes(_layer_norm_003(out2 + out, axis=1), 1, 2)
+
+
+@pytest.mark.float64
+def test_transformer_cell_is_003s_code():
+    """The default cell is the layer of 003's released code (residual inside the first LayerNorm,
+    non-affine LayerNorms, the content bias); ``attention_residual=False`` is the printed formula
+    LN(phi(LN(Attention))). Float64 on both sides: agreement to 1e-10 (the reference sums in
+    another order). The attention scale 1.0 makes attention matter (a zero attention would hide a
+    wrong residual)."""
+    x = jax.random.normal(jax.random.key(7), (2, 6, 5), jnp.float64)
+    z = jax.random.normal(jax.random.key(8), (2, 6, 8), jnp.float64)
+    for residual in (True, False):
+        options = {} if residual else {"attention_residual": False}
+        cell = nn.TransformerCell(8, 5, heads=2, attention_scale=1.0, max_distance=4, rngs=nnx.Rngs(3),
+                                  **F64, **options)
+        np.testing.assert_allclose(np.asarray(cell(z, x)), _reference_003(cell, z, x, residual), rtol=0,
+                                   atol=1e-10)
+    # the two layers differ (so the comparison above can tell them apart)
+    printed = nn.TransformerCell(8, 5, heads=2, attention_scale=1.0, max_distance=4, attention_residual=False,
+                                 rngs=nnx.Rngs(3), **F64)
+    assert np.max(np.abs(np.asarray(printed(z, x)) - _reference_003(printed, z, x, True))) > 1e-2
 
 
 def test_transformer_init_scales():
@@ -204,7 +266,8 @@ _TWO_STEPS = textwrap.dedent("""
     from deqlab import nn
 
     def run(devices):
-        cell = nn.TransformerCell(16, 8, heads=2, attention_scale=0.3, rngs=nnx.Rngs(0))
+        # the printed layer: it contracts fast, so every solve converges (the test compares devices)
+        cell = nn.TransformerCell(16, 8, heads=2, attention_scale=0.3, attention_residual=False, rngs=nnx.Rngs(0))
         model = nn.LanguageModel(13, cell, solver="broyden", tol=1e-5, max_steps=40, rngs=nnx.Rngs(1))
         optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
         tokens = np.asarray(jax.random.randint(jax.random.key(2), (3, 8, 12), 0, 13))

@@ -347,8 +347,7 @@ def cell_at_init(ensemble: str, scales: Sequence[float], x: jax.Array, *, width:
         result = solve(f, z0, x, solver=config, batch_axis=0)
         z = result.value
         r_cell = stability.spectral_radius(f, z, x, key=jax.random.key(seed + 1), steps=steps, batch_axis=0)
-        a = cell.attention_norm(cell.attention(z, x))
-        pre = cell.expand(a)
+        a, pre = cell.feed_forward_hidden(z, x)
         bias = cell.contract.bias[...]
 
         def ff(a):
