@@ -216,17 +216,20 @@ def test_implicit_gradient_matches_unrolled_and_finite_differences(name):
     direction = [jax.random.normal(k, p.shape, p.dtype) for k, p in zip(keys, leaves)]
     norm = jnp.sqrt(sum(jnp.sum(d**2) for d in direction))
     direction = [d / norm for d in direction]
-    eps = 1e-5
+    eps = 1e-4
 
     def at(t):
         shifted = jax.tree_util.tree_unflatten(treedef, [p + t * d for p, d in zip(leaves, direction)])
         return float(loss(nnx.merge(graphdef, shifted, rest)))
 
-    fd = (at(eps) - at(-eps)) / (2 * eps)
+    # central differences at eps and eps / 2 combined by Richardson: the eps^2 term (measured 5.6e-7
+    # at eps = 1e-5 on this curved loss) cancels, leaving O(eps^4), rounding 1e-16 / eps and the
+    # solves' error tol |z| |dL/dz| / eps ~ 1e-12 * 7.5 * O(1) / 1e-4 ~ 1e-7 (|z| = sqrt(T d) ~ 7.5)
+    central = lambda h: (at(h) - at(-h)) / (2 * h)  # noqa: E731
+    fd = (4 * central(eps / 2) - central(eps)) / 3
     grad_leaves = jax.tree_util.tree_leaves(nnx.state(implicit, nnx.Param))
     analytic = float(sum(jnp.sum(g * d) for g, d in zip(grad_leaves, direction)))
-    # O(eps^2) truncation and 1e-16 / eps rounding: ~1e-10 absolute on an O(1) derivative
-    assert abs(analytic - fd) < 1e-7 * max(1.0, abs(fd)), (analytic, fd)
+    assert abs(analytic - fd) < 3e-7 * max(1.0, abs(fd)), (analytic, fd)
 
 
 def test_bad_arguments():
