@@ -19,6 +19,7 @@ increasing: checked, ``ValueError`` otherwise) and ``density``; point masses are
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -612,3 +613,291 @@ def paired_bootstrap(table: Any, statistic, *, paired: bool = True, resamples: i
 
 
 __all__ += ["clopper_pearson", "sign_test", "paired_bootstrap"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims tables: the book's one verdict system (issue 40)
+# ---------------------------------------------------------------------------------------------
+
+VERDICTS = ("holds", "contradicted", "not resolved", "not testable at this scale")
+"""The verdicts a claims table gives (:func:`claims_verdicts`)."""
+
+
+def _scipy_rng(generator: np.random.Generator) -> dict[str, Any]:
+    """The random-stream keyword of scipy.stats' resampling functions (``rng`` since SciPy 1.15,
+    ``random_state`` before), so that the same call works on the older SciPy of Colab runtimes."""
+    import inspect
+
+    from scipy import stats as scipy_stats
+
+    name = "rng" if "rng" in inspect.signature(scipy_stats.permutation_test).parameters else "random_state"
+    return {name: generator}
+
+
+def holm(p_values: Any) -> np.ndarray:
+    """Holm's step-down adjusted p-values: family-wise error control over a table of claims.
+
+    With ``m`` p-values sorted increasingly, ``p_(i)`` is adjusted to
+    ``max_{j <= i} min(1, (m - j + 1) p_(j))``; rejecting every hypothesis whose adjusted p-value
+    is at most ``alpha`` keeps the probability of one or more false rejections at most ``alpha``
+    whatever the dependence between the tests (Holm 1979). It rejects everything Bonferroni
+    rejects, and more.
+
+    Args:
+        p_values: a 1-d array of numbers in [0, 1] (NaN not allowed: leave untestable claims out).
+
+    Returns:
+        The adjusted p-values, in the input's order, as a float64 array.
+
+    Raises:
+        ValueError: naming ``p_values`` when it is not 1-d or has a value outside [0, 1].
+
+    Example:
+        >>> holm([0.01, 0.04, 0.03]).round(3).tolist()
+        [0.03, 0.06, 0.06]
+    """
+    where = "stats.holm"
+    p = np.asarray(p_values, dtype=np.float64)
+    if p.ndim != 1 or not np.all((p >= 0) & (p <= 1)):
+        raise checks.fail("p_values", "a 1-d array of numbers in [0, 1]", p_values, where)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adjusted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
+
+
+def _table(table: Any, where: str) -> np.ndarray:
+    x = np.asarray(table, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 2:
+        raise checks.fail("table", "a 2-d array (units, conditions) with at least 2 units and 2 conditions",
+                          np.shape(x), where)
+    return x
+
+
+def _as_batch(statistic, where: str):
+    """Adapt ``statistic`` of a ``(b, units, conditions)`` batch to scipy's ``f(*samples, axis)``."""
+    if not callable(statistic):
+        raise checks.fail("statistic", "a function of a (b, units, conditions) array", statistic, where)
+
+    def scipy_statistic(*samples, axis=-1):
+        columns = [np.moveaxis(np.asarray(s, np.float64), axis, -1) for s in samples]
+        x = np.stack(columns, axis=-1)  # (..., units, conditions)
+        lead = x.shape[:-2]
+        value = np.asarray(statistic(x.reshape((-1,) + x.shape[-2:])), np.float64)
+        return value.reshape(lead)
+
+    return scipy_statistic
+
+
+def paired_permutation_test(table: Any, statistic, *, resamples: int = 9999,
+                            key_or_seed: Any = 0) -> dict[str, Any]:
+    """Permutation test of a statistic of a units x conditions table, permuting within units.
+
+    ``table[i, j]`` is unit ``i`` (a seed) under condition ``j``. The null hypothesis is the sharp
+    one that the conditions make no difference within a unit: each unit's values are exchangeable
+    across the conditions, so their labels are permuted unit by unit
+    (``scipy.stats.permutation_test`` with ``permutation_type="samples"``; all ``(k!)^n``
+    relabellings when that is at most ``resamples``, else ``resamples`` random ones). The test is
+    exact (random relabellings: valid, with p-values at least ``1 / (resamples + 1)``) for any
+    statistic, minima and ratios included, for which no bootstrap interval is valid.
+
+    Args:
+        table: a 2-d array ``(units, conditions)``, at least 2 of each; NaN marks a missing value
+            (``statistic`` must cope, e.g. with ``np.nanmean``).
+        statistic: a vectorised function mapping a ``(b, units, conditions)`` batch to ``(b,)``.
+        resamples: random relabellings when the exact enumeration is larger, >= 99.
+        key_or_seed: an int seed, a numpy ``Generator`` or a JAX PRNG key (the p-values are a
+            deterministic function of it).
+
+    Returns:
+        dict with ``estimate`` (the statistic on the table), ``p_greater`` and ``p_less`` (one-sided
+        p-values for a statistic larger, resp. smaller, than under the null) and ``units``.
+
+    Raises:
+        ValueError: naming ``table``, ``statistic``, ``resamples`` or ``key_or_seed``.
+
+    Example:
+        >>> rng = np.random.default_rng(1)
+        >>> seeds = rng.normal(0, 5, 12)[:, None]                   # large effects shared by a seed
+        >>> t = seeds + np.array([0.0, 1.0]) + rng.normal(0, 0.3, (12, 2))
+        >>> r = paired_permutation_test(t, lambda x: x[..., 1].mean(-1) - x[..., 0].mean(-1))
+        >>> r["p_greater"] < 0.001 < r["p_less"]
+        True
+    """
+    from scipy import stats as scipy_stats
+
+    where = "stats.paired_permutation_test"
+    x = _table(table, where)
+    resamples = checks.integer(resamples, "resamples", where, minimum=99)
+    f = _as_batch(statistic, where)
+    columns = tuple(x[:, j] for j in range(x.shape[1]))
+    estimate = float(f(*columns, axis=-1))
+    seed = int(_generator(key_or_seed, where).integers(2**63))
+    p = {}
+    for alternative in ("greater", "less"):  # the same relabellings for both sides (same stream)
+        result = scipy_stats.permutation_test(columns, f, permutation_type="samples", vectorized=True,
+                                              n_resamples=resamples, alternative=alternative,
+                                              **_scipy_rng(np.random.default_rng(seed)))
+        p[alternative] = float(result.pvalue)
+    return {"estimate": estimate, "p_greater": p["greater"], "p_less": p["less"], "units": x.shape[0]}
+
+
+def _jackknife_se(statistic, x: np.ndarray) -> np.ndarray:
+    """Jackknife standard errors of ``statistic`` for a batch ``x`` of shape ``(b, units, k)``."""
+    b, n, k = x.shape
+    leave_one_out = np.array([np.delete(np.arange(n), i) for i in range(n)])  # (n, n - 1)
+    theta = np.asarray(statistic(x[:, leave_one_out].reshape(b * n, n - 1, k)), np.float64).reshape(b, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.sqrt((n - 1) / n * np.nansum((theta - np.nanmean(theta, 1, keepdims=True)) ** 2, axis=1))
+
+
+def studentized_interval(table: Any, statistic, *, confidence: float = 0.95, resamples: int = 1999,
+                         key_or_seed: Any = 0) -> tuple[float, float]:
+    """Studentised (bootstrap-t) interval of a statistic of a units x conditions table, resampling
+    whole units, with jackknife standard errors.
+
+    With ``theta`` the statistic on the table and ``s`` its jackknife standard error, each
+    resample ``b`` of the units (all conditions of a unit kept together: the pairing) gives
+    ``t_b = (theta_b - theta) / s_b``, ``s_b`` the resample's own jackknife error; the interval is
+    ``[theta - t_(1 - a/2) s, theta - t_(a/2) s]`` (Efron & Tibshirani 1993, ch. 12). Its
+    coverage error is O(1/n) like BCa's, but it carries the small-sample widening that the
+    normal quantiles of BCa and of the percentile interval lack: measured on Gaussian paired
+    differences at 95 %, bootstrap-t covered 0.96 (10 units, 400 tables) and 0.955 (20 units), where
+    ``scipy.stats.bootstrap``'s BCa covered 0.886 at 10 units and 0.93 at 20 (1,000 tables). It is for
+    smooth statistics (means, their differences, ratios, minima over conditions of means); for a
+    minimum or maximum over *units* no bootstrap interval is valid (a resample's minimum is never
+    below the sample's): test those with :func:`paired_permutation_test`, which gives no interval.
+
+    Args:
+        table: a 2-d array ``(units, conditions)``, at least 3 units and 2 conditions; NaN marks a
+            missing value (``statistic`` must cope, e.g. with ``np.nanmean``).
+        statistic: a vectorised function mapping a ``(b, units, conditions)`` batch to ``(b,)``.
+        confidence: the level, in (0, 1).
+        resamples: bootstrap resamples, >= 99 (1,999 puts the 2.5 % quantile within about
+            +- 0.35 % in probability).
+        key_or_seed: an int seed, a numpy ``Generator`` or a JAX PRNG key.
+
+    Returns:
+        ``(lo, hi)``; ``(nan, nan)`` where no interval exists (a zero standard error: every unit
+        gives the same value).
+
+    Raises:
+        ValueError: naming ``table``, ``statistic``, ``confidence``, ``resamples`` or ``key_or_seed``.
+
+    Example:
+        >>> rng = np.random.default_rng(2)
+        >>> t = rng.normal(0, 1, (30, 2)) + np.array([0.0, 2.0])   # condition 1 is 2 higher
+        >>> lo, hi = studentized_interval(t, lambda x: x[..., 1].mean(-1) - x[..., 0].mean(-1))
+        >>> round(lo, 2), round(hi, 2)
+        (1.28, 2.38)
+    """
+    where = "stats.studentized_interval"
+    x = _table(table, where)
+    if x.shape[0] < 3:
+        raise checks.fail("table", "at least 3 units (a jackknife error needs 2 per leave-one-out sample)",
+                          np.shape(x), where)
+    if not callable(statistic):
+        raise checks.fail("statistic", "a function of a (b, units, conditions) array", statistic, where)
+    confidence = _confidence(confidence, where)
+    resamples = checks.integer(resamples, "resamples", where, minimum=99)
+    rng = _generator(key_or_seed, where)
+    n = x.shape[0]
+    with warnings.catch_warnings():  # NaN statistics of resamples without a finite run: left out
+        warnings.simplefilter("ignore", RuntimeWarning)
+        theta = float(np.asarray(statistic(x[None]), np.float64).reshape(-1)[0])
+        se = float(_jackknife_se(statistic, x[None])[0])
+        if not (math.isfinite(theta) and math.isfinite(se)) or se == 0.0:
+            return math.nan, math.nan
+        studentized = []
+        chunk = max(1, 2**22 // (n * n * x.shape[1]))  # a few tens of MB per batch of resamples
+        for start in range(0, resamples, chunk):
+            boot = x[rng.integers(0, n, size=(min(chunk, resamples - start), n))]
+            values = np.asarray(statistic(boot), np.float64).reshape(-1)
+            studentized.append((values - theta) / _jackknife_se(statistic, boot))
+    t = np.concatenate(studentized)
+    t = t[np.isfinite(t)]
+    if t.size < 0.9 * resamples:
+        return math.nan, math.nan
+    alpha = (1.0 - confidence) / 2.0
+    t_lo, t_hi = np.quantile(t, [alpha, 1.0 - alpha])
+    return float(theta - t_hi * se), float(theta - t_lo * se)
+
+
+def claims_verdicts(claims: Sequence[dict[str, Any]], *, alpha: float = 0.05) -> list[dict[str, Any]]:
+    """Verdicts for a table of claims with family-wise error control (Holm), the book's one rule.
+
+    Each claim is a dict. A *tested* claim carries ``p_for`` and ``p_against``: one-sided p-values
+    of a test in the claim's direction and in the opposite one (e.g. ``p_greater`` and ``p_less``
+    of :func:`paired_permutation_test` for a statistic that is positive when the claim holds). Its
+    two-sided p-value ``min(1, 2 min(p_for, p_against))`` enters Holm's procedure (:func:`holm`)
+    over the table's tested claims; a claim whose adjusted p-value is at most ``alpha`` is decided
+    in the direction of the smaller one-sided p-value: ``"holds"`` or ``"contradicted"``;
+    otherwise ``"not resolved"``. Deciding the direction after a two-sided rejection keeps the
+    probability of any false verdict (a wrong rejection or a wrong direction) at most ``alpha``
+    for the family (Shaffer 1980 for Holm with directional decisions).
+
+    A claim with ``testable=False`` (and a ``reason``: a statistic without a valid test at this
+    scale) gets ``"not testable at this scale"`` and is left out of the family. A claim with a
+    fixed ``verdict`` already set (a universal claim settled by a counterexample: no error
+    probability) keeps it and is left out of the family too.
+
+    Args:
+        claims: dicts as above; other keys are kept.
+        alpha: the family-wise level, in (0, 1).
+
+    Returns:
+        New dicts, in order, with ``p_two_sided``, ``p_adjusted`` (NaN outside the family),
+        ``family_size`` and ``verdict`` (one of :data:`VERDICTS`) added.
+
+    Raises:
+        ValueError: naming ``claims`` (a claim without p-values, a testable flag or a verdict; a
+            p-value outside [0, 1]) or ``alpha``.
+
+    Example:
+        >>> table = claims_verdicts([{"claim": "a", "p_for": 0.001, "p_against": 0.999},
+        ...                          {"claim": "b", "p_for": 0.9, "p_against": 0.04},
+        ...                          {"claim": "c", "testable": False, "reason": "a minimum"}])
+        >>> [c["verdict"] for c in table]
+        ['holds', 'not resolved', 'not testable at this scale']
+    """
+    where = "stats.claims_verdicts"
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    out, tested = [], []
+    for i, claim in enumerate(claims):
+        if not isinstance(claim, dict):
+            raise checks.fail("claims", "a sequence of dicts", type(claim).__name__, where)
+        c = dict(claim)
+        if "verdict" in c:
+            if c["verdict"] not in VERDICTS:
+                raise checks.fail("claims", f"verdicts among {VERDICTS}", c["verdict"], where)
+        elif c.get("testable", True) is False:
+            c["verdict"] = VERDICTS[3]
+        elif "p_for" in c and "p_against" in c:
+            p_for, p_against = float(c["p_for"]), float(c["p_against"])
+            if not (0 <= p_for <= 1 and 0 <= p_against <= 1):
+                raise checks.fail("claims", "p_for and p_against in [0, 1]", (p_for, p_against), where)
+            c["p_two_sided"] = min(1.0, 2 * min(p_for, p_against))
+            tested.append(i)
+        else:
+            raise checks.fail("claims", "each claim with p_for and p_against, testable=False or a verdict",
+                              sorted(c), where)
+        c.setdefault("p_two_sided", math.nan)
+        c["p_adjusted"] = math.nan
+        out.append(c)
+    adjusted = holm([out[i]["p_two_sided"] for i in tested]) if tested else []
+    for i, p in zip(tested, adjusted):
+        c = out[i]
+        c["p_adjusted"] = float(p)
+        if p <= alpha:
+            c["verdict"] = VERDICTS[0] if c["p_for"] <= c["p_against"] else VERDICTS[1]
+        else:
+            c["verdict"] = VERDICTS[2]
+    for c in out:
+        c["family_size"] = len(tested)
+    return out
+
+
+__all__ += ["VERDICTS", "holm", "paired_permutation_test", "studentized_interval", "claims_verdicts"]
