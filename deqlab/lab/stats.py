@@ -691,23 +691,30 @@ def _as_batch(statistic, where: str):
     return scipy_statistic
 
 
-def paired_permutation_test(table: Any, statistic, *, resamples: int = 9999,
-                            key_or_seed: Any = 0) -> dict[str, Any]:
+def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[int]] | None = None,
+                            resamples: int = 9999, key_or_seed: Any = 0) -> dict[str, Any]:
     """Permutation test of a statistic of a units x conditions table, permuting within units.
 
     ``table[i, j]`` is unit ``i`` (a seed) under condition ``j``. The null hypothesis is the sharp
     one that the conditions make no difference within a unit: each unit's values are exchangeable
-    across the conditions, so their labels are permuted unit by unit
-    (``scipy.stats.permutation_test`` with ``permutation_type="samples"``; all ``(k!)^n``
-    relabellings when that is at most ``resamples``, else ``resamples`` random ones). The test is
-    exact (random relabellings: valid, with p-values at least ``1 / (resamples + 1)``) for any
-    statistic, minima and ratios included, for which no bootstrap interval is valid.
+    across the conditions, so their labels are permuted unit by unit. With ``groups`` (lists of
+    condition columns), labels are exchanged only inside each group, independently per unit and
+    group: the null is then "no difference within each group" (e.g. no ensemble effect at each
+    scale, while scales may differ). The test is exact for any statistic, minima and ratios
+    included, for which no bootstrap interval is valid.
+
+    Without ``groups`` it is ``scipy.stats.permutation_test(permutation_type="samples")`` (all
+    ``(k!)^n`` relabellings when that is at most ``resamples``); with groups, ``resamples`` random
+    relabellings and the Monte Carlo p-value ``(1 + #{T* >= T}) / (resamples + 1)``, which is valid
+    (never below ``1 / (resamples + 1)``).
 
     Args:
         table: a 2-d array ``(units, conditions)``, at least 2 of each; NaN marks a missing value
             (``statistic`` must cope, e.g. with ``np.nanmean``).
         statistic: a vectorised function mapping a ``(b, units, conditions)`` batch to ``(b,)``.
-        resamples: random relabellings when the exact enumeration is larger, >= 99.
+        groups: disjoint lists of condition indices whose labels are exchanged; None: all
+            conditions form one group. Columns in no group are never moved.
+        resamples: random relabellings (when the exact enumeration is larger), >= 99.
         key_or_seed: an int seed, a numpy ``Generator`` or a JAX PRNG key (the p-values are a
             deterministic function of it).
 
@@ -716,7 +723,7 @@ def paired_permutation_test(table: Any, statistic, *, resamples: int = 9999,
         p-values for a statistic larger, resp. smaller, than under the null) and ``units``.
 
     Raises:
-        ValueError: naming ``table``, ``statistic``, ``resamples`` or ``key_or_seed``.
+        ValueError: naming ``table``, ``statistic``, ``groups``, ``resamples`` or ``key_or_seed``.
 
     Example:
         >>> rng = np.random.default_rng(1)
@@ -730,18 +737,51 @@ def paired_permutation_test(table: Any, statistic, *, resamples: int = 9999,
 
     where = "stats.paired_permutation_test"
     x = _table(table, where)
+    n, k = x.shape
     resamples = checks.integer(resamples, "resamples", where, minimum=99)
     f = _as_batch(statistic, where)
-    columns = tuple(x[:, j] for j in range(x.shape[1]))
-    estimate = float(f(*columns, axis=-1))
-    seed = int(_generator(key_or_seed, where).integers(2**63))
-    p = {}
-    for alternative in ("greater", "less"):  # the same relabellings for both sides (same stream)
-        result = scipy_stats.permutation_test(columns, f, permutation_type="samples", vectorized=True,
-                                              n_resamples=resamples, alternative=alternative,
-                                              **_scipy_rng(np.random.default_rng(seed)))
-        p[alternative] = float(result.pvalue)
-    return {"estimate": estimate, "p_greater": p["greater"], "p_less": p["less"], "units": x.shape[0]}
+    columns = tuple(x[:, j] for j in range(k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        estimate = float(f(*columns, axis=-1))
+    rng = _generator(key_or_seed, where)
+    if groups is None:
+        seed = int(rng.integers(2**63))
+        p = {}
+        for alternative in ("greater", "less"):  # the same relabellings for both sides (same stream)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                result = scipy_stats.permutation_test(columns, f, permutation_type="samples", vectorized=True,
+                                                      n_resamples=resamples, alternative=alternative,
+                                                      **_scipy_rng(np.random.default_rng(seed)))
+            p[alternative] = float(result.pvalue)
+        return {"estimate": estimate, "p_greater": p["greater"], "p_less": p["less"], "units": n}
+    try:
+        groups = [[int(j) for j in g] for g in groups]
+    except TypeError:
+        raise checks.fail("groups", "lists of condition indices", groups, where) from None
+    flat = [j for g in groups for j in g]
+    if len(set(flat)) != len(flat) or any(not 0 <= j < k for j in flat) or any(len(g) < 2 for g in groups):
+        raise checks.fail("groups", f"disjoint lists of at least 2 indices in [0, {k})", groups, where)
+    null = []
+    chunk = max(1, 2**22 // (n * k))
+    for start in range(0, resamples, chunk):
+        b = min(chunk, resamples - start)
+        index = np.broadcast_to(np.arange(k), (b, n, k)).copy()
+        for g in groups:
+            g = np.asarray(g)
+            order = rng.permuted(np.broadcast_to(np.arange(g.size), (b, n, g.size)), axis=-1)
+            index[..., g] = g[order]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            null.append(np.asarray(statistic(np.take_along_axis(x[None], index, axis=-1)), np.float64).reshape(-1))
+    null = np.concatenate(null)
+    slack = 1e-12 * max(1.0, abs(estimate))  # ties with the observed value count as at least as extreme
+    p_greater = (1 + np.sum(null >= estimate - slack)) / (resamples + 1)
+    p_less = (1 + np.sum(null <= estimate + slack)) / (resamples + 1)
+    if not math.isfinite(estimate):
+        p_greater = p_less = 1.0
+    return {"estimate": estimate, "p_greater": float(p_greater), "p_less": float(p_less), "units": n}
 
 
 def _jackknife_se(statistic, x: np.ndarray) -> np.ndarray:
