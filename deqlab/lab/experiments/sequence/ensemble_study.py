@@ -68,8 +68,10 @@ checkpoints after every evaluation, so an interrupted study resumes at the last 
 unfinished configuration. :func:`summarize` reduces the rows to 001 Table 1.
 
 **Claims.** :func:`check_claims` tests each claim of 001 §4.3 over seeds, the independent units
-(a seed's nine runs share everything but the feed-forward matrices): a paired bootstrap over seeds
-for the perplexity claims, exact tests for counts, and a three-valued verdict from the interval.
+(a seed's nine runs share everything but the feed-forward matrices): permutation tests within
+seed for the perplexity claims (with studentised intervals for the claims about means), exact sign
+tests for counts, and Holm's family-wise control over the claims table
+(:func:`deqlab.lab.stats.claims_verdicts`).
 001's "converge" is a test-loss curve reaching its plateau (:func:`plateau`, on the test loss
 recorded at every evaluation); the Broyden solver's convergence is reported as a diagnostic.
 
@@ -98,7 +100,7 @@ from deqlab import checks
 from deqlab.lab import data
 
 __all__ = ["ENSEMBLES", "SQRT_V", "QUICK", "FULL", "PAPER_TABLE", "study_config", "train_seeds", "run_study",
-           "summarize", "per_seed_rows", "PLATEAU_TOLERANCE", "plateau", "check_claims", "main"]
+           "summarize", "per_seed_rows", "PLATEAU_TOLERANCE", "plateau", "SCOPE", "check_claims", "main"]
 
 ENSEMBLES = ("gaussian", "orthogonal", "goe")
 """001 §4.3's matrix families (its "random" is deqlab's ``"gaussian"``)."""
@@ -602,74 +604,72 @@ def plateau(test_loss_curve: Sequence[float], eval_steps: Sequence[int],
     return {"reached": bool(reached), "total_drop": total, "late_drop": late_drop, "rise": rise}
 
 
-def _verdict(lo: float, hi: float, null: float = 0.0) -> str:
-    """Three-valued: the interval excludes ``null`` on the claim's side, on the other, or neither."""
-    if lo > null:
-        return "holds"
-    if hi < null:
-        return "contradicted"
-    return "not resolved"
+SCOPE = ("over seeds of the initialisation (the unit), conditional on the one batch order and the fixed test "
+         "windows that every seed shares (data_seed); configurations compared within seed")
+"""What the claims' inference covers (:func:`check_claims`): a statement about other batch orders or
+test sets would need seeds that draw their own."""
 
 
-def check_claims(rows: Sequence[dict[str, Any]], *, resamples: int = 2000, confidence: float = 0.95,
-                 key_or_seed: Any = 0, paired: bool = True,
-                 plateau_tolerance: float = PLATEAU_TOLERANCE) -> list[dict[str, Any]]:
-    """The claims of 001 §4.3 (with Table 1's and Fig. 6's captions), each tested on :func:`per_seed_rows`.
+def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resamples: int = 4999,
+                 key_or_seed: Any = 0, plateau_tolerance: float = PLATEAU_TOLERANCE) -> list[dict[str, Any]]:
+    """The claims of 001 §4.3 (with Table 1's and Fig. 6's captions), tested on :func:`per_seed_rows`
+    with the book's verdict system (:func:`deqlab.lab.stats.claims_verdicts`).
 
     **The unit is the seed.** Seed s draws the same attention, embedding and head in every
-    configuration and all seeds see the same batches (module docstring), so the 9 runs of a seed
-    are not independent: a study of 10 seeds has 10 independent units, not 90. Every test
-    below is therefore over seeds and paired within seed.
+    configuration and all seeds see the same batches and test windows (module docstring), so the 9
+    runs of a seed are not independent: a study of 10 seeds has 10 independent units, not 90.
+    Every test is over seeds and paired within seed, and the inference is conditional on the
+    shared batch order and test windows (:data:`SCOPE`).
 
-    **Perplexity claims** (which configuration's mean or best seed is lowest, and how means
-    compare) are tested by :func:`deqlab.lab.stats.paired_bootstrap` over seeds: ``resamples``
-    resamples of the seeds, each taking a seed's runs in all nine configurations together (the
-    pairing is kept), the claim's margin recomputed on each (means and minima over the runs with
-    a finite perplexity, as :func:`summarize`), and the percentile interval at ``confidence``.
-    ``probability`` is the fraction of resamples in which the claim's ordering holds (for "X is
-    the minimum", the bootstrap probability that X is the minimum). The bootstrap of a minimum is
-    coarse at 10 seeds (a resample's minimum is one of the sample's values, never below the
-    sample's): its interval is a rough guide, and a minimum claim resolved by it only when the
-    best seeds are well apart.
+    **Perplexity claims** are tested by exact permutation tests
+    (:func:`deqlab.lab.stats.paired_permutation_test`): within each seed, the labels of the
+    configurations a claim compares are exchanged (the ensembles at one sqrt(V); for the ratio
+    claim, the ensembles within each sqrt(V)), under the sharp null that they make no difference.
+    Means and minima are over the runs with a finite perplexity (as :func:`summarize`). A claim
+    about means also gets a studentised bootstrap interval over seeds
+    (:func:`deqlab.lab.stats.studentized_interval`, per claim at ``1 - alpha``); a claim about the
+    best seed (a minimum over seeds) gets none, as no bootstrap interval of a minimum is valid, and
+    its verdict rests on the permutation test alone.
 
-    **Claims about trajectories** ("converge", 001 §4.3 on Fig. 6) use :func:`plateau` on each
-    run's test-loss curve. "All GOE trajectories converge" is a claim about every run: one
-    counterexample contradicts it (the exact Clopper-Pearson interval of the share of seeds whose
-    GOE runs all reach their plateau then excludes 1), and without one it holds for these runs,
-    the interval saying how low a per-seed rate ``n`` seeds cannot exclude. "Random is less
-    stable than GOE and orthogonal" is two exact sign tests over seeds
-    (:func:`deqlab.lab.stats.sign_test`) of the seed's count of runs off their plateau, random
-    minus the other ensemble: it holds when both net shares of seeds exclude 0 upwards (an
-    intersection-union test, level ``1 - confidence``), is contradicted when either excludes it
-    downwards.
+    **Claims about trajectories** (001's "converge" is the test-loss curve reaching its plateau,
+    :func:`plateau`; "diverging" is a run whose loss became non-finite): "every GOE trajectory
+    reaches its plateau" is universal: one counterexample contradicts it (no error probability:
+    outside the family), and without one it is "not resolved" (``n`` seeds cannot confirm a
+    universal claim; the exact Clopper-Pearson interval says how low a per-seed rate they cannot
+    exclude). "Random misses its plateau (diverges) more often than orthogonal and GOE" is two
+    exact one-sided sign tests over seeds (:func:`deqlab.lab.stats.sign_test`) of a seed's count
+    of such runs, random minus the other ensemble: the claim's p-value is the larger of the two
+    (intersection-union), the opposite direction's the smaller doubled (Bonferroni over the two);
+    a comparison in which every seed ties has p-value 1 both ways, and with ties in both the claim
+    is "not testable at this scale".
 
-    **Broyden convergence is a diagnostic**, not a claim of 001 (whose "converge" is about the
-    training trajectories): the same two tests on ``diverged or solver_failed``, with ``kind``
-    ``"diagnostic"``.
+    **Family-wise control.** Every tested claim of 001 forms one family, with Holm's procedure at
+    ``alpha`` (:func:`deqlab.lab.stats.claims_verdicts`): "holds", "contradicted", "not resolved",
+    or "not testable at this scale" (sign tests with no seed that differs). The Broyden
+    diagnostics (not claims of 001) form a second family.
 
     Args:
         rows: :func:`per_seed_rows` (``ensemble``, ``sqrt_v``, ``seed``, ``test_perplexity``,
             ``test_loss_curve``, ``eval_steps``, ``diverged``, ``solver_failed``), runs of every
             ensemble at every sqrt(V); the seeds present in all configurations are used.
-        resamples: bootstrap resamples (>= 10).
-        confidence: level of every interval, in (0, 1).
-        key_or_seed: seed of the bootstrap (the verdicts are a deterministic function of it).
-        paired: ``False`` resamples each configuration's seeds independently: the unpaired
-            bootstrap, wrong for this design, there to show what the pairing buys (the exact
-            tests on counts are the same either way).
+        alpha: family-wise level of the verdicts and 1 - level of the intervals, in (0, 1).
+        resamples: permutation relabellings and bootstrap resamples, >= 99.
+        key_or_seed: seed of the resampling (the verdicts are a deterministic function of it).
         plateau_tolerance: :func:`plateau`'s tolerance.
 
     Returns:
         One dict per claim: ``claim`` (made checkable), ``source`` (001's words), ``kind``
-        (``"001"`` or ``"diagnostic"``), ``method``, ``measure`` (what ``estimate`` is; positive,
-        or above ``null``, in the claim's direction), ``estimate``, ``lo``, ``hi`` (the interval),
-        ``null``, ``n_seeds``, ``probability`` (bootstrap, NaN for the exact tests), ``detail``
-        (the counts behind an exact test), ``verdict`` (``"holds"``, ``"contradicted"`` or
-        ``"not resolved"``) and ``holds`` (``verdict == "holds"``).
+        (``"001"`` or ``"diagnostic"``), ``method``, ``measure`` (what ``estimate`` is; positive in
+        the claim's direction, or, for the universal claim, a share of seeds to compare with 1),
+        ``estimate``, ``lo`` and ``hi`` (the interval; NaN where none is valid), ``interval`` (what
+        the interval is, or why there is none), ``p_for`` / ``p_against`` (one-sided, NaN for the
+        universal claim), ``p_adjusted`` (Holm), ``family_size``, ``n_seeds``, ``detail`` (counts
+        behind the exact tests), ``scope`` (:data:`SCOPE`), ``verdict`` and ``holds``.
 
     Raises:
         ValueError: naming ``rows`` when an ensemble or a sqrt(V) is missing, a seed repeats in
-            a configuration, fewer than 2 seeds are common to all, or a curve is missing.
+            a configuration, fewer than 3 seeds are common to all, or a curve is missing; naming
+            ``alpha`` or ``resamples`` when out of range.
 
     Example:
         >>> claims = check_claims(per_seed_rows(run_study(directory)))        # doctest: +SKIP
@@ -678,8 +678,8 @@ def check_claims(rows: Sequence[dict[str, Any]], *, resamples: int = 2000, confi
     from deqlab.lab import stats
 
     where = "ensemble_study.check_claims"
-    confidence = checks.number(confidence, "confidence", where, lower=0.0, upper=1.0, lower_open=True,
-                               upper_open=True)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    resamples = checks.integer(resamples, "resamples", where, minimum=99)
     by_cell: dict[tuple, dict] = {}
     for r in rows:
         cell = by_cell.setdefault((r["ensemble"], float(r["sqrt_v"])), {})
@@ -694,17 +694,21 @@ def check_claims(rows: Sequence[dict[str, Any]], *, resamples: int = 2000, confi
     if missing or not scales:
         raise checks.fail("rows", f"runs of every ensemble {ENSEMBLES} at every sqrt(V)", sorted(missing), where)
     seeds = sorted(set.intersection(*(set(c) for c in by_cell.values())))
-    if len(seeds) < 2:
-        raise checks.fail("rows", "at least 2 seeds run in every configuration", seeds, where)
+    if len(seeds) < 3:
+        raise checks.fail("rows", "at least 3 seeds run in every configuration", seeds, where)
     configs = [(e, v) for e in ENSEMBLES for v in scales]
     col = {c: j for j, c in enumerate(configs)}
     n = len(seeds)
     table = np.array([[by_cell[c][s]["test_perplexity"] for c in configs] for s in seeds], np.float64)
     table[~np.isfinite(table)] = np.nan  # left out of means and minima, as in summarize
-    off_plateau = np.array([[not plateau(by_cell[c][s]["test_loss_curve"], by_cell[c][s]["eval_steps"],
-                                         plateau_tolerance)["reached"] for c in configs] for s in seeds])
-    unstable = np.array([[bool(by_cell[c][s]["diverged"] or by_cell[c][s]["solver_failed"]) for c in configs]
-                         for s in seeds])
+    flags = {
+        "off_plateau": np.array([[not plateau(by_cell[c][s]["test_loss_curve"], by_cell[c][s]["eval_steps"],
+                                              plateau_tolerance)["reached"] for c in configs] for s in seeds]),
+        "diverged": np.array([[bool(by_cell[c][s]["diverged"]) for c in configs] for s in seeds]),
+        "unstable": np.array([[bool(by_cell[c][s]["diverged"] or by_cell[c][s]["solver_failed"]) for c in configs]
+                              for s in seeds]),
+    }
+    rng = np.random.default_rng(stats._generator(key_or_seed, where).integers(2**63))
 
     def mean(x, e, v):
         return np.nanmean(x[..., col[(e, v)]], axis=-1)
@@ -712,27 +716,35 @@ def check_claims(rows: Sequence[dict[str, Any]], *, resamples: int = 2000, confi
     def low(x, e, v):
         return np.nanmin(x[..., col[(e, v)]], axis=-1)
 
+    def at_scale(v):  # the ensembles' columns at one sqrt(V): the labels a claim at v exchanges
+        return [[col[(e, v)] for e in ENSEMBLES]]
+
     big = scales[-1]
-    margins = []  # (claim, source, measure, function of a (b, seeds, configs) batch)
+    # (claim, source, measure, statistic of a (b, seeds, configs) batch, permutation groups, interval?)
+    margins = []
     for v in scales:
         margins.append((f"GOE has the best mean perplexity at sqrt(V) = {v:g}",
                         '"the average test loss is best for the GOE across all sqrt(V)" (§4.3)',
                         "best other ensemble's mean perplexity minus GOE's",
-                        lambda x, v=v: np.minimum(mean(x, "gaussian", v), mean(x, "orthogonal", v)) - mean(x, "goe", v)))
+                        lambda x, v=v: np.minimum(mean(x, "gaussian", v), mean(x, "orthogonal", v)) - mean(x, "goe", v),
+                        at_scale(v), True))
     margins.append((f"orthogonal has a better mean perplexity than random at sqrt(V) = {big:g}",
                     '"orthogonal is better than random at large sqrt(V)" (§4.3)',
                     "random's mean perplexity minus orthogonal's",
-                    lambda x: mean(x, "gaussian", big) - mean(x, "orthogonal", big)))
+                    lambda x: mean(x, "gaussian", big) - mean(x, "orthogonal", big),
+                    [[col[("gaussian", big)], col[("orthogonal", big)]]], True))
     for v in scales:
         margins.append((f"GOE has the worst best seed at sqrt(V) = {v:g}",
                         '"comparing the best seeds from each family, the GOE performs worst" (§4.3)',
                         "GOE's minimum perplexity minus the larger of the other two minima",
-                        lambda x, v=v: low(x, "goe", v) - np.maximum(low(x, "gaussian", v), low(x, "orthogonal", v))))
+                        lambda x, v=v: low(x, "goe", v) - np.maximum(low(x, "gaussian", v), low(x, "orthogonal", v)),
+                        at_scale(v), False))
     for v in scales:
         margins.append((f"random has the best seed at sqrt(V) = {v:g}",
                         '"Random initialization has best performing models" (Table 1 caption)',
                         "the smaller of the other two minimum perplexities minus random's",
-                        lambda x, v=v: np.minimum(low(x, "orthogonal", v), low(x, "goe", v)) - low(x, "gaussian", v)))
+                        lambda x, v=v: np.minimum(low(x, "orthogonal", v), low(x, "goe", v)) - low(x, "gaussian", v),
+                        at_scale(v), False))
 
     def ratio(x, e):
         return np.mean([mean(x, e, v) / low(x, e, v) for v in scales], axis=0)
@@ -740,72 +752,85 @@ def check_claims(rows: Sequence[dict[str, Any]], *, resamples: int = 2000, confi
     margins.append(("random has the largest ratio of mean to minimum perplexity",
                     '"The discrepancy between the average and minimum" read as unstable learning (§4.3)',
                     "random's mean-to-minimum ratio (averaged over sqrt(V)) minus the larger of the others'",
-                    lambda x: ratio(x, "gaussian") - np.maximum(ratio(x, "orthogonal"), ratio(x, "goe"))))
+                    lambda x: ratio(x, "gaussian") - np.maximum(ratio(x, "orthogonal"), ratio(x, "goe")),
+                    [g for v in scales for g in at_scale(v)], False))
 
-    def statistic(x):
-        with warnings.catch_warnings():  # a resample whose runs are all non-finite: NaN, left out
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return np.stack([f(x) for *_, f in margins], axis=-1)
-
-    boot = stats.paired_bootstrap(table, statistic, paired=paired, resamples=resamples, confidence=confidence,
-                                  key_or_seed=key_or_seed)
-    method = f"{'paired' if paired else 'unpaired'} bootstrap over seeds ({resamples} resamples)"
-    bootstrapped = []
-    for i, (claim, source, measure, _) in enumerate(margins):
-        lo, hi = float(boot["lo"][i]), float(boot["hi"][i])
-        bootstrapped.append({"claim": claim, "source": source, "kind": "001", "method": method, "measure": measure,
-                             "estimate": float(boot["estimate"][i]), "lo": lo, "hi": hi, "null": 0.0, "n_seeds": n,
-                             "probability": float(boot["positive"][i]), "detail": "",
-                             "verdict": _verdict(lo, hi)})
-
-    def every_run(flags, claim, source, kind, what):
-        # a claim about every GOE run: seeds whose GOE runs are all fine, with an exact interval
-        goe = flags[:, [col[("goe", v)] for v in scales]]
-        good = int(np.sum(~goe.any(axis=1)))
-        lo, hi = stats.clopper_pearson(good, n, confidence)
-        return {"claim": claim, "source": source, "kind": kind, "method": "count, exact (Clopper-Pearson) interval",
-                "measure": "share of seeds whose GOE runs all " + what, "estimate": good / n, "lo": lo, "hi": hi,
-                "null": 1.0, "n_seeds": n, "probability": math.nan,
-                "detail": f"{int(goe.sum())} of {goe.size} GOE runs do not; {n - good} of {n} seeds affected",
-                "verdict": "holds" if good == n else "contradicted"}
-
-    def random_worse(flags, claim, source, kind, what):
-        # per seed, random's count of flagged runs (over the scales) minus each other ensemble's
-        count = {e: flags[:, [col[(e, v)] for v in scales]].sum(axis=1) for e in ENSEMBLES}
-        tests = {e: stats.sign_test(count["gaussian"] - count[e], confidence) for e in ("orthogonal", "goe")}
-        if all(t["lo"] > 0 for t in tests.values()):
-            verdict = "holds"
-        elif any(t["hi"] < 0 for t in tests.values()):
-            verdict = "contradicted"
+    tested = []
+    for claim, source, measure, statistic, groups, interval in margins:
+        test = stats.paired_permutation_test(table, statistic, groups=groups, resamples=resamples, key_or_seed=rng)
+        if interval:
+            lo, hi = stats.studentized_interval(table, statistic, confidence=1 - alpha, resamples=resamples,
+                                                key_or_seed=rng)
+            what = f"studentised bootstrap over seeds, {100 * (1 - alpha):g} % per claim"
         else:
-            verdict = "not resolved"
-        binding = min(tests, key=lambda e: tests[e]["lo"])  # the comparison nearest to failing
-        t = tests[binding]
+            lo, hi = math.nan, math.nan
+            what = "none: a bootstrap interval of a minimum over seeds is not valid"
+        tested.append({"claim": claim, "source": source, "kind": "001", "measure": measure,
+                       "method": f"permutation test within seed ({resamples} relabellings)",
+                       "estimate": test["estimate"], "lo": lo, "hi": hi, "interval": what,
+                       "p_for": test["p_greater"], "p_against": test["p_less"], "n_seeds": n, "detail": ""})
+
+    def every_goe_run(flag, claim, source, kind, what):
+        goe = flags[flag][:, [col[("goe", v)] for v in scales]]
+        good = int(np.sum(~goe.any(axis=1)))
+        lo, hi = stats.clopper_pearson(good, n, 1 - alpha)
+        return {"claim": claim, "source": source, "kind": kind, "measure": "share of seeds whose GOE runs all " + what,
+                "method": "universal claim: a counterexample contradicts it", "estimate": good / n, "lo": lo, "hi": hi,
+                "interval": f"exact (Clopper-Pearson) {100 * (1 - alpha):g} % for the per-seed rate",
+                "p_for": math.nan, "p_against": math.nan, "n_seeds": n,
+                "detail": f"{int(goe.sum())} of {goe.size} GOE runs do not; {n - good} of {n} seeds affected",
+                "verdict": "contradicted" if good < n else "not resolved"}
+
+    def random_more_often(flag, claim, source, kind, what):
+        count = {e: flags[flag][:, [col[(e, v)] for v in scales]].sum(axis=1) for e in ENSEMBLES}
+        tests = {e: stats.sign_test(count["gaussian"] - count[e], 1 - alpha) for e in ("orthogonal", "goe")}
         detail = "; ".join(f"vs {e}: random {what} in more runs in {tests[e]['positive']} seeds, fewer in "
                            f"{tests[e]['negative']}, as many in {tests[e]['ties']} (runs: {int(count['gaussian'].sum())}"
                            f" random, {int(count[e].sum())} {e})" for e in tests)
-        return {"claim": claim, "source": source, "kind": kind,
-                "method": "exact sign tests over seeds, both needed", "measure":
-                f"net share of seeds where random {what} in more runs (vs {binding}, the weaker comparison)",
-                "estimate": t["estimate"], "lo": t["lo"], "hi": t["hi"], "null": 0.0, "n_seeds": n,
-                "probability": math.nan, "detail": detail, "verdict": verdict}
+        binding = min(tests, key=lambda e: tests[e]["lo"])  # the comparison nearest to failing
+        t = tests[binding]
+        out = {"claim": claim, "source": source, "kind": kind,
+               "method": "exact one-sided sign tests over seeds, both needed (intersection-union)",
+               "measure": f"net share of seeds where random {what} in more runs (vs {binding}, the weaker comparison)",
+               "estimate": t["estimate"], "lo": t["lo"], "hi": t["hi"],
+               "interval": f"exact (Clopper-Pearson) {100 * (1 - alpha):g} % for the net share", "n_seeds": n,
+               "detail": detail}
+        if all(tests[e]["positive"] + tests[e]["negative"] == 0 for e in tests):
+            out.update(testable=False, p_for=math.nan, p_against=math.nan,
+                       reason="no seed has a different count from random's in either comparison: nothing to test")
+            return out
+        from scipy.stats import binomtest
 
-    trajectories = [
-        every_run(off_plateau, "every GOE training trajectory reaches its test-loss plateau",
-                  '"All families from the GOE ensemble converge" (§4.3, on Fig. 6)', "001", "reach their plateau"),
-        random_worse(off_plateau, "random trajectories miss their test-loss plateau more often than orthogonal and GOE",
-                     '"less stable learning than GOE and orthogonal" (Table 1 caption); "fails to converge to low '
-                     'test loss very often" (§4.3)', "001", "misses its plateau"),
+        def one_sided(t, side):  # a comparison in which every seed ties carries no evidence: p = 1
+            m = t["positive"] + t["negative"]
+            return float(binomtest(t["positive"], m, 0.5, alternative=side).pvalue) if m else 1.0
+
+        one_sided = {e: {side: one_sided(tests[e], side) for side in ("greater", "less")} for e in tests}
+        out["p_for"] = max(one_sided[e]["greater"] for e in tests)
+        out["p_against"] = min(1.0, 2 * min(one_sided[e]["less"] for e in tests))
+        return out
+
+    tested[4:4] = [
+        every_goe_run("off_plateau", "every GOE training trajectory reaches its test-loss plateau",
+                      '"All families from the GOE ensemble converge" (§4.3, on Fig. 6)', "001", "reach their plateau"),
+        random_more_often("off_plateau", "random trajectories miss their test-loss plateau more often than orthogonal "
+                          "and GOE", '"less stable learning than GOE and orthogonal" (Table 1 caption); "fails to '
+                          'converge to low test loss very often" (§4.3)', "001", "misses its plateau"),
+        random_more_often("diverged", "random runs diverge (a non-finite loss) more often than orthogonal and GOE",
+                          '"random initializations ... have a higher chance of diverging" (Fig. 6 caption)', "001",
+                          "diverges"),
     ]
     diagnostics = [
-        every_run(unstable, "Broyden diagnostic: no GOE run diverges or ends with a failing solver",
-                  "not a claim of 001 (its 'converge' is about the training trajectories)", "diagnostic",
-                  "keep a finite loss and a converging solver"),
-        random_worse(unstable, "Broyden diagnostic: random has more runs that diverge or end with a failing solver "
-                     "than orthogonal and GOE", "not a claim of 001", "diagnostic", "diverges or its solver fails"),
+        every_goe_run("unstable", "Broyden diagnostic: no GOE run diverges or ends with a failing solver",
+                      "not a claim of 001 (its 'converge' is about the training trajectories)", "diagnostic",
+                      "keep a finite loss and a converging solver"),
+        random_more_often("unstable", "Broyden diagnostic: random has more runs that diverge or end with a failing "
+                          "solver than orthogonal and GOE", "not a claim of 001", "diagnostic",
+                          "diverges or its solver fails"),
     ]
-    out = bootstrapped[:10] + trajectories + bootstrapped[10:] + diagnostics
+    out = stats.claims_verdicts(tested, alpha=alpha) + stats.claims_verdicts(diagnostics, alpha=alpha)
     for c in out:
+        c["scope"] = SCOPE
         c["holds"] = c["verdict"] == "holds"
     return out
 
