@@ -224,8 +224,10 @@ def test_goe_best_mean_clear_and_reversed(goe_effect, verdict):
     seed GOE is the lowest (highest) of the three, so the permutation test within seed reaches its
     floor 1 / (resamples + 1) and Holm over the 11 tested claims keeps it (11 x 2 / 5000 = 0.0044;
     the universal claim and the two count claims, with no run off its plateau, are outside); the
-    interval of the margin (5 +- 0.5 seed by seed) excludes 0; the best-seed claims follow the
-    same shift, with no interval (a minimum over seeds)."""
+    interval of the margin (5 +- 0.5 seed by seed) excludes 0. The best-seed claims are not
+    resolved, rightly: with seed effects of +-30 shared by all configurations, every family's
+    minimum is the same best seed's run, so a minimum compares one seed (relabelling that seed
+    alone gives GOE the extreme value with probability 1/3: p >= 1/3), and they get no interval."""
     rows = _rows(lambda e, v, s: BASE[s] + (goe_effect if e == "goe" else 0.0) + 0.5 * _sign(s + len(e)))
     claims = _by_claim(es.check_claims(rows))
     for v in es.SQRT_V:
@@ -235,7 +237,7 @@ def test_goe_best_mean_clear_and_reversed(goe_effect, verdict):
         assert (c["lo"] > 0) if verdict == "holds" else (c["hi"] < 0)
         assert min(c["p_for"], c["p_against"]) == pytest.approx(1 / 5000)
         worst_best = claims[f"GOE has the worst best seed at sqrt(V) = {v:g}"]
-        assert worst_best["verdict"] == ("contradicted" if verdict == "holds" else "holds"), worst_best
+        assert worst_best["verdict"] == "not resolved" and min(worst_best["p_for"], worst_best["p_against"]) > 0.25
         assert math.isnan(worst_best["lo"]) and "not valid" in worst_best["interval"]
     assert all(c["scope"] == es.SCOPE for c in claims.values())
 
