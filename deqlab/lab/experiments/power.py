@@ -445,7 +445,7 @@ def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]
                 f"log test perplexity (nats per token), {worse.split('@')[0]} minus {better.split('@')[0]}",
                 dropped=dropped)
     for c in raw.get("ch5p6", {}).get("page_claims", []):
-        if c["kind"] != "001" or not c["method"].startswith("exact sign tests"):
+        if c["kind"] != "001" or not c["method"].startswith("exact one-sided sign tests"):
             continue
         share = float(c["estimate"])
         records.append({

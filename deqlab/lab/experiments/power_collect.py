@@ -9,6 +9,7 @@ Where a page's grid holds cells that the claim does not compare, only the claim'
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from typing import Any
@@ -68,14 +69,22 @@ def ensemble_study_record(rows: list[dict[str, Any]], config: dict, seconds: flo
     from deqlab.lab.experiments.sequence import ensemble_study as es
 
     seeds = sorted({r["seed"] for r in rows})
-    ppl = {f"{e}@{v:g}": _floats([next(r["test_perplexity"] for r in rows if (r["ensemble"], r["sqrt_v"], r["seed"])
-                                       == (e, v, s)) for s in seeds]) for e in es.ENSEMBLES for v in es.SQRT_V}
+    run = {(r["ensemble"], float(r["sqrt_v"]), r["seed"]): r for r in rows}
+    configs = [(e, float(v)) for e in es.ENSEMBLES for v in es.SQRT_V]
+    ppl = {f"{e}@{v:g}": _floats([run[(e, v, s)]["test_perplexity"] for s in seeds]) for e, v in configs}
+    # what the page's claims read per run besides the perplexity, so that load() recomputes every claim
+    runs = {f"{e}@{v:g}": {"eval_steps": [int(t) for t in run[(e, v, seeds[0])]["eval_steps"]],
+                           "test_loss_curve": [_floats(run[(e, v, s)]["test_loss_curve"]) for s in seeds],
+                           "diverged": [bool(run[(e, v, s)]["diverged"]) for s in seeds],
+                           "solver_failed": [bool(run[(e, v, s)]["solver_failed"]) for s in seeds]}
+            for e, v in configs}
     # the page's own tests of 001 §4.3 (count claims on Fig. 6's trajectories among them)
-    keys = ("claim", "source", "kind", "method", "measure", "estimate", "lo", "hi", "n_seeds", "detail", "verdict")
-    claims = [{k: c[k] for k in keys} for c in es.check_claims(rows)]
+    keys = ("claim", "source", "kind", "method", "measure", "estimate", "lo", "hi", "interval", "p_for", "p_against",
+            "p_adjusted", "family_size", "n_seeds", "detail", "verdict")
+    claims = [{k: c.get(k, math.nan) for k in keys} for c in es.check_claims(rows)]
     return {"page": "book/ch5_transformers/06_ensemble_study.ipynb", "driver": "sequence.ensemble_study.run_study",
             "settings": {**{k: v for k, v in config.items()}, "seeds": seeds}, "seconds": seconds,
-            "test_perplexity": ppl, "page_claims": claims}
+            "test_perplexity": ppl, "runs": runs, "page_claims": claims}
 
 
 def collect_seq2seq() -> dict[str, Any]:
