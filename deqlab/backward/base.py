@@ -15,7 +15,7 @@ from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.failures import SolverWarning, signal
 from deqlab.solvers import Solution, Solver, solve
-from deqlab.solvers.base import _configuration_class
+from deqlab.solvers.base import _configuration_class, _frozen_delattr, _frozen_setattr
 
 __all__ = ["BackwardWarning", "Problem", "Backward", "report", "zero_cotangent"]
 
@@ -281,6 +281,8 @@ class Backward(abc.ABC):
 
 
 dataclasses.dataclass(frozen=True, kw_only=True)(Backward)
+# one frozen __setattr__ for the family, inherited (not one per subclass: _configuration_class)
+Backward.__setattr__, Backward.__delattr__ = _frozen_setattr, _frozen_delattr
 
 
 

@@ -11,7 +11,7 @@ import jax
 from deqlab import checks
 from deqlab import precision as precision_module
 from deqlab.solvers import SOLVERS, Solver, get_solver
-from deqlab.solvers.base import _configuration_class, _replace_settings
+from deqlab.solvers.base import _configuration_class, _frozen_delattr, _frozen_setattr, _replace_settings
 
 __all__ = ["LinearSolver", "GMRES", "LINEAR_SOLVERS", "get_adjoint_solver"]
 
@@ -131,6 +131,8 @@ class LinearSolver(abc.ABC):
 
 
 dataclasses.dataclass(frozen=True, kw_only=True)(LinearSolver)
+# one frozen __setattr__ for the family, inherited (not one per subclass: _configuration_class)
+LinearSolver.__setattr__, LinearSolver.__delattr__ = _frozen_setattr, _frozen_delattr
 
 
 class GMRES(LinearSolver):

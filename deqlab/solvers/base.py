@@ -411,6 +411,17 @@ def _configuration_class(cls):
     checks that no static setting holds an array, and runs every class's validation even where a
     subclass's ``__post_init__`` forgets ``super().__post_init__()``."""
     dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    # The frozen __setattr__ / __delattr__ the decorator writes into each class would make a user's
+    # own @dataclasses.dataclass on a subclass fail with "Cannot overwrite attribute __setattr__";
+    # every configuration class inherits its family root's (which refuses every assignment)
+    # instead. Such a decorator then keeps deqlab's constructor (it never overwrites an __init__
+    # the class defines), so the settings are still validated.
+    inherited = any(base.__dict__.get("__setattr__") is _frozen_setattr for base in cls.__mro__[1:])
+    for name, frozen in (("__setattr__", _frozen_setattr), ("__delattr__", _frozen_delattr)):
+        if not inherited:
+            type.__setattr__(cls, name, frozen)
+        elif name in cls.__dict__:
+            type.__delattr__(cls, name)
     fields = dataclasses.fields(cls)
     static = tuple(field.name for field in fields if _is_static_setting(field))
     leaves = tuple(field.name for field in fields if field.name not in static)
@@ -450,6 +461,15 @@ def _configuration_class(cls):
     __init__.__signature__ = inspect.signature(constructor)
     cls.__init__ = __init__
     return cls
+
+
+def _frozen_setattr(self, name, value):
+    raise dataclasses.FrozenInstanceError(f"{type(self).__name__} is frozen: cannot assign to {name!r}; make a "
+                                          f"changed copy with .replace({name}=...)")
+
+
+def _frozen_delattr(self, name):
+    raise dataclasses.FrozenInstanceError(f"{type(self).__name__} is frozen: cannot delete {name!r}")
 
 
 def _check_static_settings(config) -> None:

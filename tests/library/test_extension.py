@@ -515,3 +515,35 @@ def test_mistakes_in_a_backward_mode_are_named():
         deqlab.fixed_point(tanh_map, jnp.zeros(N), jnp.ones(N), backward=ReturnsArray())
     with pytest.raises(ValueError, match=r"ReturnsHalf.solve returned a value of .*shapes \[\(1,\)\].*z0's"):
         deqlab.fixed_point(tanh_map, jnp.zeros(N), jnp.ones(N), backward=ReturnsHalf())
+
+
+def test_a_dataclass_decorator_on_a_subclass_is_harmless():
+    """Issue 42: `@dataclass(frozen=True)` on a Solver or Backward subclass failed with Python's
+    "Cannot overwrite attribute __setattr__". It now keeps deqlab's constructor (the settings are
+    still validated), the instance stays frozen with a message that says how to change it, and the
+    class solves and differentiates like any other; a non-frozen decorator is refused by Python."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Damped(deqlab.Picard):
+        extra: float = 0.5
+
+    @dataclasses.dataclass(frozen=True)
+    class MyImplicit(deqlab.Implicit):
+        pass
+
+    with pytest.raises(ValueError, match="max_steps"):
+        Damped(max_steps=0)
+    solver = Damped()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        solver.extra = 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"replace\(tol=...\)"):
+        deqlab.Picard().tol = 1.0  # the family's own message
+    assert solver.replace(extra=0.7).extra == 0.7
+    f = lambda z, x: 0.5 * z + x  # noqa: E731
+    grad = jax.grad(lambda x: deqlab.fixed_point(f, jnp.zeros(3), x, solver=solver, backward=MyImplicit(),
+                                                 on_failure="ignore").value.sum())(jnp.ones(3))
+    np.testing.assert_allclose(grad, 2.0, rtol=1e-5)
+    with pytest.raises(TypeError, match="frozen"):
+        @dataclasses.dataclass
+        class Mutable(deqlab.Picard):
+            pass
