@@ -192,7 +192,10 @@ def test_load_refuses_edited_per_seed_data(tmp_path):
 def test_load_refuses_an_edited_verdict_of_every_stored_result(tmp_path, key):
     # the real stored files, each claim's verdict flipped in a copy
     path = _stored(tmp_path, key)
-    for i in range(len(json.loads(path.read_text())["claims"])):
+    count = len(json.loads(path.read_text())["claims"])
+    # each verdict kind once is enough (every load recomputes all claims: seconds for 128-208 seeds)
+    verdicts = [c["verdict"] for c in json.loads(path.read_text())["claims"]]
+    for i in sorted({verdicts.index(v) for v in set(verdicts)} | {count - 1}):
         _stored(tmp_path, key)
         flip = {"holds": "contradicted", "contradicted": "holds", "not resolved": "holds"}
         _edit(path, lambda r: r["claims"][i].update(verdict=flip[r["claims"][i]["verdict"]]))

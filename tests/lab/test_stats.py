@@ -465,3 +465,16 @@ def test_claims_verdicts_directions_family_and_fixed_verdicts():
 def test_claims_inputs_name_the_argument(call, pattern):
     with pytest.raises(ValueError, match=pattern):
         call()
+
+
+def test_studentized_interval_with_a_closed_form_error_matches_the_jackknife_for_a_mean():
+    """For a mean of per-unit differences the jackknife error is exactly std(d, ddof=1) / sqrt(n),
+    so the closed-form option gives the same interval (to rounding) at O(resamples n) work."""
+    rng = np.random.default_rng(RNG_SEED + 4)
+    t = rng.normal(0, 3, (15, 1)) + rng.exponential(1.0, (15, 2))
+    error = lambda x: (x[..., 1] - x[..., 0]).std(-1, ddof=1) / math.sqrt(15)  # noqa: E731
+    jack = stats.studentized_interval(t, _mean_difference, resamples=499, key_or_seed=1)
+    closed = stats.studentized_interval(t, _mean_difference, resamples=499, key_or_seed=1, standard_error=error)
+    np.testing.assert_allclose(closed, jack, rtol=1e-9)
+    with pytest.raises(ValueError, match="standard_error"):
+        stats.studentized_interval(t, _mean_difference, standard_error=1.0)

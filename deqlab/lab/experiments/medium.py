@@ -5,7 +5,7 @@
 hour. A medium experiment runs the page's own driver (through :mod:`deqlab.lab.experiments.power_collect`)
 with more seeds, and stores what the claims need in ``deqlab/lab/medium_results/<key>.json``: the per-seed
 results, each claim's effect, interval and verdict (:func:`deqlab.lab.experiments.power.claims_from_raw`,
-the same rule as the power analysis: a paired mean difference that clears two standard errors),
+the book's one rule: an exact permutation test within seed, Holm over the page's claims),
 and a provenance record (deqlab version and git commit, the settings and their hash, the machine,
 the date, the wall time, the command).
 
@@ -218,7 +218,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
     Returns:
         The stored record: ``experiment``, ``page``, ``what``, ``command``, ``options``,
         ``config_hash``, ``provenance``, ``raw`` (per-seed results) and ``claims`` (each claim's
-        effect, standard error, 95% bootstrap interval and verdict).
+        effect, standard error, 95% studentised interval and verdict).
 
     Raises:
         ValueError: ``key`` is not in :data:`EXPERIMENTS`.
@@ -275,16 +275,15 @@ def load(key: str, directory: Any = None) -> dict[str, Any]:
     * Every claim (``claims``, and for ch5p6 the page's own tests in ``raw["page_claims"]``) is
       recomputed from the stored per-seed numbers (``raw``) with the statistics code that made it
       (:func:`deqlab.lab.experiments.power.claims_from_raw`;
-      :func:`deqlab.lab.experiments.sequence.ensemble_study.check_claims` for the page's bootstrap
-      tests): pure NumPy/SciPy, well under a second. A claim whose stored effect, interval,
+      :func:`deqlab.lab.experiments.sequence.ensemble_study.check_claims` for the page's own
+      tests): pure NumPy/SciPy, seconds (the resampling of the permutation tests and intervals). A claim whose stored effect, interval,
       standard error, seeds or verdict differs from the recomputed one is **refused**
       (:class:`StoredResultError`): a page must never show a verdict its data does not give. The
       prose fields (``paper_source``, ``note``) are not compared.
-    * ``verified``: True when every claim was recomputed from per-seed data. False when some
-      claim rests on numbers the file does not store per seed; ``verification`` then says which
-      and why (``unverified``: ``{"claim", "reason"}`` per claim; ``reason``: a sentence). Such a
-      claim is still checked against the counts it states (its estimate, interval and verdict
-      must follow from them), but the counts themselves cannot be checked.
+    * ``verified``: True when every claim was recomputed from per-seed data (every stored
+      experiment stores all it needs; ch5p6 its per-run curves and flags too). ``verification``
+      says which claims were not, and why (``unverified``: ``{"claim", "reason"}`` per claim;
+      ``reason``: a sentence), for a future experiment that stores less;
       ``verification["recomputed"]`` counts the claims recomputed from per-seed data.
 
     Raises:
@@ -610,9 +609,9 @@ def show(key: str, prefix: str, directory: Any = None) -> tuple[dict[str, Any], 
                          "(high)", "standard error", "seeds", "verdict"],
           formats=[None, None, ".3g", ".3g", ".3g", ".3g", "d", None],
           caption=f"Medium scale, stored ({record['options']['seeds']} seeds): each claim's mean paired difference "
-                  "over seeds, its 95% interval (paired bootstrap over seeds, 2000 resamples) and the verdict: the "
-                  "difference clears two standard errors in the claim's direction (holds), against it "
-                  "(contradicted), or neither (not resolved)."
+                  "over seeds, its 95% interval (studentised bootstrap over seeds) and the verdict: an exact "
+                  "permutation test within seed, with Holm's procedure over the page's claims at 5% (holds: "
+                  "resolved in the claim's direction; contradicted: against it; not resolved: neither)."
                   + (" A row without a standard error is a count: the net share of the seeds that do not tie "
                      "(the seeds column counts all of them), with the exact sign test's interval and verdict."
                      if counts else "")

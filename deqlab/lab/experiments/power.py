@@ -1,23 +1,21 @@
-"""Power analysis of the claims the experiment pages test (issue 26, item 2).
+"""Power analysis of the claims the experiment pages test (issue 26, item 2; issue 40, items 3-4).
 
-For each claim a page tests against a paper, how many seeds does it take to resolve the paper's
-effect at two standard errors, given the seed-to-seed spread the page measures at ``quick`` scale?
+For each claim a page tests against a paper: its verdict at the quick scale under the book's one
+verdict rule, and how many seeds 80 % power needs, given the seed-to-seed spread the page measures.
 
-The formulas (a z-test of a mean difference, the spread taken as known):
-
-- **paired** (both conditions run on the same seeds: a seed fixes shared parameters, data or batch
-  order, so the seed is the independent unit and the test is on the per-seed differences
-  ``d_i = a_i - b_i``): ``se = sd_d / sqrt(n)``, with ``sd_d`` the standard deviation of the
-  differences;
-- **unpaired** (two independent groups of ``n`` seeds each, per-group standard deviation ``sd``):
-  ``se = sd * sqrt(2 / n)``.
-
-An effect ``delta`` is *resolved* at ``z`` standard errors when ``|delta| >= z * se``. The seeds
-needed are the smallest ``n`` with ``z * se(n) <= |delta|``: ``n = ceil((z sd / delta)^2)`` paired,
-``ceil(2 (z sd / delta)^2)`` per group unpaired. At that ``n`` a true effect ``delta`` gives a
-measured mean that clears ``z`` standard errors in about half of the repetitions (the power of a
-z-test whose effect sits exactly at the threshold is 1/2; :func:`power_of_z_test`); 80 % power would
-need ``z + 0.84`` in place of ``z``.
+- **The unit is the seed.** Both conditions run on the same seeds (a seed fixes shared
+  parameters, data or batch order), so the test is on the per-seed differences ``d_i = a_i - b_i``
+  (paired); two independent groups are the unpaired case.
+- **Verdicts** (:func:`analyse_claim`, :func:`claims_from_raw`): the exact permutation test within
+  seed (:func:`deqlab.lab.stats.paired_permutation_test`), then Holm's procedure over each page's
+  claims at ``alpha = 0.05`` (:func:`deqlab.lab.stats.claims_verdicts`): "holds", "contradicted"
+  or "not resolved"; the interval is the studentised bootstrap over seeds.
+- **Sizing** (:func:`seeds_for_power`): the fewest seeds at which the two-sided t-test at the
+  page's Bonferroni level ``alpha / m`` (Holm's first step: conservative) reaches 80 % power against
+  the effect used: the paper's effect where it gives a number, otherwise the quick-scale estimate,
+  which the record labels as a pilot's estimate rather than a smallest effect of interest.
+  :func:`seeds_to_resolve`, :func:`detectable_effect` and :func:`power_of_z_test` are the earlier
+  "two standard errors" rule (about 50 % power), kept for comparison.
 
 The units are the seeds, never the runs: a study of 10 seeds in 9 configurations has 10
 independent units (``check_claims`` of :mod:`~deqlab.lab.experiments.sequence.ensemble_study`).
@@ -36,8 +34,8 @@ import numpy as np
 
 from deqlab import checks
 
-__all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "power_of_z_test", "sign_test_seeds",
-           "analyse_claim",
+__all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "t_test_power", "seeds_for_power",
+           "effect_for_power", "power_of_z_test", "sign_test_seeds", "analyse_claim",
            "PAPER_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "main"]
 
 _WHERE = "experiments.power"
@@ -136,6 +134,122 @@ def detectable_effect(sd: float, n: int, *, paired: bool, z: float = 2.0) -> flo
     return _z(z, where) * standard_error(sd, n, paired=paired)
 
 
+def t_test_power(effect: float, sd: float, n: int, *, paired: bool, alpha: float = 0.05) -> float:
+    """Power of the two-sided t-test at level ``alpha`` against a true mean difference ``effect``.
+
+    Paired: the one-sample t-test of ``n`` per-seed differences of standard deviation ``sd`` (``n -
+    1`` degrees of freedom, noncentrality ``|effect| sqrt(n) / sd``); unpaired: the two-sample test
+    with ``n`` seeds per group (``2n - 2`` degrees of freedom, noncentrality ``|effect| / (sd
+    sqrt(2/n))``). ``scipy.stats.nct`` gives the probability that ``|T|`` exceeds the critical
+    value. The permutation tests that decide the book's verdicts have about the t-test's power for
+    such data (they are the exact version of the same comparison), so this sizes them.
+
+    Args:
+        effect: the true mean difference, finite (0 gives ``alpha``).
+        sd: the spread (see :func:`standard_error`), finite and > 0.
+        n: seeds (pairs, or per group), an integer >= 2.
+        paired: see :func:`standard_error`.
+        alpha: the two-sided level, in (0, 1) (a family's Bonferroni level ``alpha / m`` for sizing).
+
+    Returns:
+        The power, in [alpha, 1).
+
+    Raises:
+        ValueError: naming ``effect``, ``sd``, ``n`` or ``alpha``.
+
+    Example:
+        >>> round(t_test_power(0.5, 1.0, 34, paired=True), 2)   # the textbook 80 % at d = 0.5
+        0.81
+    """
+    from scipy import stats as scipy_stats
+
+    where = f"{_WHERE}.t_test_power"
+    effect = checks.number(effect, "effect", where)
+    sd, n = _sd(sd, where), _n(n, where)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    df = n - 1 if paired else 2 * n - 2
+    shift = abs(effect) / standard_error(sd, n, paired=paired)
+    critical = scipy_stats.t.ppf(1 - alpha / 2, df)
+    if shift > critical + 8:  # power > 1 - 1e-15, where scipy's noncentral t can return NaN
+        return 1.0
+    value = float(scipy_stats.nct.sf(critical, df, shift) + scipy_stats.nct.cdf(-critical, df, shift))
+    if not math.isfinite(value):  # the normal approximation, should scipy fail elsewhere
+        value = float(scipy_stats.norm.sf(critical - shift) + scipy_stats.norm.cdf(-critical - shift))
+    return value
+
+
+def seeds_for_power(effect: float, sd: float, *, paired: bool, alpha: float = 0.05, power: float = 0.8,
+                    max_seeds: int = 100_000) -> int | None:
+    """Fewest seeds at which the two-sided t-test at level ``alpha`` reaches ``power`` against ``effect``.
+
+    Args:
+        effect: the smallest effect the study must detect, finite and non-zero.
+        sd: the spread (see :func:`standard_error`), finite and > 0.
+        paired: see :func:`standard_error`.
+        alpha: the level, in (0, 1): for a claim in a family of ``m`` claims under Holm's procedure,
+            ``alpha / m`` (Holm's first step, so the sizing is conservative).
+        power: the wanted power, in (alpha, 1).
+        max_seeds: search limit, an integer >= 2.
+
+    Returns:
+        The smallest ``n >= 2`` (pairs, or seeds per group), or None when more than ``max_seeds``.
+
+    Raises:
+        ValueError: naming ``effect``, ``sd``, ``alpha``, ``power`` or ``max_seeds``.
+
+    Example:
+        >>> seeds_for_power(0.5, 1.0, paired=True)   # Cohen's d = 0.5, 80 %, two-sided 5 %
+        34
+    """
+    where = f"{_WHERE}.seeds_for_power"
+    effect, sd = _effect(effect, where), _sd(sd, where)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    power = checks.number(power, "power", where, lower=alpha, upper=1.0, lower_open=True, upper_open=True)
+    max_seeds = checks.integer(max_seeds, "max_seeds", where, minimum=2)
+    if t_test_power(effect, sd, max_seeds, paired=paired, alpha=alpha) < power:
+        return None
+    lo, hi = 2, max_seeds  # power increases with n: bisect for the first n that reaches it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if t_test_power(effect, sd, mid, paired=paired, alpha=alpha) >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def effect_for_power(sd: float, n: int, *, paired: bool, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest effect the two-sided t-test at level ``alpha`` detects with ``power`` at ``n`` seeds.
+
+    Args:
+        sd, n, paired: as for :func:`t_test_power`.
+        alpha: the level, in (0, 1).
+        power: the wanted power, in (alpha, 1).
+
+    Returns:
+        The effect (in the units of ``sd``), > 0.
+
+    Raises:
+        ValueError: naming ``sd``, ``n``, ``alpha`` or ``power``.
+
+    Example:
+        >>> round(effect_for_power(1.0, 34, paired=True), 3)
+        0.495
+    """
+    from scipy import optimize as scipy_optimize
+
+    where = f"{_WHERE}.effect_for_power"
+    sd, n = _sd(sd, where), _n(n, where)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    power = checks.number(power, "power", where, lower=alpha, upper=1.0, lower_open=True, upper_open=True)
+    scale = standard_error(sd, n, paired=paired)
+    high = scale
+    while t_test_power(high, sd, n, paired=paired, alpha=alpha) < power:
+        high *= 2
+    return float(scipy_optimize.brentq(lambda e: t_test_power(e, sd, n, paired=paired, alpha=alpha) - power,
+                                       0.0, high, xtol=1e-12 * high))
+
+
 def power_of_z_test(effect: float, sd: float, n: int, *, paired: bool, z: float = 2.0) -> float:
     """Probability that the measured mean difference clears ``z`` standard errors (either sign).
 
@@ -215,21 +329,29 @@ def _per_seed(values: Any, name: str, where: str) -> np.ndarray:
 
 
 def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_effect: float | None,
-                  paper_source: str, measure: str, paired: bool = True, z: float = 2.0,
-                  paper_seeds: int | None = None, bootstrap_seed: int = 0) -> dict[str, Any]:
-    """One claim's power record from the per-seed quick-scale results of its two conditions.
+                  paper_source: str, measure: str, paired: bool = True, alpha: float = 0.05, power: float = 0.8,
+                  family: int = 1, paper_seeds: int | None = None, bootstrap_seed: int = 0) -> dict[str, Any]:
+    """One claim's record from the per-seed results of its two conditions: the book's verdict rule
+    (:func:`deqlab.lab.stats.claims_verdicts`) and the seeds 80 % power needs.
 
     The claim's effect is ``mean(a) - mean(b)``, oriented so that the paper's claim is a positive
-    effect (``a`` the condition the paper finds worse when the measure is an error). The quick-scale
-    spread is the standard deviation of the per-seed differences (``paired``) or the root mean
-    square of the two groups' standard deviations (unpaired). The effect used to size the study is
-    the paper's when it gives one (``paper_effect``), otherwise the quick-scale effect itself (of
-    either sign: then the seeds needed are those that resolve its sign), and the record says which
-    (``effect_basis``). ``verdict_at_quick`` is the page's own question: does the quick effect clear
-    ``z`` standard errors in the claim's direction (``"holds"``), against it (``"contradicted"``),
-    or neither (``"not resolved"``)? The paired bootstrap interval
-    of the quick effect (:func:`deqlab.lab.stats.paired_bootstrap`, 2000 resamples of the seeds)
-    is reported beside it.
+    effect (``a`` the condition the paper finds worse when the measure is an error). The test is
+    the exact permutation test within seed (:func:`deqlab.lab.stats.paired_permutation_test`: a
+    seed's two values swap under the null; all ``2^n`` relabellings up to 9,999, else 9,999 random
+    ones), or, unpaired, ``scipy.stats.permutation_test`` of the two groups; its one-sided p-values
+    are ``p_for`` (the claim's direction) and ``p_against``. ``verdict_at_quick`` applies the rule to
+    this claim alone; :func:`claims_from_raw` applies Holm's procedure over each page's claims and
+    overwrites it. The interval is the studentised bootstrap over seeds
+    (:func:`deqlab.lab.stats.studentized_interval`, at ``1 - alpha``; unpaired: the percentile
+    bootstrap of the two groups).
+
+    Sizing: ``seeds_needed`` is the fewest seeds at which the two-sided t-test at the family's
+    Bonferroni level ``alpha / family`` has ``power`` against the effect used
+    (:func:`seeds_for_power`), the spread being the quick-scale standard deviation of the per-seed
+    differences (paired) or the pooled one (unpaired). The effect used is the paper's when it gives
+    one, otherwise the quick-scale effect itself (then the record says so: a pilot's estimate, not a
+    smallest effect of interest). ``detectable_now`` is the smallest effect the current seeds detect
+    with that power (:func:`effect_for_power`).
 
     Args:
         claim: what is claimed, in words.
@@ -240,33 +362,36 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         paper_source: where the paper's number is (or why there is none).
         measure: what ``a`` and ``b`` are (units).
         paired: whether ``a`` and ``b`` share their seeds.
-        z: standard errors for "resolved", finite and > 0.
+        alpha: the family-wise level, in (0, 1).
+        power: the power the sizing asks for, in (alpha, 1).
+        family: the number of claims in the claim's family (its page), an integer >= 1.
         paper_seeds: the paper's number of seeds (an integer >= 2) or None; when given, the record
-            adds ``detectable_at_paper_seeds``, the smallest effect that many seeds resolve at the
-            quick spread.
-        bootstrap_seed: seed of the bootstrap interval.
+            adds ``detectable_at_paper_seeds`` (at the quick spread).
+        bootstrap_seed: seed of the permutations and of the bootstrap.
 
     Returns:
         dict: ``claim``, ``measure``, ``paper_effect``, ``paper_source``, ``paired``, ``seeds_now``
         (= the independent units), ``quick_effect``, ``quick_sd``, ``quick_se``, ``quick_lo``,
-        ``quick_hi`` (95 % bootstrap interval), ``detectable_now`` (``z`` se), ``verdict_at_quick``,
+        ``quick_hi``, ``p_for``, ``p_against``, ``detectable_now``, ``verdict_at_quick``,
         ``resolved_at_quick`` (verdict ``"holds"``), ``quick_agrees_with_paper`` (sign; None without
         a paper effect), ``effect_used``, ``effect_basis``, ``seeds_needed`` (None when the effect
-        used is 0), ``sd_unpaired`` and ``seeds_needed_unpaired`` (the same sizing ignoring the
-        pairing, for comparison), ``z``, ``note``; with ``paper_seeds`` also ``paper_seeds`` and
-        ``detectable_at_paper_seeds``.
+        used is 0 or needs more than 100,000 seeds), ``sd_unpaired`` and ``seeds_needed_unpaired``
+        (the same sizing ignoring the pairing, for comparison), ``alpha``, ``power``, ``family``,
+        ``note``; with ``paper_seeds`` also ``paper_seeds`` and ``detectable_at_paper_seeds``.
 
     Raises:
         ValueError: naming ``a``/``b`` (not 1-d, fewer than 2, NaN or infinite, lengths differ when
-            paired), ``paper_effect`` (zero or not finite), ``z``, or ``a`` and ``b`` when the
-            spread is 0 (every seed identical: nothing to size).
+            paired), ``paper_effect`` (zero or not finite), ``alpha``, ``power``, ``family``, or
+            ``a`` and ``b`` when the spread is 0 (every seed identical: nothing to size).
 
     Example:
         >>> r = analyse_claim("B lower than A", [1.0, 2.0, 3.0], [0.5, 1.4, 2.6], paper_effect=0.2,
         ...                   paper_source="made up", measure="error")
         >>> r["seeds_now"], round(r["quick_effect"], 3), r["seeds_needed"]
-        (3, 0.5, 2)
+        (3, 0.5, 5)
     """
+    from scipy import stats as scipy_stats
+
     from deqlab.lab import stats
 
     where = f"{_WHERE}.analyse_claim"
@@ -275,63 +400,80 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         raise checks.fail("b", f"as many per-seed values as `a` ({a.size}) for a paired claim", b.size, where)
     if paper_effect is not None:
         paper_effect = _effect(paper_effect, where)
-    z = _z(z, where)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    power = checks.number(power, "power", where, lower=alpha, upper=1.0, lower_open=True, upper_open=True)
+    family = checks.positive_int(family, "family", where)
+    level = alpha / family
     sd_unpaired = float(math.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2.0))
+    difference = lambda t: t[..., 1].mean(-1) - t[..., 0].mean(-1)  # noqa: E731
     if paired:
         diff = a - b
         quick_effect, quick_se = (float(v) for v in stats.mean_se(diff))
         quick_sd = float(diff.std(ddof=1))
-        boot = stats.paired_bootstrap(np.stack([b, a], axis=1), lambda t: t[..., 1].mean(-1) - t[..., 0].mean(-1),
-                                      key_or_seed=bootstrap_seed)
         n = int(a.size)
+        if not quick_sd > 0:
+            raise checks.fail("a", "per-seed values whose differences vary (spread 0: nothing to size)", a, where)
+        table = np.stack([b, a], axis=1)
+        test = stats.paired_permutation_test(table, difference, key_or_seed=bootstrap_seed)
+        p_for, p_against = test["p_greater"], test["p_less"]
+        if n >= 3:  # the bootstrap-t of a mean of per-seed differences, its error in closed form
+            error = lambda t: (t[..., 1] - t[..., 0]).std(-1, ddof=1) / math.sqrt(n)  # noqa: E731
+            lo, hi = stats.studentized_interval(table, difference, confidence=1 - alpha, key_or_seed=bootstrap_seed,
+                                                standard_error=error)
+        else:
+            lo = hi = math.nan
     else:
         quick_effect = float(a.mean() - b.mean())
         quick_se = float(math.hypot(a.std(ddof=1) / math.sqrt(a.size), b.std(ddof=1) / math.sqrt(b.size)))
         quick_sd = sd_unpaired
-        table = np.full((max(a.size, b.size), 2), np.nan)
-        table[: b.size, 0], table[: a.size, 1] = b, a
-        boot = stats.paired_bootstrap(table, lambda t: np.nanmean(t[..., 1], -1) - np.nanmean(t[..., 0], -1),
-                                      paired=False, key_or_seed=bootstrap_seed)
         n = int(min(a.size, b.size))
-    if not quick_sd > 0:
-        raise checks.fail("a", "per-seed values whose differences vary (spread 0: nothing to size)", a, where)
+        if not quick_sd > 0:
+            raise checks.fail("a", "per-seed values whose differences vary (spread 0: nothing to size)", a, where)
+        p = {side: float(scipy_stats.permutation_test((a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis),
+                                                      vectorized=True, alternative=side,
+                                                      **stats._scipy_rng(np.random.default_rng(bootstrap_seed))).pvalue)
+             for side in ("greater", "less")}
+        p_for, p_against = p["greater"], p["less"]
+        groups = np.full((max(a.size, b.size), 2), np.nan)
+        groups[: b.size, 0], groups[: a.size, 1] = b, a
+        boot = stats.paired_bootstrap(groups, lambda t: np.nanmean(t[..., 1], -1) - np.nanmean(t[..., 0], -1),
+                                      paired=False, confidence=1 - alpha, key_or_seed=bootstrap_seed)
+        lo, hi = float(boot["lo"]), float(boot["hi"])
+    verdict = stats.claims_verdicts([{"p_for": p_for, "p_against": p_against}], alpha=alpha)[0]["verdict"]
+    detectable = effect_for_power(quick_sd, n, paired=paired, alpha=level, power=power) if n >= 2 else math.nan
     notes = []
-    if quick_effect >= z * quick_se:
-        verdict = "holds"
-    elif quick_effect <= -z * quick_se:
-        verdict = "contradicted"
-    else:
-        verdict = "not resolved"
     if paper_effect is not None:
         effect_used, basis = paper_effect, "paper"
         agrees = bool(np.sign(quick_effect) == np.sign(paper_effect))
         if not agrees:
             notes.append("the quick effect has the opposite sign or is zero: sized with the paper's effect")
-        if verdict != "holds" and abs(paper_effect) >= z * quick_se:
-            notes.append(f"the quick study would resolve the paper's effect ({z:g} se = {z * quick_se:.3g} <= "
-                         f"{abs(paper_effect):.3g}) but measures {quick_effect:.3g}: the effect is absent at the "
+        if verdict != "holds" and abs(paper_effect) >= detectable:
+            notes.append(f"the quick study has {100 * power:g} % power for the paper's effect ({abs(paper_effect):.3g} "
+                         f">= {detectable:.3g} detectable) but measures {quick_effect:.3g}: the effect is absent at the "
                          "quick scale, which more seeds do not change")
     else:
         effect_used, agrees = quick_effect, None
-        basis = ("quick (no paper number)" if quick_effect > 0 else
-                 "quick, opposite to the claim (no paper number): seeds to resolve the quick effect's sign")
+        basis = ("quick (no paper number): a pilot's estimate, not a smallest effect of interest" if quick_effect > 0
+                 else "quick, opposite to the claim (no paper number): seeds to resolve the quick effect's sign")
     if effect_used == 0:
         needed = needed_unpaired = None
         notes.append("quick effect exactly 0 and no paper number: nothing to size")
     else:
-        needed = seeds_to_resolve(effect_used, quick_sd, paired=paired, z=z)
-        needed_unpaired = seeds_to_resolve(effect_used, sd_unpaired, paired=False, z=z) if sd_unpaired > 0 else None
+        needed = seeds_for_power(effect_used, quick_sd, paired=paired, alpha=level, power=power)
+        needed_unpaired = (seeds_for_power(effect_used, sd_unpaired, paired=False, alpha=level, power=power)
+                           if sd_unpaired > 0 else None)
     record = {"claim": claim, "measure": measure, "paper_effect": paper_effect, "paper_source": paper_source,
               "paired": bool(paired), "seeds_now": n, "quick_effect": quick_effect, "quick_sd": quick_sd,
-              "quick_se": quick_se, "quick_lo": float(boot["lo"]), "quick_hi": float(boot["hi"]),
-              "detectable_now": z * quick_se, "verdict_at_quick": verdict, "resolved_at_quick": verdict == "holds",
+              "quick_se": quick_se, "quick_lo": lo, "quick_hi": hi, "p_for": p_for, "p_against": p_against,
+              "detectable_now": detectable, "verdict_at_quick": verdict, "resolved_at_quick": verdict == "holds",
               "quick_agrees_with_paper": agrees, "effect_used": float(effect_used), "effect_basis": basis,
-              "seeds_needed": needed, "sd_unpaired": sd_unpaired, "seeds_needed_unpaired": needed_unpaired, "z": z,
-              "note": "; ".join(notes)}
+              "seeds_needed": needed, "sd_unpaired": sd_unpaired, "seeds_needed_unpaired": needed_unpaired,
+              "alpha": alpha, "power": power, "family": family, "note": "; ".join(notes)}
     if paper_seeds is not None:
         paper_seeds = checks.integer(paper_seeds, "paper_seeds", where, minimum=2)
         record["paper_seeds"] = paper_seeds
-        record["detectable_at_paper_seeds"] = detectable_effect(quick_sd, paper_seeds, paired=paired, z=z)
+        record["detectable_at_paper_seeds"] = effect_for_power(quick_sd, paper_seeds, paired=paired, alpha=level,
+                                                               power=power)
     return record
 
 
@@ -402,17 +544,26 @@ def _log_pair(a, b):
     return np.log(a[keep]), np.log(b[keep]), int(np.sum(~keep))
 
 
-def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]:
+def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8) -> list[dict[str, Any]]:
     """Every claim's record (:func:`analyse_claim`) from the collected per-seed results ``raw``
-    (:func:`deqlab.lab.experiments.power_collect.collect_all`). Claims whose pages were not
-    collected are left out."""
-    records = []
+    (:func:`deqlab.lab.experiments.power_collect.collect_all`), with Holm's procedure at ``alpha``
+    over each page's claims (its family: :func:`deqlab.lab.stats.claims_verdicts`) and the seeds
+    ``power`` needs at the family's Bonferroni level. Claims whose pages were not collected are left
+    out; a count claim copied from chapter 5 page 6 keeps the verdict of that page's own family."""
+    from deqlab.lab import stats
+
+    pending = []  # (page key, claim arguments) in order, or a finished record
 
     def add(page, key, claim, a, b, measure, paired=True, dropped=0, extra=None):
+        pending.append((page, dict(key=key, claim=claim, a=a, b=b, measure=measure, paired=paired, dropped=dropped,
+                                   extra=extra)))
+
+    def analyse(page, key, claim, a, b, measure, paired, dropped, extra, family):
         paper = PAPER_EFFECTS[key]
         try:
             r = analyse_claim(claim, a, b, paper_effect=paper["effect"], paper_source=paper["source"],
-                              measure=measure, paired=paired, z=z, paper_seeds=paper["seeds"])
+                              measure=measure, paired=paired, alpha=alpha, power=power, family=family,
+                              paper_seeds=paper["seeds"])
         except ValueError as error:  # e.g. every seed of a condition failed: say so in the table
             r = {"claim": claim, "measure": measure, "paper_effect": paper["effect"], "paper_source": paper["source"],
                  "seeds_now": int(np.size(a)), "seeds_needed": None, "resolved_at_quick": False,
@@ -424,8 +575,9 @@ def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]
             sd1, sd2 = paper["paper_sd"]
             pooled = math.sqrt((sd1**2 + sd2**2) / 2)
             r["paper_sd"] = list(paper["paper_sd"])
-            r["seeds_needed_with_paper_sd_unpaired"] = seeds_to_resolve(paper["effect"], pooled, paired=False, z=z)
-        records.append({**r, **(extra or {})})
+            r["seeds_needed_with_paper_sd_unpaired"] = seeds_for_power(paper["effect"], pooled, paired=False,
+                                                                       alpha=alpha / family, power=power)
+        return {**r, **(extra or {})}
 
     if "ch3p5" in raw:
         err = raw["ch3p5"]["test_error"]
@@ -448,13 +600,13 @@ def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]
         if c["kind"] != "001" or not c["method"].startswith("exact one-sided sign tests"):
             continue
         share = float(c["estimate"])
-        records.append({
+        pending.append({
             "claim": f"001 Fig. 6: {c['claim']}", "page": raw["ch5p6"]["page"], "measure": c["measure"],
             "paper_effect": None, "paper_source": PAPER_EFFECTS["001_fig6"]["source"], "paired": True,
             "seeds_now": int(c["n_seeds"]), "quick_effect": share, "quick_sd": None, "quick_lo": c["lo"],
             "quick_hi": c["hi"], "verdict_at_quick": c["verdict"], "resolved_at_quick": c["verdict"] == "holds",
             "effect_used": share, "effect_basis": "quick net share of seeds (exact sign test, the page's)",
-            "seeds_needed": sign_test_seeds(share) if share > 0 else None, "paper_seeds": 10,
+            "seeds_needed": sign_test_seeds(share) if share > 0 else None, "paper_seeds": 10, "fixed": True,
             "note": ("seeds for the exact sign test to resolve this net share with no ties (ties lower the "
                      "share; the page needs both comparisons, this is the weaker): " + c["detail"])
             if share > 0 else (f"net share <= 0 at quick scale: nothing to size (even with every seed agreeing the "
@@ -484,6 +636,22 @@ def claims_from_raw(raw: dict[str, Any], z: float = 2.0) -> list[dict[str, Any]]
                 add("ch3p6", "remedies", f"ch3 p6 ranking: {remedy} lowers the {what} at sqrt(V) = {high:g}",
                     cells[f"none@{high:g}"][field], cells[f"{remedy}@{high:g}"][field],
                     f"{what}, no remedy minus {remedy}")
+    family = {}
+    for item in pending:
+        if isinstance(item, tuple):
+            family[item[0]] = family.get(item[0], 0) + 1
+    records = [item if isinstance(item, dict) else analyse(item[0], **item[1], family=family[item[0]])
+               for item in pending]
+    for page in family:  # Holm over each page's analysed claims
+        members = [i for i, (item, r) in enumerate(zip(pending, records))
+                   if isinstance(item, tuple) and item[0] == page and "p_for" in r]
+        decided = stats.claims_verdicts([{"p_for": records[i]["p_for"], "p_against": records[i]["p_against"]}
+                                         for i in members], alpha=alpha)
+        for i, d in zip(members, decided):
+            records[i].update(verdict_at_quick=d["verdict"], resolved_at_quick=d["verdict"] == "holds",
+                              p_adjusted=d["p_adjusted"])
+    for r in records:
+        r.pop("fixed", None)
     return records
 
 
@@ -549,9 +717,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                        # this invocation: the collection of the pages not read back from --raw, and the analysis
                        "script_wall_time_s": round(time.perf_counter() - start, 1),
                        "environment": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "DEQLAB_SCALE")}},
-        "method": {"z": 2.0, "rule": "resolved when |mean difference| >= z * se; paired: se = sd(d)/sqrt(n); "
-                                     "unpaired: se = sd*sqrt(2/n); units = seeds",
-                   "power_at_seeds_needed": "about 1/2 (z-test at exactly z standard errors); 80 % needs z + 0.84",
+        "method": {"verdicts": "exact permutation test within seed per claim (deqlab.lab.stats.paired_permutation_test), "
+                               "Holm over each page's claims at alpha = 0.05 (deqlab.lab.stats.claims_verdicts); "
+                               "studentised bootstrap intervals; units = seeds",
+                   "sizing": "seeds for 80 % power of the two-sided t-test at the page's Bonferroni level alpha / m "
+                             "(power.seeds_for_power), spread = the quick-scale sd of the per-seed differences; the "
+                             "effect is the paper's where it gives one, else the quick estimate (labelled)",
                    "scaling_assumption": SCALING_ASSUMPTION},
         "settings": {k: {"page": v["page"], "driver": v["driver"], "settings": v["settings"]} for k, v in raw.items()},
         "claims": records,
