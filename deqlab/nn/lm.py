@@ -293,10 +293,11 @@ class LanguageModel(nnx.Module):
             (default): flax's ``nnx.Embed`` initialiser, 1/sqrt(in_features). The embedding is the
             input x whose injection x W_x pins the equilibrium, so its scale against the state's
             contribution (z W_QKV in a transformer cell, z a LayerNorm output) decides how
-            contractive the cell stays: with 1.0 (what Vaswani et al.'s multiplication of the embedding by sqrt(d) gives
-            on flax's default), the DEQ-Transformer of the chapter 5 language-model page stays at
-            its equilibrium through training, where with the default the Jacobian's spectral
-            radius grows past 1 and the solve fails.
+            contractive the cell is (1.0 is what Vaswani et al.'s multiplication of the embedding
+            by sqrt(d) gives on flax's default). On the chapter 5 language-model page both scales
+            reach their equilibrium after the first training steps; with 1.0 the model learns
+            (validation loss 4.89 nats) while with the default it stays at the unigram loss
+            (5.22) over the page's short run.
         rngs: ``nnx.Rngs`` of the embedding and head.
 
     Attributes:

@@ -103,12 +103,76 @@ def test_equilibrium_tradeoff_matches_the_model():
     assert out["steps_at_tol"][0] <= out["steps_at_tol"][1]
 
 
-def test_inference_times_report_evaluations():
+def test_median_interval_order_statistics_and_coverage():
+    """n = 15: P(Binomial(15, 1/2) <= 3) = 576 / 32768, so the interval is [x_(4), x_(12)] with coverage
+    1 - 2 * 576 / 32768 = 0.96484375; over 4000 samples of 15 exponential draws the interval holds the
+    median ln 2 in a fraction whose binomial standard error is 0.003, so 0.95 is 5 standard errors below."""
+    out = costs.median_interval(np.arange(15.0, 0.0, -1.0))
+    assert (out["median"], out["low"], out["high"]) == (8.0, 4.0, 12.0)
+    assert out["coverage"] == pytest.approx(1 - 2 * 576 / 32768, abs=1e-12)
+    rng = np.random.default_rng(0)
+    draws = np.sort(rng.exponential(size=(4000, 15)), axis=1)
+    held = (draws[:, 3] <= np.log(2)) & (np.log(2) <= draws[:, 11])
+    assert held.mean() > 0.95, held.mean()
+    assert np.isnan(costs.median_interval([1.0, 2.0, 3.0])["low"])  # too few for 95%
+    with pytest.raises(ValueError, match="samples"):
+        costs.median_interval([])
+    with pytest.raises(ValueError, match="confidence"):
+        costs.median_interval([1.0] * 10, confidence=1.0)
+
+
+def test_interval_text_precision():
+    assert costs.interval_text({"median": 3.1212, "low": 2.5568, "high": 3.5643}) == "3.1 (2.6 to 3.6)"
+    assert costs.interval_text({"median": 0.0518, "low": 0.0318, "high": 0.0678}, scale=1e3) == "52 (32 to 68)"
+    assert costs.interval_text({"median": 1.234, "low": 1.231, "high": 1.236}) == "1.234 (1.231 to 1.236)"
+    assert costs.interval_text({"median": 2.0, "low": 2.0, "high": 2.0}) == "2"
+    assert costs.interval_text({"median": 1.1, "low": -0.2, "high": 2.3}) == "1 (0 to 2)"  # no "-0"
+    with pytest.raises(ValueError, match="summary"):
+        costs.interval_text({"median": 1.0})
+
+
+@pytest.mark.slow  # five compiled programs
+def test_profile_times_one_set_of_rounds():
+    """The per-round quantities are the documented functions of the same runs: the decomposition of the
+    inference times and the factor between the training and the inference ratio hold exactly."""
     model = costs.make_lm("trellis", vocab=6, width=8, tol=1e-4, max_steps=20)
     tokens, _ = costs.markov_corpus(jax.random.key(3), vocab=6, sequences=4, length=12)
-    deq = costs.inference_times(model, tokens[:, :-1], repeats=3)
-    deep = costs.inference_times(model, tokens[:, :-1], depth=3, repeats=3)
-    assert len(deq["times"]) == 3 and deq["median"] > 0 and 1 <= deq["nfe"] <= 20
-    assert deep["nfe"] == 3.0 and deep["median"] > 0
+    p = costs.profile(model, tokens[:, :-1], tokens[:, 1:], depth=3, repeats=6)
+    t, r = p["times"], p["rounds"]
+    assert set(t) == set(costs.PROGRAMS) and all(v.shape == (6,) and np.all(v > 0) for v in t.values())
+    assert 1 <= p["nfe"] <= 21 and p["mem_ratio"] == p["mem_deq"] / p["mem_unrolled"]
+    np.testing.assert_allclose(t["infer_deq"], t["infer_one"] + p["nfe"] * r["iteration"], rtol=1e-12)
+    np.testing.assert_allclose(t["infer_unrolled"], t["infer_one"] + 2 * r["layer"], rtol=1e-12)
+    np.testing.assert_allclose(r["train_ratio"] / r["infer_ratio"],
+                               (1 + r["backward_deq"]) / (1 + r["backward_unrolled"]), rtol=1e-12)
+    assert p["summary"]["infer_ratio"]["median"] == pytest.approx(np.median(r["infer_ratio"]))
     with pytest.raises(ValueError, match="depth"):
-        costs.inference_times(model, tokens[:, :-1], depth=0)
+        costs.profile(model, tokens[:, :-1], tokens[:, 1:], depth=1)
+    with pytest.raises(ValueError, match="repeats"):
+        costs.profile(model, tokens[:, :-1], tokens[:, 1:], depth=3, repeats=5)
+
+
+@pytest.mark.slow  # training and counting compile several programs
+def test_train_counting_counts_fixed_sequences():
+    """The counts are those of the model's own solve (solver_counts agrees with the model's statistics),
+    taken before training and every `every` steps."""
+    import optax
+    from flax import nnx
+
+    tokens, _ = costs.markov_corpus(jax.random.key(4), vocab=6, sequences=10, length=8)
+    model = costs.make_lm("trellis", vocab=6, width=8, tol=1e-4, max_steps=20)
+    counts = costs.solver_counts(model, tokens[:, :-1], radius_steps=10)
+    stats = model(tokens[:, :-1])[1]
+    assert float(stats["steps_mean"]) == pytest.approx(counts["steps"].mean())
+    assert float(stats["converged_fraction"]) == pytest.approx(counts["converged"].mean())
+    assert counts["radius"].shape == (10,) and np.all(counts["radius"] > 0)
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    out = costs.train_counting(model, optimizer, tokens[:8], tokens[8:], batch=2, steps=4, every=2)
+    assert out["at"].tolist() == [0, 2, 4] and out["steps"].shape == out["converged"].shape == (3, 2)
+    assert len(out["log"]["loss"]) == 4 and "radius" not in out
+    with pytest.raises(ValueError, match="every"):
+        costs.train_counting(model, optimizer, tokens[:8], tokens[8:], batch=2, steps=4, every=3)
+    with pytest.raises(ValueError, match="radius_steps"):
+        costs.solver_counts(model, tokens[:, :-1], radius_steps=1)
+    with pytest.raises(ValueError, match="model"):
+        costs.solver_counts(costs.make_lm("trellis", vocab=6, width=8, depth=2), tokens[:, :-1])

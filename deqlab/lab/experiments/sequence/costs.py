@@ -6,8 +6,12 @@
 - :func:`training_memory`: compiled temporary memory of one training gradient, implicit DEQ against
   the weight-tied network unrolled to matched depth L (003 Tables 2-3, memory column), measured as
   chapter 0 and ``benchmarks/memory.py`` do (``compile().memory_analysis()``).
-- :func:`profile`: memory and wall time of a training step (forward and backward) and of
-  inference, DEQ against the unrolled network, from one compilation each (003 Tables 2-4).
+- :func:`profile`: memory of a training step, and wall times of training and inference, DEQ
+  against the unrolled network (and a 1-layer one, to split the time), timed in interleaved
+  rounds so that every ratio comes from one measurement, with distribution-free intervals
+  (:func:`median_interval`) (003 Tables 2-4).
+- :func:`solver_counts` and :func:`train_counting`: each sequence's Broyden iterations, counted on
+  fixed validation sequences while the model trains (003 Figure 2, left).
 - :func:`equilibrium_tradeoff`: validation loss when the forward solve is stopped at a looser
   tolerance or an earlier iteration limit (003 Figure 3).
 """
@@ -29,8 +33,8 @@ from deqlab.nn import LanguageModel, TransformerCell, TrellisCell, eval_step, lm
 from deqlab.precision import PrecisionWarning
 from deqlab.solvers import Broyden, solve
 
-__all__ = ["markov_corpus", "make_lm", "batches", "gradient_program", "training_memory", "profile",
-           "inference_times", "equilibrium_tradeoff"]
+__all__ = ["markov_corpus", "make_lm", "batches", "gradient_program", "training_memory", "median_interval",
+           "interval_text", "PROGRAMS", "profile", "solver_counts", "train_counting", "equilibrium_tradeoff"]
 
 KINDS = ("transformer", "trellis")
 
@@ -81,14 +85,27 @@ def markov_corpus(key: jax.Array, *, vocab: int = 8, sequences: int = 256, lengt
 def make_lm(kind: str, *, vocab: int, width: int, seed: int = 0, depth: int | None = None,
             tol: float = 1e-4, max_steps: int = 30, scale: float | None = None,
             attention_scale: float = 0.3, param_dtype: Any = jnp.float32, solver: Any = "broyden",
-            **cell_options: Any) -> LanguageModel:
+            embedding_std: float | None = None, **cell_options: Any) -> LanguageModel:
     """A small equilibrium language model (float32 by default).
 
-    ``kind``: ``"transformer"`` (:class:`deqlab.nn.TransformerCell`, width d, 4 heads,
-    feed-forward 4d) or ``"trellis"`` (:class:`deqlab.nn.TrellisCell` with hidden d/2, so that z
-    has width d as well; kernel 2, dilation 1). Broyden forward (003 §5; ``solver`` replaces it,
-    e.g. ``Broyden(m=2)``), implicit backward whose failures are not warned about but logged
-    (``converged_fraction`` of the statistics). ``cell_options`` go to the cell.
+    ``kind``: ``"transformer"`` (:class:`deqlab.nn.TransformerCell` with its defaults, 003's
+    released layer with the attention residual; width d, 4 heads, feed-forward 4d) or
+    ``"trellis"`` (:class:`deqlab.nn.TrellisCell` with hidden d/2, so that z has width d as well;
+    kernel 2, dilation 1). Broyden forward (003 §5; ``solver`` replaces it, e.g.
+    ``Broyden(m=2)``), implicit backward whose failures are not warned about but logged
+    (``converged_fraction`` of the statistics). ``embedding_std``: as for
+    :class:`deqlab.nn.LanguageModel` (None: flax's default, 1/sqrt(d)). ``cell_options`` go to the
+    cell.
+
+    Raises:
+        ValueError: ``kind`` is unknown, ``width`` is odd for the trellis cell, or an argument of
+            the cell or the model is not valid (as they raise it).
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence import costs
+        >>> model = costs.make_lm("transformer", vocab=5, width=8, embedding_std=1.0)
+        >>> model.block.cell.attention_residual
+        True
     """
     where = "sequence.make_lm"
     checks.choice(kind, "kind", KINDS, where)
@@ -101,7 +118,7 @@ def make_lm(kind: str, *, vocab: int, width: int, seed: int = 0, depth: int | No
             raise checks.fail("width", "even for the trellis cell (z = [h, c])", width, where)
         cell = TrellisCell(width // 2, width, scale=scale, param_dtype=param_dtype, rngs=rngs, **cell_options)
     return LanguageModel(vocab, cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
-                         on_failure="ignore", rngs=rngs)
+                         on_failure="ignore", embedding_std=embedding_std, rngs=rngs)
 
 
 def batches(tokens: np.ndarray, *, batch: int, steps: int, seed: int = 0):
@@ -161,82 +178,319 @@ def training_memory(kind: str, depths: Sequence[int], *, vocab: int = 64, width:
     return out
 
 
-def _median_time(compiled, args, repeats):
-    jax.block_until_ready(compiled(*args))  # warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
+    """The median of ``samples`` and a distribution-free confidence interval for the median of the
+    law they were drawn from (independent draws of a continuous law; no other assumption).
+
+    The interval is ``[x_(k), x_(n+1-k)]`` (order statistics, 1-based) with the largest k such that
+    ``P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2``: the population median lies below
+    ``x_(k)`` only if at most k - 1 draws fall below it. Its actual coverage,
+    ``1 - 2 P(Binomial(n, 1/2) <= k - 1)``, is at least ``confidence`` and is returned.
+
+    Args:
+        samples: n >= 1 finite numbers.
+        confidence: in (0, 1).
+
+    Returns:
+        ``{"median", "low", "high", "coverage"}``; low and high are NaN (coverage 0) when n is too
+        small for the confidence asked (n <= 5 at 0.95).
+
+    Raises:
+        ValueError: ``samples`` is empty or not finite, or ``confidence`` is not in (0, 1).
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence.costs import median_interval
+        >>> out = median_interval(range(1, 16))
+        >>> out["median"], out["low"], out["high"], round(out["coverage"], 3)
+        (8.0, 4.0, 12.0, 0.965)
+    """
+    from scipy import stats
+
+    where = "sequence.median_interval"
+    x = np.sort(np.asarray(samples, dtype=float).ravel())
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise checks.fail("samples", "one or more finite numbers", samples, where)
+    confidence = checks.number(confidence, "confidence", where, lower=0.0)
+    if not 0.0 < confidence < 1.0:
+        raise checks.fail("confidence", "a number in (0, 1)", confidence, where)
+    n = x.size
+    tail = stats.binom.cdf(np.arange(n), n, 0.5)  # tail[k - 1] = P(B <= k - 1)
+    ok = np.flatnonzero(tail <= (1.0 - confidence) / 2)
+    median = float(np.median(x))
+    if ok.size == 0:
+        return {"median": median, "low": float("nan"), "high": float("nan"), "coverage": 0.0}
+    k = int(ok[-1]) + 1
+    return {"median": median, "low": float(x[k - 1]), "high": float(x[n - k]),
+            "coverage": float(1.0 - 2.0 * tail[k - 1])}
+
+
+def interval_text(summary: dict[str, float], scale: float = 1.0) -> str:
+    """``"median (low to high)"`` of a :func:`median_interval` result, printed to the precision the
+    interval supports: the last digit shown is that of the interval's half-width (one significant
+    digit of it), so that a wide interval is not printed with digits it cannot vouch for.
+
+    Args:
+        summary: a dict with ``median``, ``low`` and ``high`` (finite; low <= median <= high).
+        scale: multiplies the three numbers (1e3 for seconds shown in ms).
+
+    Returns:
+        The text; with a zero-width interval, the median to 3 significant digits.
+
+    Raises:
+        ValueError: ``summary`` lacks a key or its numbers are not finite, or ``scale`` is not a
+            positive number.
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence.costs import interval_text
+        >>> interval_text({"median": 3.1212, "low": 2.5568, "high": 3.5643})
+        '3.1 (2.6 to 3.6)'
+        >>> interval_text({"median": 0.0518, "low": 0.0318, "high": 0.0678}, scale=1e3)
+        '52 (32 to 68)'
+    """
+    where = "sequence.interval_text"
+    scale = checks.positive_number(scale, "scale", where)
+    try:
+        m, lo, hi = (float(summary[k]) * scale for k in ("median", "low", "high"))
+    except (KeyError, TypeError):
+        raise checks.fail("summary", "a dict with median, low and high (a median_interval result)", summary,
+                          where) from None
+    if not all(np.isfinite((m, lo, hi))):
+        raise checks.fail("summary", "finite median, low and high", summary, where)
+    half = (hi - lo) / 2
+    if half <= 0:
+        return f"{m:.3g}"
+    decimals = max(0, -int(np.floor(np.log10(half))))
+    m, lo, hi = (round(v, decimals) + 0.0 for v in (m, lo, hi))  # + 0.0: no "-0"
+    return f"{m:.{decimals}f} ({lo:.{decimals}f} to {hi:.{decimals}f})"
+
+
+PROGRAMS = ("train_deq", "train_unrolled", "infer_deq", "infer_unrolled", "infer_one")
+"""The five compiled programs :func:`profile` times: a training gradient of the DEQ and of the
+network unrolled to L layers, and inference of the DEQ, of the L-layer network and of a 1-layer one."""
 
 
 def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, depth: int,
-            repeats: int = 5, timing: bool = True) -> dict[str, float]:
+            repeats: int = 15, timing: bool = True, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
     """Memory and speed of the model as a DEQ and unrolled to ``depth`` weight-tied layers with
-    the same parameters (003 Tables 2-4).
+    the same parameters (003 Tables 2-4), from one set of timed runs.
 
-    Each program is compiled once: its ``memory_analysis()`` gives the temporary memory of a
-    training gradient (``mem_*``, bytes), and the compiled program is timed (median of
-    ``repeats`` runs after a warm-up): ``train_*`` the gradient (forward and backward),
-    ``infer_*`` the forward pass, in seconds. ``train_ratio``, ``infer_ratio`` and
-    ``mem_ratio`` are DEQ / unrolled (> 1: the DEQ costs more), and ``nfe`` the DEQ's forward
-    evaluations on this batch. ``timing=False``: memory only (no inference programs, no runs).
+    The training gradient (forward and backward) is compiled as a DEQ (implicit backward) and
+    unrolled (backpropagation through ``depth`` layers); its ``memory_analysis()`` gives the
+    temporary memory ``mem_deq`` and ``mem_unrolled`` (bytes). With ``timing``, the five programs
+    of :data:`PROGRAMS` are compiled and warmed up, then run in ``repeats`` rounds, each program
+    once per round in a shuffled order (``seed``), so that a slow spell of a shared machine falls
+    on all of a round's programs alike; each ratio is formed within a round, and every number
+    returned comes from these same runs.
+
+    Per round, with t the wall times, L = ``depth`` and NFE the DEQ's forward evaluations:
+
+    - ``train_ratio = t_train_deq / t_train_unrolled`` and ``infer_ratio = t_infer_deq / t_infer_unrolled``
+      (> 1: the DEQ is slower);
+    - ``layer = (t_infer_unrolled - t_infer_one) / (L - 1)``: one more layer of the deep network (s);
+      ``iteration = (t_infer_deq - t_infer_one) / NFE``: one iteration of the DEQ's solve, its
+      evaluation of f and the solver's own work (s); ``overhead = iteration / layer``. Then
+      ``t_infer_unrolled = t_infer_one + (L - 1) layer`` and ``t_infer_deq = t_infer_one + NFE
+      iteration`` exactly;
+    - ``backward_deq = (t_train_deq - t_infer_deq) / t_infer_deq`` and ``backward_unrolled``
+      likewise: what training adds to inference, as a multiple of inference. Exactly
+      ``train_ratio = infer_ratio (1 + backward_deq) / (1 + backward_unrolled)``, so training
+      compares better than inference exactly when ``backward_deq < backward_unrolled``.
+
+    Args:
+        model: a :class:`deqlab.nn.LanguageModel` (its block in equilibrium mode).
+        tokens, targets: int ``(batch, T)``.
+        depth: L >= 2, the depth of the unrolled network.
+        repeats: rounds, >= 6 (the least for a 95% interval).
+        timing: False: memory only (nothing is run).
+        confidence: of the intervals.
+        seed: of the shuffled order.
+
+    Returns:
+        ``mem_deq``, ``mem_unrolled``, ``mem_ratio``; with ``timing`` also ``nfe``, ``times`` (a dict
+        of arrays ``(repeats,)`` per program, s), ``rounds`` (a dict of arrays ``(repeats,)``: the
+        per-round quantities above) and ``summary``: for each program and each per-round quantity,
+        :func:`median_interval` of its values.
+
+    Raises:
+        ValueError: ``depth`` < 2 or ``repeats`` < 6 (with ``timing``).
+
+    Example:
+        >>> import jax
+        >>> from deqlab.lab.experiments.sequence import costs
+        >>> model = costs.make_lm("trellis", vocab=5, width=8)
+        >>> tokens, _ = costs.markov_corpus(jax.random.key(0), vocab=5, sequences=2, length=6)
+        >>> p = costs.profile(model, tokens[:, :-1], tokens[:, 1:], depth=4, timing=False)
+        >>> sorted(p)
+        ['mem_deq', 'mem_ratio', 'mem_unrolled']
     """
-    checks.positive_int(depth, "depth", "sequence.profile")
-    checks.positive_int(repeats, "repeats", "sequence.profile")
+    where = "sequence.profile"
+    depth = checks.integer(depth, "depth", where, minimum=2)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    out = {}
+    out: dict[str, Any] = {}
+    compiled = {}
     for mode, d in (("deq", None), ("unrolled", depth)):
         grad, args = _gradient_fn(model, d)
-        compiled = jax.jit(grad).lower(*args, tokens, targets).compile()
-        out[f"mem_{mode}"] = int(compiled.memory_analysis().temp_size_in_bytes)
-        if not timing:
-            continue
-        out[f"train_{mode}"] = _median_time(compiled, (*args, tokens, targets), repeats)
+        program = jax.jit(grad).lower(*args, tokens, targets).compile()
+        out[f"mem_{mode}"] = int(program.memory_analysis().temp_size_in_bytes)
+        compiled[f"train_{mode}"] = (program, (*args, tokens, targets))
+    out["mem_ratio"] = out["mem_deq"] / out["mem_unrolled"]
+    if not timing:
+        return out
+    repeats = checks.integer(repeats, "repeats", where, minimum=6)
 
+    for name, d in (("infer_deq", None), ("infer_unrolled", depth), ("infer_one", 1)):
         def infer(params, rest, tokens, d=d):
             return nnx.merge(graphdef, params, rest)(tokens, depth=d)
 
-        compiled = jax.jit(infer).lower(params, rest, tokens).compile()
-        out[f"infer_{mode}"] = _median_time(compiled, (params, rest, tokens), repeats)
-        if mode == "deq":
-            out["nfe"] = float(compiled(params, rest, tokens)[1]["nfe"])
-    for what in ("train", "infer", "mem") if timing else ("mem",):
-        out[f"{what}_ratio"] = out[f"{what}_deq"] / out[f"{what}_unrolled"]
+        compiled[name] = (jax.jit(infer).lower(params, rest, tokens).compile(), (params, rest, tokens))
+    for program, args in compiled.values():  # warm up
+        jax.block_until_ready(program(*args))
+    out["nfe"] = float(compiled["infer_deq"][0](*compiled["infer_deq"][1])[1]["nfe"])
+    times = {name: np.empty(repeats) for name in PROGRAMS}
+    rng = np.random.default_rng(seed)
+    for r in range(repeats):
+        for name in rng.permutation(PROGRAMS):
+            program, args = compiled[name]
+            start = time.perf_counter()
+            jax.block_until_ready(program(*args))
+            times[name][r] = time.perf_counter() - start
+    t = times
+    layer = (t["infer_unrolled"] - t["infer_one"]) / (depth - 1)
+    iteration = (t["infer_deq"] - t["infer_one"]) / out["nfe"]
+    rounds = {
+        "train_ratio": t["train_deq"] / t["train_unrolled"],
+        "infer_ratio": t["infer_deq"] / t["infer_unrolled"],
+        "layer": layer,
+        "iteration": iteration,
+        "overhead": iteration / layer,
+        "backward_deq": (t["train_deq"] - t["infer_deq"]) / t["infer_deq"],
+        "backward_unrolled": (t["train_unrolled"] - t["infer_unrolled"]) / t["infer_unrolled"],
+    }
+    out["times"] = times
+    out["rounds"] = rounds
+    out["summary"] = {name: median_interval(values, confidence) for name, values in {**times, **rounds}.items()}
     return out
 
 
-def inference_times(model: LanguageModel, tokens: jax.Array, *, depth: int | None = None,
-                    repeats: int = 7) -> dict[str, Any]:
-    """Wall times of one compiled inference program, to split a DEQ / unrolled time ratio into
-    evaluations and per-evaluation cost.
+def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int = 0) -> dict[str, np.ndarray]:
+    """Broyden iterations and convergence of each sequence's forward solve, at the model's own
+    solver settings (its tolerance and iteration limit), and optionally the spectral radius of the
+    cell's Jacobian where the solve stopped.
 
-    ``depth=None``: the DEQ (its solver); an integer: the weight-tied network of that depth.
-    Returns ``{"median", "times", "nfe"}``: the median of ``repeats`` runs after a warm-up (s),
-    all the runs, and the evaluations of ``f`` (the DEQ's forward NFE; ``depth`` when unrolled).
-    Timing a depth-1 network too gives the cost outside the layer (embedding, head, dispatch), so
-    that ``(t_L - t_1) / (L - 1)`` is the time of one layer evaluation and
-    ``(t_DEQ - t_1) / nfe`` that of one solver iteration (an evaluation plus the solver's work).
+    Args:
+        model: a :class:`deqlab.nn.LanguageModel` in equilibrium mode.
+        tokens: int ``(batch, T)``.
+        radius_steps: 0 (default): no radius; n >= 2: also ``radius``, the spectral radius of
+            ``J_f`` at each sequence's last iterate (:func:`deqlab.stability.spectral_radius`, n
+            power-iteration steps). It is the radius at the equilibrium z* only where
+            ``converged`` is True; elsewhere it is taken at a point that is not one.
+
+    Returns:
+        ``{"steps": (batch,) iterations, "converged": (batch,) bool}`` and, with ``radius_steps``,
+        ``"radius": (batch,)``.
+
+    Raises:
+        ValueError: the model is unrolled (``depth`` set), ``tokens`` are not valid ids, or
+            ``radius_steps`` is 1 or negative.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.lab.experiments.sequence import costs
+        >>> model = costs.make_lm("trellis", vocab=5, width=8, max_steps=10)
+        >>> out = costs.solver_counts(model, jnp.array([[1, 2, 3], [4, 0, 1]]))
+        >>> out["steps"].shape, out["converged"].dtype
+        ((2,), dtype('bool'))
     """
-    where = "sequence.inference_times"
-    if depth is not None:
-        checks.positive_int(depth, "depth", where)
-    checks.positive_int(repeats, "repeats", where)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    where = "sequence.solver_counts"
+    if model.block.depth is not None:
+        raise checks.fail("model", "a LanguageModel in equilibrium mode (depth None)", f"depth={model.block.depth}",
+                          where)
+    radius_steps = checks.integer(radius_steps, "radius_steps", where, minimum=0)
+    if radius_steps == 1:
+        raise checks.fail("radius_steps", "0 (no radius) or an integer >= 2", radius_steps, where)
+    from deqlab.nn.lm import _token_ids
 
-    def infer(params, rest, tokens):
-        return nnx.merge(graphdef, params, rest)(tokens, depth=depth)
+    tokens = jnp.asarray(tokens)
 
-    compiled = jax.jit(infer).lower(params, rest, tokens).compile()
-    jax.block_until_ready(compiled(params, rest, tokens))  # warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(params, rest, tokens))
-        times.append(time.perf_counter() - start)
-    nfe = float(compiled(params, rest, tokens)[1]["nfe"]) if depth is None else float(depth)
-    return {"median": float(np.median(times)), "times": times, "nfe": nfe}
+    _token_ids(tokens, model.vocab_size, "tokens", where)  # concrete ids, checked before compiling
+    steps, converged, radius = _counts(model, tokens, radius_steps)
+    out = {"steps": np.asarray(steps), "converged": np.asarray(converged)}
+    if radius_steps:
+        out["radius"] = np.asarray(radius)
+    return out
+
+
+@nnx.jit(static_argnums=2)
+def _counts(model, tokens, radius_steps):
+    from deqlab import stability
+    from deqlab.failures import Result
+
+    x = model.embed(tokens)
+    z, sol = model.block.deq(x, None, return_solution=True)
+    radius = None
+    if radius_steps:
+        cell = model.block.cell
+        radius = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=radius_steps,
+                                           batch_axis=0)
+    return sol.stats.steps, sol.result == Result.SUCCESS, radius
+
+
+def train_counting(model: LanguageModel, optimizer: nnx.Optimizer, train_tokens: np.ndarray,
+                   val_tokens: np.ndarray, *, batch: int, steps: int, every: int, seed: int = 0,
+                   radius_steps: int = 0) -> dict[str, Any]:
+    """Train with :func:`deqlab.nn.train` on :func:`batches` and, before training and after
+    every ``every`` steps, count each validation sequence's Broyden iterations
+    (:func:`solver_counts`), so that the solver's work is compared on the same sequences as the
+    model changes (003 Figure 2, left, plots it on the training batches).
+
+    Args:
+        model, optimizer: as for :func:`deqlab.nn.train` (updated in place).
+        train_tokens: int ``(n, T + 1)`` training sequences (inputs ``[:, :-1]``, targets ``[:, 1:]``).
+        val_tokens: int ``(m, T + 1)`` validation sequences (their inputs are solved).
+        batch: sequences per training step.
+        steps: training steps.
+        every: steps between counts, a divisor of ``steps``.
+        seed: of the batches.
+        radius_steps: as for :func:`solver_counts` (0: no radius).
+
+    Returns:
+        ``{"log": the per-step log of deqlab.nn.train, "at": (E,) training steps of the counts
+        (0, every, ..., steps), "steps": (E, m) iterations, "converged": (E, m) bool}`` and, with
+        ``radius_steps``, ``"radius": (E, m)``.
+
+    Raises:
+        ValueError: ``every`` does not divide ``steps``, or a size is not an integer >= 1.
+
+    Example:
+        >>> import jax, optax
+        >>> from flax import nnx
+        >>> from deqlab.lab.experiments.sequence import costs
+        >>> tokens, _ = costs.markov_corpus(jax.random.key(0), vocab=5, sequences=8, length=6)
+        >>> model = costs.make_lm("trellis", vocab=5, width=8, max_steps=10)
+        >>> opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+        >>> out = costs.train_counting(model, opt, tokens[:6], tokens[6:], batch=2, steps=4, every=2)
+        >>> out["at"].tolist(), out["steps"].shape, len(out["log"]["loss"])
+        ([0, 2, 4], (3, 2), 4)
+    """
+    from deqlab import nn
+
+    where = "sequence.train_counting"
+    steps = checks.positive_int(steps, "steps", where)
+    every = checks.positive_int(every, "every", where)
+    checks.positive_int(batch, "batch", where)
+    if steps % every:
+        raise checks.fail("every", f"a divisor of steps ({steps})", every, where)
+    val_inputs = jnp.asarray(np.asarray(val_tokens)[:, :-1])
+    stream = batches(train_tokens, batch=batch, steps=steps, seed=seed)
+    log: dict[str, list[float]] = {}
+    counts = [solver_counts(model, val_inputs, radius_steps=radius_steps)]
+    for _ in range(steps // every):
+        chunk = nn.train(model, optimizer, (next(stream) for _ in range(every)))
+        for k, v in chunk.items():
+            log.setdefault(k, []).extend(v)
+        counts.append(solver_counts(model, val_inputs, radius_steps=radius_steps))
+    return {"log": log, "at": np.arange(0, steps + 1, every),
+            **{k: np.stack([c[k] for c in counts]) for k in counts[0]}}
 
 
 def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *,

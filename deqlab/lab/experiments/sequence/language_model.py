@@ -37,6 +37,7 @@ from deqlab import checks
 from deqlab.lab import data
 
 __all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "evaluate",
+           "equilibrium_statistics",
            "run_language_model", "LOGGED", "EVALUATED", "RADIUS_SEQUENCES", "RADIUS_STEPS"]
 
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
@@ -75,8 +76,34 @@ def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps:
                tol: float | None = None, depth: int | None = None,
                embedding_std: float | None = None) -> nnx.Module:
     """The DEQ-Transformer language model: :class:`deqlab.nn.LanguageModel` over a
-    :class:`deqlab.nn.TransformerCell` (Broyden, ``max_steps`` as 001 App. D's 20;
-    ``embedding_std`` as :class:`deqlab.nn.LanguageModel`'s)."""
+    :class:`deqlab.nn.TransformerCell` with its defaults (003's released layer, with the residual
+    around the attention; the spectral radius of its Jacobian starts just below 1, so a short
+    Broyden budget fails before training), Broyden, ``max_steps`` as 001 App. D's 20,
+    ``embedding_std`` as :class:`deqlab.nn.LanguageModel`'s.
+
+    Args:
+        vocab_size: number of tokens.
+        width: the cell's width d (a multiple of ``heads``).
+        heads: attention heads.
+        seed: seeds the cell (``seed``) and the embedding and head (``seed + 1``).
+        max_steps: the forward solve's iteration limit.
+        tol: its relative tolerance; None: the solver's default.
+        depth: None: the DEQ; an int L: the same cell unrolled L times.
+        embedding_std: None: flax's default, 1/sqrt(d); a number: that standard deviation.
+
+    Returns:
+        The model; a failed solve is recorded in the statistics (``converged_fraction``), not warned
+        about.
+
+    Raises:
+        ValueError: an argument of the cell or the model is not valid (as they raise it).
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence.language_model import make_model
+        >>> model = make_model(16, width=8, heads=2, seed=0, embedding_std=1.0)
+        >>> model.block.cell.attention_residual, model.block.depth
+        (True, None)
+    """
     from deqlab.nn.lm import LanguageModel
     from deqlab.nn.transformer import TransformerCell
 
@@ -278,6 +305,62 @@ def _radius(model, tokens):
                                      steps=RADIUS_STEPS, batch_axis=0)
 
 
+def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
+    """The forward solve of a :func:`make_model` model on ``tokens`` at its own settings, and what
+    the equilibrium looks like: one compiled program.
+
+    Args:
+        model: a :func:`make_model` language model in equilibrium mode (its cell a
+            :class:`deqlab.nn.TransformerCell`).
+        tokens: int ``(batch, T)``.
+
+    Returns:
+        ``converged_fraction`` and ``steps_mean`` of the solve; ``radius``: per sequence, the
+        spectral radius of ``J_f`` at the solver's last iterate z (:data:`RADIUS_STEPS` steps of
+        :func:`deqlab.stability.spectral_radius`; at z* only where the solve converged);
+        ``f_norm``: per sequence, ``||f(z)||`` (``sqrt(T d)`` for a LayerNorm output without gain);
+        ``inject_std``: the standard deviation of the injection's entries ``x W_x`` and
+        ``state_std`` that of the state's contribution to the queries ``z W_Q``.
+
+    Raises:
+        ValueError: the model is unrolled or its cell is not a transformer cell, or ``tokens`` are
+            not valid ids.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.lab.experiments.sequence import language_model as lm
+        >>> model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=30, tol=1e-2, embedding_std=1.0)
+        >>> out = lm.equilibrium_statistics(model, jnp.array([[1, 2, 3, 4], [5, 6, 7, 8]]))
+        >>> out["radius"].shape, round(out["f_norm"][0] ** 2)
+        ((2,), 32)
+    """
+    from deqlab.nn.lm import _token_ids
+    from deqlab.nn.transformer import TransformerCell
+
+    where = "sequence.language_model.equilibrium_statistics"
+    if model.block.depth is not None or not isinstance(model.block.cell, TransformerCell):
+        raise checks.fail("model", "a make_model language model in equilibrium mode (a TransformerCell, depth None)",
+                          type(model.block.cell).__name__, where)
+    tokens = _token_ids(jnp.asarray(tokens), model.vocab_size, "tokens", where)
+    stats, radius, f_norm, inject, state = jax.device_get(_equilibrium_statistics(model, tokens))
+    return {"converged_fraction": float(stats["converged_fraction"]), "steps_mean": float(stats["steps_mean"]),
+            "radius": np.asarray(radius), "f_norm": np.asarray(f_norm), "inject_std": float(inject),
+            "state_std": float(state)}
+
+
+@nnx.jit
+def _equilibrium_statistics(model, tokens):
+    from deqlab import stability
+
+    x = model.embed(tokens)
+    _, stats, z = model.block(x, return_state=True)
+    cell = model.block.cell
+    radius = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
+                                       batch_axis=0)
+    f_norm = jnp.sqrt(jnp.sum(cell(z, x) ** 2, axis=(-2, -1)))
+    return stats, radius, f_norm, jnp.std(cell.inject(x)), jnp.std(cell.query(z))
+
+
 def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int) -> dict[str, float]:
     """Validation loss and solver statistics of ``model`` on the first ``eval_batches`` batches of
     ``windows``, in evaluation mode (the model is left in training mode).
@@ -293,7 +376,8 @@ def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batch
         each the mean over the batches; ``radius``: the median over the first
         :data:`RADIUS_SEQUENCES` sequences of the spectral radius of the cell's Jacobian at the
         solver's last iterate z (:func:`deqlab.stability.spectral_radius`, :data:`RADIUS_STEPS`
-        steps; z* where the solve converged), NaN for an unrolled model. Above 1 at z*, the
+        steps), NaN for an unrolled model. It is the radius at the equilibrium z* only where the
+        solve converged (``converged_fraction`` 1): quote it as such only there. Above 1 at z*, the
         equilibrium repels the plain iteration z <- f(z), and only a root finder such as Broyden's
         method can find it.
     """
