@@ -318,7 +318,7 @@ def test_the_package_re_exports_every_grader_and_time_limit_applies_to_all(monke
 
 
 NEW_GRADERS = ["check_length_trace", "check_stieltjes", "check_mean_difference", "check_jacobian_penalty",
-               "check_linear_deq", "check_copy_memory"]
+               "check_linear_deq", "check_copy_memory", "check_semi_orthogonal"]
 
 
 @pytest.mark.parametrize("grader", NEW_GRADERS)
@@ -471,6 +471,14 @@ def test_check_copy_memory():
         key, batch_size=b, delay=t, memory=m, symbols=s))
     assert not library.passed and "you were asked to write this yourself" in str(library)
 
+    def numpy_stream(key, b, t, m, s):  # right, from another random stream (NumPy's, seeded by the key)
+        seq = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**30))).integers(1, s + 1, (b, m))
+        x = np.concatenate([seq, np.zeros((b, t - 1), int), np.full((b, m + 1), 9)], axis=1)
+        return x, np.concatenate([np.zeros((b, t + m), int), seq], axis=1)
+
+    other = exercises.check_copy_memory(numpy_stream)
+    assert other.passed, str(other)  # the task's properties, not one stream
+
     def from_zero(key, b, t, m, s):  # symbols 0..s-1: the blank is drawn as a symbol
         x, y = right(key, b, t, m, s)
         return x.at[:, :m].add(-1), y.at[:, t + m:].add(-1)
@@ -478,16 +486,136 @@ def test_check_copy_memory():
     report = exercises.check_copy_memory(from_zero)
     assert not report.passed and "maxval is exclusive" in str(report)
 
-    def numpy_stream(key, b, t, m, s):  # the right law from another random stream
-        seq = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**30))).integers(1, s + 1, (b, m))
-        x = np.concatenate([seq, np.zeros((b, t - 1), int), np.full((b, m + 1), 9)], axis=1)
-        return x, np.concatenate([np.zeros((b, t + m), int), seq], axis=1)
+    def one_marker_short(key, b, t, m, s):  # delay blanks and memory markers: the delimiter one step late
+        x, y = right(key, b, t, m, s)
+        return x.at[:, m + t - 1].set(0), y
 
-    other = exercises.check_copy_memory(numpy_stream)
-    assert other.failed and all("same key" in c.name for c in other.failed), str(other)
+    late = exercises.check_copy_memory(one_marker_short)
+    assert [c.name.split(":")[1].strip() for c in late.failed] == ["layout, entries that break it"] * 3, str(late)
+
+    def cycle(key, b, t, m, s):  # the right layout and counts, but a pattern, not random symbols
+        seq = (jnp.arange(b * m).reshape(b, m) + int(jax.random.randint(key, (), 0, s))) % s + 1
+        x = jnp.concatenate([seq, jnp.zeros((b, t - 1), seq.dtype), jnp.full((b, m + 1), 9, seq.dtype)], axis=1)
+        return x, jnp.concatenate([jnp.zeros((b, t + m), seq.dtype), seq], axis=1)
+
+    pattern = exercises.check_copy_memory(cycle)
+    assert [c.name.split(":")[0] for c in pattern.failed] == ["3600 neighbouring pairs"], str(pattern)
+    assert "independent draws, not a pattern" in str(pattern)
+
+    fixed = exercises.check_copy_memory(lambda key, b, t, m, s: right(jax.random.key(0), b, t, m, s))
+    assert [c.name for c in fixed.failed] == ["the key: another key gives another batch"], str(fixed)
+    unseeded = exercises.check_copy_memory(lambda key, b, t, m, s: numpy_stream(
+        jax.random.key(np.random.default_rng().integers(2**30)), b, t, m, s))
+    assert [c.name.split("(")[0].strip() for c in unseeded.failed] == [
+        "the key: the same key twice gives the same batch"], str(unseeded)
     long = exercises.check_copy_memory(lambda key, b, t, m, s: tuple(
         jnp.pad(a, ((0, 0), (0, 1))) for a in right(key, b, t, m, s)))
     assert not long.passed and "the length is delay + 2 * memory" in str(long)
     floats = exercises.check_copy_memory(lambda key, b, t, m, s: tuple(
         a.astype(jnp.float32) for a in right(key, b, t, m, s)))
     assert not floats.passed and "expected an integer dtype" in str(floats)
+
+
+def test_check_semi_orthogonal_passes_both_branches_and_names_each_mistake():
+    right = _key.my_semi_orthogonal
+    assert exercises.check_semi_orthogonal(right).passed
+
+    def other_stream(key, rows, cols, scale):  # right: rows or columns of a Haar orthogonal matrix
+        big = max(rows, cols)
+        o = np.asarray(jax.random.orthogonal(key, big))
+        return scale * (o[:, :cols] if rows >= cols else o[:rows, :])
+
+    assert exercises.check_semi_orthogonal(other_stream).passed
+    library = exercises.check_semi_orthogonal(lambda key, rows, cols, scale: ensembles.initializer(
+        "orthogonal", scale)(key, (rows, cols)))
+    assert not library.passed and "you were asked to write this yourself" in str(library)
+
+    def wide_only(key, rows, cols, scale):  # never transposes: a tall Q for a wide shape
+        q, r = jnp.linalg.qr(jax.random.normal(key, (max(rows, cols), min(rows, cols))))
+        return scale * q * jnp.where(jnp.diagonal(r) < 0, -1.0, 1.0)[None, :]
+
+    shape = exercises.check_semi_orthogonal(wide_only)
+    assert {c.name.split(" ")[0].rstrip(":,") for c in shape.failed} == {"wide"}, str(shape)
+    assert "wrong shape" in str(shape)
+
+    def tall_rows(key, rows, cols, scale):  # the wide construction everywhere: K K^T = I cannot hold when tall
+        q, _ = jnp.linalg.qr(jax.random.normal(key, (max(rows, cols), max(rows, cols))))
+        return scale * q[:rows, :cols] * jnp.sqrt(max(rows, cols) / min(rows, cols)) if rows > cols \
+            else right(key, rows, cols, scale)
+
+    tall = exercises.check_semi_orthogonal(tall_rows)
+    assert "tall 12 x 5, scale 0.3: max |Gram / scale^2 - I|" in [c.name for c in tall.failed], str(tall)
+
+    def plain_qr(key, rows, cols, scale):  # no sign correction: not Haar
+        q, _ = jnp.linalg.qr(jax.random.normal(key, (max(rows, cols), min(rows, cols))))
+        return scale * (q if rows >= cols else q.T)
+
+    signs = exercises.check_semi_orthogonal(plain_qr)
+    assert [c.name.split(",")[1].split(":")[0].strip() for c in signs.failed] == ["300 draws"] * 2, str(signs)
+    assert "multiply column j of Q by the sign of R[j, j]" in str(signs)
+
+    def uniform(key, rows, cols, scale):  # orthonormal, but from uniform entries: the wrong law
+        g = jax.random.uniform(key, (max(rows, cols), min(rows, cols)), minval=-1.0, maxval=1.0)
+        q, r = jnp.linalg.qr(g)
+        q = q * jnp.where(jnp.diagonal(r) < 0, -1.0, 1.0)[None, :]
+        return scale * (q if rows >= cols else q.T)
+
+    law = exercises.check_semi_orthogonal(uniform)
+    assert [c.name.split(":")[0] for c in law.failed] == [
+        "tall, 300 draws", "wide, 300 draws"] and "fourth moment" in str(law), str(law)
+    squared = exercises.check_semi_orthogonal(lambda key, rows, cols, scale: right(key, rows, cols, scale**2))
+    assert {c.name.split(":")[0] for c in squared.failed} == {
+        "tall 12 x 5, scale 0.3", "wide 5 x 12, scale 0.7"}, str(squared)
+
+
+def test_check_table1_leaves_out_non_finite_runs():
+    import math
+
+    right = _key.my_table1
+    assert exercises.check_table1(right).passed
+
+    def nan_for_empty(rows):  # a cell with no finite run as (nan, nan): also right
+        table = right(rows)
+        for r in rows:
+            table.setdefault((r["ensemble"], r["sqrt_v"]), (math.nan, math.nan))
+        return table
+
+    assert exercises.check_table1(nan_for_empty).passed
+
+    def unfiltered(rows):  # min and mean over every run, inf and nan included
+        table = {}
+        for r in rows:
+            table.setdefault((r["ensemble"], r["sqrt_v"]), []).append(r["test_perplexity"])
+        return {k: (min(v), sum(v) / len(v)) for k, v in table.items()}
+
+    report = exercises.check_table1(unfiltered)
+    assert [c.name.split(":")[0] for c in report.failed] == [
+        "runs with inf and nan", "a cell where every run diverged"], str(report)
+    assert "leave out the runs whose perplexity is not finite" in str(report)
+
+    def inf_only(rows):  # filters inf but lets nan through
+        table = {}
+        for r in rows:
+            if r["test_perplexity"] != math.inf:
+                table.setdefault((r["ensemble"], r["sqrt_v"]), []).append(r["test_perplexity"])
+        return {k: (min(v), sum(v) / len(v)) for k, v in table.items()}
+
+    assert [c.name.split(":")[0] for c in exercises.check_table1(inf_only).failed] == ["runs with inf and nan"]
+
+    def zero_for_empty(rows):  # a made-up value for a cell whose runs all diverged
+        table = nan_for_empty(rows)
+        return {k: (0.0, 0.0) if math.isnan(v[0]) else v for k, v in table.items()}
+
+    made_up = exercises.check_table1(zero_for_empty)
+    assert [c.name.split(":")[0] for c in made_up.failed] == ["a cell where every run diverged"], str(made_up)
+    assert "whose runs all diverged" in str(made_up)
+    by_seed = exercises.check_table1(lambda rows: {(r["ensemble"], r["seed"]): (1.0, 1.0) for r in rows})
+    assert len(by_seed.failed) == 3 and "missing" in str(by_seed)
+    listed = exercises.check_table1(lambda rows: rows)
+    assert not listed.passed and "return a dict of (min, mean) pairs" in str(listed)
+    crash = exercises.check_table1(_raises)
+    assert not crash.passed and "ZeroDivisionError: boom" in str(crash)
+    with pytest.raises(TypeError, match="must be a callable"):
+        exercises.check_table1(42)
+    with pytest.raises(exercises.GraderTimeout, match="exercises.check_table1 did not finish"):
+        exercises.check_table1(_sleeps_forever, time_limit=0.5)

@@ -82,8 +82,10 @@ def test_the_key_passes_every_grader_it_answers():
 
 
 def _library_answers():
+    from deqlab import ensembles
     from deqlab.lab import data, stats
     from deqlab.lab.experiments import linear, practice
+    from deqlab.lab.experiments.sequence import ensemble_study
     from deqlab.theory import freeprob, kglm
 
     def linear_deq(K, Y, lam, depth):  # deqlab's DEQ map (Gaussian family), iterated
@@ -108,6 +110,10 @@ def _library_answers():
         "check_linear_deq": linear_deq,
         "check_copy_memory": lambda key, b, t, m, s: data.copy_memory(key, batch_size=b, delay=t, memory=m,
                                                                       symbols=s),
+        "check_semi_orthogonal": lambda key, rows, cols, scale: ensembles.initializer("orthogonal", scale)(
+            key, (rows, cols)),
+        "check_table1": lambda rows: {(s["ensemble"], s["sqrt_v"]): (s["min_perplexity"], s["mean_perplexity"])
+                                      for s in ensemble_study.summarize(rows)},
     }
 
 

@@ -23,7 +23,8 @@ The graders, by chapter (one module each; the calling conventions are those of t
   :func:`check_jacobian_penalty` (page 6, ``my_jacobian_penalty(f, z, key, n_probes)``);
 - chapter 4 (:mod:`.ch4`): :func:`check_linear_deq` (page 2, ``my_linear_deq(K, Y, lam, depth)``);
 - chapter 5 (:mod:`.ch5`): :func:`check_copy_memory` (page 2, ``my_copy_memory(key, batch_size,
-  delay, memory, symbols)``).
+  delay, memory, symbols)``), :func:`check_semi_orthogonal` (page 5, ``my_semi_orthogonal(key, rows,
+  cols, scale)``), :func:`check_table1` (page 6, ``my_table1(rows)``).
 
 A check never raises because your code does: an exception inside it is a failed check whose line
 names the exception; a result of the wrong shape or dtype fails with a line that says what was
@@ -64,7 +65,7 @@ from deqlab.lab.exercises.ch1 import check_length_trace
 from deqlab.lab.exercises.ch2 import check_stieltjes
 from deqlab.lab.exercises.ch3 import check_jacobian_penalty, check_mean_difference
 from deqlab.lab.exercises.ch4 import check_linear_deq
-from deqlab.lab.exercises.ch5 import check_copy_memory
+from deqlab.lab.exercises.ch5 import check_copy_memory, check_semi_orthogonal, check_table1
 
 __all__ = [
     "Check",
@@ -87,4 +88,6 @@ __all__ = [
     "check_jacobian_penalty",
     "check_linear_deq",
     "check_copy_memory",
+    "check_semi_orthogonal",
+    "check_table1",
 ]

@@ -47,6 +47,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "check_linear_deq": ("deqlab.theory.kglm.models:deq_map", "deqlab.theory.kglm.models:deq_predict",
                          "deqlab.theory.kglm.models:kglm_predict"),
     "check_copy_memory": ("deqlab.lab.data:copy_memory",),
+    "check_semi_orthogonal": ("deqlab.ensembles:_haar", "deqlab.ensembles:initializer", "deqlab.ensembles:sample"),
+    "check_table1": ("deqlab.lab.experiments.sequence.ensemble_study:summarize",),
 }
 """For each grader, the references (``"module:qualified.name"``) it blocks while the reader's code runs."""
 

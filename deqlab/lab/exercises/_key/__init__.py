@@ -83,6 +83,23 @@ def my_copy_memory(key, batch_size, delay, memory=10, symbols=8):
     return x, y
 
 
+# chapter 5, page 5
+def my_semi_orthogonal(key, rows, cols, scale):
+    big, small = max(rows, cols), min(rows, cols)
+    q, r = jnp.linalg.qr(jax.random.normal(key, (big, small)))
+    q = q * jnp.where(jnp.diagonal(r) < 0, -1.0, 1.0)[None, :]
+    return scale * (q if rows >= cols else q.T)
+
+
+# chapter 5, page 6
+def my_table1(rows):
+    table = {}
+    for r in rows:
+        if np.isfinite(r["test_perplexity"]):
+            table.setdefault((r["ensemble"], r["sqrt_v"]), []).append(r["test_perplexity"])
+    return {k: (min(v), sum(v) / len(v)) for k, v in table.items()}
+
+
 ANSWERS = {
     "check_layer": my_layer,
     "check_weight_tied": my_weight_tied,
@@ -94,6 +111,8 @@ ANSWERS = {
     "check_jacobian_penalty": my_jacobian_penalty,
     "check_linear_deq": my_linear_deq,
     "check_copy_memory": my_copy_memory,
+    "check_semi_orthogonal": my_semi_orthogonal,
+    "check_table1": my_table1,
 }
 """Grader name -> model answer (chapter 0's implicit gradient, classifier and training step, and
 the Anderson solver, are in ``tests/lab/test_exercises.py``)."""

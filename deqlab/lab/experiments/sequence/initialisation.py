@@ -5,26 +5,28 @@ ensembles ("they have the same structure as the theoretical calculations"), at `
 ``{0.1, 0.3, 1.0}`` with a feed-forward ``700 -> 2800 -> 700`` (GOE: ``700 -> 700 -> 700``, App. D).
 :class:`deqlab.nn.TransformerCell` draws ``W1`` (width x hidden) and ``W2`` (hidden x width) as
 ``scale * W0`` with :func:`deqlab.ensembles.initializer`, ``scale = sqrt(V)``; its feed-forward
-residual block is ``phi(a) = a + W2 relu(W1 a)`` on the LayerNorm output ``a`` (``|a|^2 = width``).
+residual block is ``phi(a) = a + relu(a W1) W2`` on the LayerNorm output ``a`` (``|a|^2 = width``;
+row vectors, as everywhere in this module).
 
 This module predicts, for ``(ensemble, scale, width, hidden)``:
 
-- :func:`predict`: the variance of the hidden pre-activations ``W1 a``, of the block's output
-  ``W2 relu(W1 a)``, the mean squared singular value (``gain``) of the product map ``M = W2 W1`` and
-  the large-width spectral radius of ``M`` and of the block's Jacobian ``W2 D W1``,
-  ``D = diag(relu'(W1 a))``. The radii follow from the Haagerup-Larsen theorem: ``M`` is
+- :func:`predict`: the variance of the hidden pre-activations ``a W1``, of the block's output
+  ``relu(a W1) W2``, the mean squared singular value (``gain``) of the product map ``M = W1 W2`` and
+  the large-width spectral radius of ``M`` and of the block's Jacobian ``W1 D W2``,
+  ``D = diag(relu'(a W1))``. The radii follow from the Haagerup-Larsen theorem: ``M`` is
   bi-orthogonally invariant in law for Gaussian and orthogonal weights (an R-diagonal element in
   the limit), and for GOE a product of two free even elements, also R-diagonal (Nica & Speicher
   2006, Lecture 15); the support of an R-diagonal element's eigenvalue law has outer radius
   ``sqrt(tr(M^T M))``.
 - :func:`product_spectrum`: the limiting law of the squared singular values of ``M`` by free
-  multiplicative convolution, ``S_M = S_A S_B`` (002 Eq. 12), with
+  multiplicative convolution, ``S_{M^T M} = S_A S_B`` (002 Eq. 12), with
   ``A = W1^T W1``, ``B = W2 W2^T`` the ``hidden x hidden`` Gram matrices: free Poisson laws for
   Gaussian weights, projections (Bernoulli laws) for semi-orthogonal ones, Marchenko-Pastur laws
   (squared semicircles) for GOE.
 - :func:`measure`: the same quantities on sampled matrices, and :func:`cell_at_init`: the spectral
   radius of a whole :class:`deqlab.nn.TransformerCell` at its equilibrium, next to that of its
-  feed-forward Jacobian, where the linear theory stops: attention and LayerNorm are outside it.
+  feed-forward Jacobian, where the linear theory stops: attention, LayerNorm and the residuals are
+  outside it.
 
 Conventions: row vectors as in Flax (``y = a @ K``); a kernel of shape ``(fan_in, fan_out)``; the
 input ``a`` of the block has ``|a|^2 = width``; traces are normalised by ``width`` (``tr I = 1``).
@@ -32,8 +34,9 @@ input ``a`` of the block has ``|a|^2 = width``; traces are normalised by ``width
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +67,23 @@ def feedforward_shape(ensemble: str, width: int, hidden: int | None = None) -> t
     ``hidden`` defaults to ``4 * width`` (001 App. D: 700 -> 2800) and to ``width`` for GOE, whose
     matrices exist only square (001 App. D keeps 700 throughout); a GOE ``hidden != width`` is
     refused.
+
+    Args:
+        ensemble: one of :data:`STUDY_ENSEMBLES`.
+        width: the model width, an integer >= 1.
+        hidden: the feed-forward width, an integer >= 1, or None for the default.
+
+    Returns:
+        ``(width, hidden)``.
+
+    Raises:
+        ValueError: an unknown ensemble, a size that is not an integer >= 1, or a GOE ``hidden``
+            that differs from ``width``.
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence.initialisation import feedforward_shape
+        >>> feedforward_shape("gaussian", 700), feedforward_shape("goe", 700)
+        ((700, 2800), (700, 700))
     """
     where = "initialisation.feedforward_shape"
     ensemble = _ensemble(ensemble, where)
@@ -77,16 +97,16 @@ def feedforward_shape(ensemble: str, width: int, hidden: int | None = None) -> t
 
 
 class FeedForwardInit(NamedTuple):
-    """Predicted statistics of the feed-forward block ``a -> W2 relu(W1 a)`` at initialisation.
+    """Predicted statistics of the feed-forward block ``a -> relu(a W1) W2`` at initialisation.
 
     Attributes:
-        hidden_variance: ``E[(W1 a)_j^2]`` averaged over the hidden units, for ``|a|^2 = width``
+        hidden_variance: ``E[(a W1)_j^2]`` averaged over the hidden units, for ``|a|^2 = width``
             (exact at every size).
-        output_variance: ``E[(W2 relu(W1 a))_i^2]`` averaged over the outputs (exact at every size:
-            ``W1 a`` is symmetric in law, so ``E relu(h)^2 = E h^2 / 2``, and ``W2`` is independent).
-        gain: ``E tr(M^T M)`` of the linear product ``M = W2 W1`` (width-normalised; exact).
+        output_variance: ``E[(relu(a W1) W2)_i^2]`` averaged over the outputs (exact at every size:
+            ``a W1`` is symmetric in law, so ``E relu(h)^2 = E h^2 / 2``, and ``W2`` is independent).
+        gain: ``E tr(M^T M)`` of the linear product ``M = W1 W2`` (width-normalised; exact).
         radius: large-width spectral radius of ``M``, ``sqrt(gain)`` (Haagerup-Larsen).
-        relu_gain: ``tr(J^T J)`` of the block's Jacobian ``J = W2 D W1`` in the large-width limit
+        relu_gain: ``tr(J^T J)`` of the block's Jacobian ``J = W1 D W2`` in the large-width limit
             (``D`` free, half its entries 1); equals ``output_variance`` there.
         relu_radius: large-width spectral radius of ``J``, ``sqrt(relu_gain)``.
         critical_scale: :func:`deqlab.ensembles.critical_scale` of the ensemble: where a *square*
@@ -128,6 +148,16 @@ def predict(ensemble: str, scale: float, width: int, hidden: int | None = None) 
 
     Returns:
         A :class:`FeedForwardInit`.
+
+    Raises:
+        ValueError: an unknown ensemble, a negative ``scale``, or sizes refused by
+            :func:`feedforward_shape`.
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence.initialisation import predict
+        >>> p = predict("orthogonal", 0.5, 700)  # 700 -> 2800: a quarter of the Gaussian gain
+        >>> p.gain, p.radius
+        (0.015625, 0.125)
     """
     where = "initialisation.predict"
     width, hidden = feedforward_shape(_ensemble(ensemble, where), width, hidden)
@@ -205,7 +235,7 @@ class _Compressed(Spectrum):
 
 
 def product_spectrum(ensemble: str, scale: float, width: int, hidden: int | None = None) -> Spectrum:
-    """Large-width law of the squared singular values of the product map ``M = W2 W1``.
+    """Large-width law of the squared singular values of the product map ``M = W1 W2``.
 
     In the ``width``-normalised trace. The non-zero eigenvalues of ``M^T M`` are those of the
     ``hidden x hidden`` product ``A B`` (``A = W1^T W1``, ``B = W2 W2^T``), whose factors are free,
@@ -221,13 +251,30 @@ def product_spectrum(ensemble: str, scale: float, width: int, hidden: int | None
 
     The ReLU between the layers is not included (a third factor ``D`` makes the root following of
     nested products slow and fragile on the real axis); :func:`predict` gives its mean-field gain.
-    Requires ``width <= hidden`` and ``scale > 0``.
+
+    Args:
+        ensemble: one of :data:`STUDY_ENSEMBLES`.
+        scale: ``sqrt(V) > 0``.
+        width, hidden: the feed-forward's sizes (:func:`feedforward_shape`), ``width <= hidden``.
+
+    Returns:
+        A :class:`~deqlab.theory.freeprob.transforms.Spectrum` (``stieltjes``, ``density``,
+        ``moment``).
+
+    Raises:
+        ValueError: an unknown ensemble, ``scale <= 0``, ``hidden < width``, or sizes refused by
+            :func:`feedforward_shape`.
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence.initialisation import product_spectrum
+        >>> round(float(product_spectrum("gaussian", 1.0, 8).moment(1)), 6)  # the gain, V^2
+        1.0
     """
     where = "initialisation.product_spectrum"
     width, hidden = feedforward_shape(_ensemble(ensemble, where), width, hidden)
     if hidden < width:
         raise checks.fail("hidden", f">= width ({width}) (an expanding feed-forward)", hidden, where)
-    V2 = _scale(scale, where) ** 4  # M = scale^2 W0_2 W0_1: its squared singular values scale as V^2
+    V2 = _scale(scale, where) ** 4  # M = scale^2 W0_1 W0_2: its squared singular values scale as V^2
     if V2 == 0:
         raise checks.fail("scale", "> 0 (at scale 0 the law is a point mass at 0)", scale, where)
     c = width / hidden
@@ -263,6 +310,14 @@ def measure(ensemble: str, scale: float, width: int, hidden: int | None = None, 
         each of shape ``(samples,)`` (the radii from all eigenvalues of the ``width x width`` maps),
         plus ``"eigenvalues"`` ``(samples, width)`` of ``M`` and, with ``singular_values``,
         ``"squared_singular_values"`` ``(samples, width)`` of ``M``.
+
+    Raises:
+        ValueError: an unknown ensemble, a negative ``scale``, sizes refused by
+            :func:`feedforward_shape`, ``samples < 1`` or a ``key`` that is not a PRNG key.
+
+    Example:
+        ``measure("goe", 1.0, 64, key=jax.random.key(0), samples=4)["radius"]``: four radii near 1
+        (run with ``jax_enable_x64`` for float64 draws).
     """
     where = "initialisation.measure"
     ensemble = _ensemble(ensemble, where)
@@ -292,71 +347,148 @@ def measure(ensemble: str, scale: float, width: int, hidden: int | None = None, 
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+@functools.lru_cache(maxsize=8)
+def _cell_program(graphdef: Any, config: Any, steps: int | None, seed: int) -> Callable[..., Any]:
+    """The compiled measurement of :func:`cell_at_init` for cells of one structure (``graphdef``),
+    vmapped over a leading axis of stacked parameter states; cached, so that ensembles of the same
+    shapes (Gaussian and orthogonal) and repeated calls share one compilation."""
+
+    def one(state, x):
+        def f(z, x):
+            return nnx.merge(graphdef, state)(z, x)
+
+        cell = nnx.merge(graphdef, state)
+        length, width = x.shape[-2], cell.width
+        z0 = jnp.zeros(x.shape[:-1] + (width,), x.dtype)
+        result = solve(f, z0, x, solver=config, batch_axis=0, on_failure="ignore")
+        z = result.value
+        a, pre = cell.feed_forward_hidden(z, x)
+        w1, w2 = cell.expand.kernel[...], cell.contract.kernel[...]
+        out = {"converged": result.converged, "residual": result.stats.best_residual,
+               "residual_trace": result.stats.residual_trace.T, "solver_steps": result.stats.steps,
+               "hidden_variance": jnp.mean(pre**2, axis=(-2, -1))}
+        if steps is None:
+            def diagonal_blocks(z1, x1):  # d f_t / d z_t, (length, width, width)
+                jac = jax.jacfwd(lambda zz: f(zz[None], x1[None])[0])(z1)
+                t = jnp.arange(length)
+                return jac[t, :, t, :]
+
+            out["cell_blocks"] = jax.vmap(diagonal_blocks)(z, x)
+            # row vectors: the block at position t maps da to da W1 D_t W2
+            out["ff_blocks"] = jnp.einsum("ih,bth,hj->btij", w1, (pre > 0).astype(w1.dtype), w2)
+        else:
+            bias = cell.contract.bias[...]
+
+            def ff(a):
+                return cell.contract(jax.nn.relu(cell.expand(a))) - bias
+
+            out["cell_radius"] = stability.spectral_radius(f, z, x, key=jax.random.key(seed + 1), steps=steps,
+                                                           batch_axis=0)
+            out["ff_radius"] = stability.spectral_radius(ff, a, key=jax.random.key(seed + 2), steps=steps,
+                                                         batch_axis=0)
+        return out
+
+    return jax.jit(jax.vmap(one, in_axes=(0, None)))
+
+
 def cell_at_init(ensemble: str, scales: Sequence[float], x: jax.Array, *, width: int,
                  hidden: int | None = None, heads: int = 4, attention_scale: float | None = None,
-                 seed: int = 0, tol: float = 1e-5, max_steps: int = 60, steps: int = 60
-                 ) -> dict[str, np.ndarray]:
+                 seed: int = 0, draws: int = 1, solver: Any = "broyden", tol: float = 1e-5,
+                 max_steps: int = 500, steps: int | None = None) -> dict[str, np.ndarray]:
     """A :class:`deqlab.nn.TransformerCell` at initialisation, at its equilibrium, per ``scale``.
 
-    For each ``scale`` a cell is built with ``nnx.Rngs(seed)`` (the same attention weights for
-    every scale: they are drawn first from the same stream), its equilibrium ``z*`` found by
-    Broyden's method (:func:`deqlab.solvers.solve`), and two Jacobians measured by
-    :func:`deqlab.stability.spectral_radius` (power iteration, one estimate per sequence):
+    For each ``scale`` and each of ``draws`` parameter draws (seeds ``seed, seed + 1, ...``; the
+    same seeds at every scale, so that draw ``k`` has the same attention weights at every scale:
+    they are drawn first from the same stream), a cell is built, its equilibrium ``z*`` sought by
+    :func:`deqlab.solvers.solve` (Broyden's method by default, relative tolerance ``tol``, at most
+    ``max_steps`` steps) for every sequence of ``x``, and two Jacobians measured at the point the
+    solve returned:
 
-    - ``"cell_radius"``: of the whole cell ``z -> f(z, x)`` at ``z*``, the quantity that decides
-      whether the forward iteration converges (001 §2.1);
-    - ``"ff_radius"``: of the feed-forward map ``a -> W2 relu(W1 a)`` at the LayerNorm output ``a``
-      of ``z*`` (block diagonal over positions: the largest over the positions), the quantity
-      :func:`predict` calls ``relu_radius``.
+    - ``"cell_radius"``: the spectral radius of the whole cell ``z -> f(z, x)``, the quantity that
+      decides whether the plain iteration converges (001 §2.1);
+    - ``"ff_radius"``: that of the feed-forward map ``a -> relu(a W1) W2`` at the feed-forward's
+      input ``a = LN(z + Attention(...))`` (:meth:`~deqlab.nn.TransformerCell.feed_forward_hidden`),
+      the quantity :func:`predict` calls ``relu_radius``.
+
+    With ``steps=None`` both are exact: the cell is causal, so its Jacobian is block lower
+    triangular over positions (output t does not depend on z_s, s > t) and its eigenvalues are
+    those of the diagonal blocks ``d f_t / d z_t`` (formed with ``jax.jacfwd``, ``length x width``
+    JVPs per sequence); the feed-forward acts position by position, with blocks ``W1 D_t W2``.
+    This costs ``length * width`` evaluations of the cell per sequence: for large widths pass
+    ``steps``, and both radii are estimated by power iteration
+    (:func:`deqlab.stability.spectral_radius`) with that many steps, which converges slowly when
+    many eigenvalues sit near the largest (200 steps match the exact value to about 1% at width 32;
+    40 fall short by up to 3%).
+
+    A radius is meaningful only where the solve converged (``"converged"``): elsewhere it is
+    taken at the last iterate, not at an equilibrium. Near-critical cells (radius near 1, as the
+    default cell with its attention residual is at initialisation) may need hundreds of steps.
 
     Args:
-        ensemble: one of :data:`STUDY_ENSEMBLES`; scales: the values of ``sqrt(V)``.
+        ensemble: one of :data:`STUDY_ENSEMBLES`.
+        scales: the values of ``sqrt(V)``, a non-empty sequence of numbers >= 0.
         x: inputs ``(batch, length, in_features)``.
         width, hidden, heads, attention_scale: as for :class:`deqlab.nn.TransformerCell`.
-        seed, tol, max_steps: parameters' seed, Broyden's tolerance and iteration limit.
-        steps: power-iteration steps.
+        seed: seed of the first draw (``nnx.Rngs(seed)``); draws: number of draws, >= 1.
+        solver: a solver name or object (:func:`deqlab.solvers.get_solver`), e.g.
+            ``deqlab.Broyden(divergence_factor=1e8)`` to let Broyden recover from a wild step
+            instead of reporting the sample diverged.
+        tol, max_steps: the solver's relative tolerance and iteration limit (they replace the
+            solver's own).
+        steps: None (default) for exact radii, or the number of power-iteration steps (>= 2).
 
     Returns:
-        ``{"cell_radius", "ff_radius"}`` of shape ``(len(scales), batch)``, ``"hidden_variance"``
-        (mean square of ``W1 a`` over all positions) and ``"converged_fraction"`` of shape
-        ``(len(scales),)``.
+        Arrays of shape ``(len(scales), draws, batch)``: ``"converged"`` (bool),
+        ``"residual"`` (the solve's best relative residual), ``"solver_steps"`` (the step at which
+        a converged solve met ``tol``), ``"cell_radius"``, ``"ff_radius"`` and
+        ``"hidden_variance"`` (the mean square of the hidden pre-activation ``a W1 + b1`` over
+        positions and units); ``"residual_trace"``, shape ``(len(scales), draws, batch,
+        max_steps + 1)``, the relative residual after each step (entry 0 at ``z = 0``; a stopped
+        solve repeats its last value); and ``"converged_fraction"``, shape ``(len(scales),)``.
+
+    Raises:
+        ValueError: an unknown ensemble, no scale or a negative one, ``x`` not 3-D, ``draws < 1``,
+            ``max_steps < 1``, ``tol <= 0``, ``steps < 2`` or an unknown solver.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from deqlab.lab.experiments.sequence import initialisation as ffinit
+        >>> x = jax.random.normal(jax.random.key(0), (2, 4, 8))
+        >>> out = ffinit.cell_at_init("gaussian", [0.1, 1.0], x, width=8)
+        >>> out["cell_radius"].shape, out["converged_fraction"].shape
+        ((2, 1, 2), (2,))
     """
     from deqlab import nn  # deqlab.nn imports the experiments' config: import at call time
 
     where = "initialisation.cell_at_init"
     ensemble = _ensemble(ensemble, where)
     width, hidden = feedforward_shape(ensemble, width, hidden)
-    scales = [_scale(s, where) for s in scales]
-    if not scales:
+    if isinstance(scales, (str, bytes)) or not hasattr(scales, "__len__") or len(scales) == 0:
         raise checks.fail("scales", "a non-empty sequence of sqrt(V) >= 0", scales, where)
+    scales = [_scale(s, where) for s in scales]
     if jnp.ndim(x) != 3:
         raise checks.fail("x", "an array (batch, length, in_features)", jnp.shape(x), where)
-    steps = checks.integer(steps, "steps", where, minimum=2)
+    draws = checks.positive_int(draws, "draws", where)
+    max_steps = checks.positive_int(max_steps, "max_steps", where)
+    tol = checks.positive_number(tol, "tol", where)
+    if steps is not None:
+        steps = checks.integer(steps, "steps", where, minimum=2)
+    config = get_solver(solver, name="solver", tol=tol, max_steps=max_steps)
+    seed = checks.integer(seed, "seed", where)
+    seeds = [seed + k for k in range(draws)]
     cells = [nn.TransformerCell(width, x.shape[-1], heads=heads, hidden=hidden, ensemble=ensemble, scale=s,
-                                attention_scale=attention_scale, rngs=nnx.Rngs(seed)) for s in scales]
+                                attention_scale=attention_scale, rngs=nnx.Rngs(sd))
+             for s in scales for sd in seeds]
     graphdef, _ = nnx.split(cells[0])
-    config = get_solver("broyden", tol=tol, max_steps=max_steps)
-
-    @jax.jit
-    def run(state, x):
-        def f(z, x):
-            return nnx.merge(graphdef, state)(z, x)
-
-        cell = nnx.merge(graphdef, state)
-        z0 = jnp.zeros(x.shape[:-1] + (width,), x.dtype)
-        result = solve(f, z0, x, solver=config, batch_axis=0)
-        z = result.value
-        r_cell = stability.spectral_radius(f, z, x, key=jax.random.key(seed + 1), steps=steps, batch_axis=0)
-        a, pre = cell.feed_forward_hidden(z, x)
-        bias = cell.contract.bias[...]
-
-        def ff(a):
-            return cell.contract(jax.nn.relu(cell.expand(a))) - bias
-
-        r_ff = stability.spectral_radius(ff, a, key=jax.random.key(seed + 2), steps=steps, batch_axis=0)
-        return r_cell, r_ff, jnp.mean(pre**2), jnp.mean(result.converged)
-
-    out = [run(nnx.split(c)[1], x) for c in cells]
-    return {"cell_radius": np.asarray([o[0] for o in out]), "ff_radius": np.asarray([o[1] for o in out]),
-            "hidden_variance": np.asarray([float(o[2]) for o in out]),
-            "converged_fraction": np.asarray([float(o[3]) for o in out])}
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[nnx.split(c)[1] for c in cells])
+    program = _cell_program(graphdef, config, steps, seed)
+    raw = jax.device_get(program(stacked, x))
+    shape = (len(scales), draws, x.shape[0])
+    out = {k: np.asarray(v).reshape(shape + np.shape(v)[2:]) for k, v in raw.items()}
+    for name in ("cell", "ff"):
+        blocks = out.pop(f"{name}_blocks", None)
+        if blocks is not None:  # the largest |eigenvalue| over the positions' blocks
+            out[f"{name}_radius"] = np.abs(np.linalg.eigvals(blocks.astype(np.float64))).max(axis=(-2, -1))
+    out["converged"] = out["converged"].astype(bool)
+    out["converged_fraction"] = out["converged"].mean(axis=(1, 2))
+    return out
