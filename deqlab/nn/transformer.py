@@ -13,8 +13,10 @@ implements it as 003's released code runs it, with these choices:
 - **A residual around the attention (by default), as 003's code has it.** 003 prints the layer
   as ``LN(phi(LN(Attention(...))))``, but its released code (locuslab/deq,
   ``WeightShareSelfAttention.forward``) normalises ``attn_out + z``: the post-norm layer of
-  Transformer-XL (Dai et al. 2019), which it builds on, and the "vanilla transformer layer" of
-  Al-Rfou et al. (2019) that 001 §4.2 uses. :class:`TransformerCell` follows the code:
+  Transformer-XL (Dai et al. 2019), which it builds on. (001 §4.2's "vanilla transformer layer"
+  is Khan's (2020) Haiku DEQ transformer, a *pre*-LayerNorm block ``h + Attn(LN(h))``,
+  ``h + MLP(LN(h))``: a residual around the attention too, in another place.)
+  :class:`TransformerCell` follows the code:
   ``a = LN(z + Attention(...))``, then ``LN(a + W2 relu(W1 a))``. ``attention_residual=False``
   gives the printed formula, ``a = LN(Attention(...))`` (book errata). The skip puts the identity
   into the Jacobian: without attention, f(z) = LN(phi(LN(z))) nearly fixes every normalised z,
@@ -115,7 +117,7 @@ class TransformerCell(nnx.Module):
         max_distance: number of learned relative-position biases per head (distances beyond
             share the last one).
         attention_residual: True (default): normalise ``z + Attention(...)``, as 003's released
-            code and 001's vanilla layer do; False: ``Attention(...)`` alone, 003's printed
+            code does; False: ``Attention(...)`` alone, 003's printed
             formula (module docstring).
         dtype: as for :class:`deqlab.nn.TanhCell`.
         param_dtype: as for :class:`deqlab.nn.TanhCell`.
