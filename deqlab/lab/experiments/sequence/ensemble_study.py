@@ -87,7 +87,6 @@ import functools
 import math
 import os
 import time
-import warnings
 from typing import Any, Sequence
 
 import jax
