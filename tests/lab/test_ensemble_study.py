@@ -57,9 +57,12 @@ def test_gaussian_hidden_variance_is_four_times_orthogonal():
 def test_seeds_vmapped_equal_one_seed_alone():
     """All seeds run in one vmapped program; seed 1 there equals seed 1 trained alone. Each seed's
     solves are its own (the vmapped while loop freezes a finished seed), so only the order of
-    float32 reductions may differ: ~1e-6 relative per step, grown over 8 Adam steps to < 1e-4."""
-    both = es.train_seeds("gaussian", 0.3, [0, 1], TINY)
-    alone = es.train_seeds("gaussian", 0.3, [1], TINY)
+    float32 reductions may differ, ~1e-6 relative per step. Two steps: on 003's layer, near a
+    spectral radius of 1, training amplifies such a difference to 3e-3 by step 8 (measured), which
+    says nothing about the coupling this test is for."""
+    config = dict(TINY, steps=2, warmup=1, eval_every=2, max_steps=100)
+    both = es.train_seeds("gaussian", 0.3, [0, 1], config)
+    alone = es.train_seeds("gaussian", 0.3, [1], config)
     a, b = _curves(both, 1), _curves(alone, 0)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
@@ -172,7 +175,7 @@ def _sharded(n):
     # a solve that fails stops at an iterate that rounding can move far (Broyden away from z*): with the study's limit
     # of 20 steps one of 8 sequences failed at the last step on jax 0.7.2 and the two layouts' losses differed by
     # 2.6e-3; with 40, every solve converges and the comparison is of equilibria
-    config = dict(TINY, batch_size=8, max_steps=40)
+    config = dict(TINY, batch_size=8, max_steps=100)  # 003's layer at initialisation needs more than 40
     out = subprocess.run([sys.executable, "-c", _SHARDED, str(n), json.dumps(config)], env=env, capture_output=True,
                          text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -185,7 +188,8 @@ def test_sharded_over_8_simulated_devices_matches_one_device():
     solves are independent; the loss mean and the gradient all-reduce are summed in another order
     (~1e-7 relative each), and a solve stopping one Broyden step earlier moves z* within the
     tolerance 1e-3 of the study; over 8 steps this stays below 1e-3 relative in the loss, as long as
-    every solve converges (asserted: the step limit is raised to 40 for it)."""
+    every solve converges (asserted: the step limit is raised to 100 for it, 003's layer being near
+    a spectral radius of 1 at initialisation)."""
     eight, one = _sharded(8), _sharded(1)
     assert eight["devices"] == 8 and one["devices"] == 1
     for run in (eight, one):
