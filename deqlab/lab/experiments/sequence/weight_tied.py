@@ -391,7 +391,7 @@ def linearisation(cell: nnx.Module, z: jax.Array, x: jax.Array, *, iterations: i
 
     Returns:
         A dict of arrays of shape ``(B,)`` (``"eigenvalues"``: ``(B, T * width)``, complex):
-        ``"radius"`` (max |lambda|), ``"gap"`` (min |1 - lambda|), ``"sigma_min"`` (the smallest
+        ``"radius"`` (``max |lambda|``), ``"gap"`` (``min |1 - lambda|``), ``"sigma_min"`` (the smallest
         singular value of I - J), ``"norm"`` (||J||_2), ``"causal"`` (True where no block lies
         above the diagonal) and ``"eigenvalues"``.
 
