@@ -14,7 +14,7 @@ by a quasi-Newton root finder (003 Eq. 6). This module measures both on the same
 - :func:`jacobian` and :func:`linearisation`: the dense Jacobian J_f(z*) of each sequence and what
   the solvers see in it: the spectral radius, the distance of the spectrum from 1, the smallest
   singular value of I - J (which sets how well conditioned the root-finding problem g(z) =
-  f(z) - z = 0 is; for a non-normal J it can be far smaller than that distance) and ||J||_2.
+  f(z) - z = 0 is; for a non-normal J it can be far smaller than that distance) and ``||J||_2``.
 
 The functions compile one program per cell structure and shape (the parameters are an argument),
 so that cells that differ only in their parameters (another seed, another ``attention_scale``)
@@ -392,7 +392,7 @@ def linearisation(cell: nnx.Module, z: jax.Array, x: jax.Array, *, iterations: i
     Returns:
         A dict of arrays of shape ``(B,)`` (``"eigenvalues"``: ``(B, T * width)``, complex):
         ``"radius"`` (``max |lambda|``), ``"gap"`` (``min |1 - lambda|``), ``"sigma_min"`` (the smallest
-        singular value of I - J), ``"norm"`` (||J||_2), ``"causal"`` (True where no block lies
+        singular value of I - J), ``"norm"`` (``||J||_2``), ``"causal"`` (True where no block lies
         above the diagonal) and ``"eigenvalues"``.
 
     Raises:
@@ -456,7 +456,7 @@ def _linearise(jacobians, length, width, iterations, singular_values):
 
 
 def _largest_singular_value(apply, apply_transpose, n, iterations, k=8):
-    """||A||_2 by subspace iteration on A^T A (k vectors, Rayleigh-Ritz at the end): a lower bound
+    """``||A||_2`` by subspace iteration on A^T A (k vectors, Rayleigh-Ritz at the end): a lower bound
     that converges like (sigma_{k+1} / sigma_1)^(2 iterations)."""
     k = min(k, n)
     basis = np.linalg.qr(np.random.default_rng(0).standard_normal((n, k)))[0]
