@@ -258,7 +258,8 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     # `make test` (CI's test phase) runs every test in two passes that together select everything:
     # `-m "not float64"` (with the notebooks), then `-m float64` with x64 on from the start; and
     # `make test` fails when either pass fails. The floor phase runs the quick tier (the selections
-    # of `make unit`) and every notebook: the slow tests run once, in the main phase.
+    # of `make unit`) and every notebook's blank student edition, written just before (issue 41):
+    # the slow tests run once, in the main phase.
     passes = [line for line in recipes["test"].splitlines() if "python -m pytest" in line]
     assert len(passes) == 2, passes
     chosen = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in passes]
@@ -267,7 +268,9 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     assert "$$status -eq 0" in recipes["test"] and "$$status64 -eq 0" in recipes["test"]
     block = _ci().split("begin floor-test", 1)[1].split("\nend", 1)[0].replace("\\\n", " ")
     floor = [line for line in block.splitlines() if ".venv-floor/bin/python -m pytest" in line]
-    assert len(floor) == 2 and all(" tests book " in line for line in floor), floor
+    assert len(floor) == 2 and ' tests "$STUDENT_FLOOR" ' in floor[0] and " tests -m " in floor[1], floor
+    assert re.search(r'\.ci/student_edition\.py --out "\$STUDENT_FLOOR"', block), block
+    assert "_build" not in block.split("STUDENT_FLOOR=", 1)[1].split()[0]  # nbmake skips _build/
     selections = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in floor]
     assert selections == [['"not float64 and not slow"'], ['"float64 and not slow"']], selections
     assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
