@@ -349,8 +349,10 @@ def _copy_memory(batch=None, width=None):
 
     batch = batch or 64
     length = cm.PAPER_DELAY + 20
-    max_steps = 30
-    make = lambda w: cm._deq_transformer(w, length, 0, max_steps, 1e-2)  # noqa: E731
+    # page 2's iteration limits, 003's code's: 30 Broyden steps forward, 40 for the adjoint solve
+    max_steps, backward_max_steps = 30, 40
+    make = lambda w: cm._deq_transformer(w, length, 0, max_steps, 1e-2,  # noqa: E731
+                                         backward_max_steps=backward_max_steps)
     width = width or baselines.width_for_parameters(make, 14_000, range(cm._HEADS, 257, cm._HEADS))
 
     def loss(model, x, y):
@@ -360,7 +362,7 @@ def _copy_memory(batch=None, width=None):
         lambda: make(width), optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)), loss,
         (_sds((batch, length), jnp.int32), _sds((batch, length), jnp.int32)),
         cell_of=lambda m: m.block.cell, cell_shapes=((batch, length, width), (batch, length, width)),
-        budgets=(max_steps, max_steps))
+        budgets=(max_steps, backward_max_steps))
 
 
 def _copy_memory_steps():
