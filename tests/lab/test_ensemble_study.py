@@ -348,6 +348,28 @@ def test_check_claims_bad_rows():
         es.check_claims(rows, alpha=1.0)
     with pytest.raises(ValueError, match="resamples"):
         es.check_claims(rows, resamples=10)
+    with pytest.raises(ValueError, match="page_claims"):
+        es.check_claims(rows, page_claims=[{"p_for": 0.01, "p_against": 0.99}])  # no "claim"
+
+
+def test_page_claims_join_the_diagnostics_family_not_001s():
+    """A page's own claims are tested with the Broyden diagnostics (one Holm family), so 001's
+    family and its verdicts do not change; a strong page claim holds, a weak one is not resolved
+    and an untestable one keeps its verdict."""
+    rows = _rows(lambda e, v, s: BASE[s] + (-5.0 if e == "goe" else 0.0) + 0.5 * _sign(s + len(e)))
+    page = [{"claim": "strong", "p_for": 1e-4, "p_against": 1.0, "estimate": -0.7},
+            {"claim": "weak", "p_for": 0.3, "p_against": 0.7},
+            {"claim": "none", "testable": False, "reason": "no variation"}]
+    alone = es.check_claims(rows)
+    claims = es.check_claims(rows, page_claims=page)
+    assert [c for c in claims if c["kind"] == "001"] == [c for c in alone if c["kind"] == "001"]
+    c = _by_claim(claims)
+    assert [x["kind"] for x in claims][-3:] == ["page"] * 3
+    # the diagnostics' family has no tested claim in these rows (one universal, one without events): two tested
+    assert c["strong"]["family_size"] == 2 and c["strong"]["p_adjusted"] == pytest.approx(4e-4)
+    assert (c["strong"]["verdict"], c["weak"]["verdict"], c["none"]["verdict"]) == (
+        "holds", "not resolved", "not testable at this scale")
+    assert c["strong"]["estimate"] == -0.7 and math.isnan(c["weak"]["lo"]) and c["weak"]["scope"] == es.SCOPE
 
 
 def test_a_seed_draws_the_same_non_feed_forward_weights_in_every_configuration():

@@ -18,8 +18,10 @@ choices here (Adam with gradient clipping, batch, steps) are ours and are argume
   and, for the DEQ, the solver statistics. Three options of 003's released code (locuslab/deq,
   ``DEQTransformerLM``) are available for the DEQ: ``pretrain_steps``, the first steps training
   the weight-tied network unrolled a few layers from z = 0 (003 Eq. 3) before the DEQ takes over,
-  ``backward_max_steps``, the adjoint solve's own iteration limit (003's code: 30 Broyden
-  steps forward, ``f_thres``, and 40 backward, ``b_thres``), and ``weight_norm``, weight
+  ``backward_max_steps``, the adjoint solve's own iteration limit (the WikiText-103 command of
+  003's README: 30 Broyden steps forward, ``f_thres``, and 40 backward, ``b_thres``, also the
+  defaults of ``DEQTransformerLM.forward``; ``train_transformer.py``'s argparse defaults are 50
+  and 80), and ``weight_norm``, weight
   normalisation of the cell's layers (its ``wnorm``). ``reference_max_steps`` /
   ``reference_tol`` solve the trained model's test set again, tightly, to tell whether it recalls
   at its equilibrium or only at the iterate its training budget reaches.
@@ -115,12 +117,13 @@ def make_model(kind: str, *, parameters: int, delay: int, seed: int = 0, max_ste
         parameters: the budget, an integer >= 100.
         delay: T, an integer >= 1.
         seed: the initialisation's seed, an integer >= 0.
-        max_steps: the DEQ's Broyden iteration limit (003 §5 and its code's ``f_thres``: 30).
+        max_steps: the DEQ's Broyden iteration limit (``f_thres`` in 003's README command: 30;
+            003 §5 finds a limit of 30 on sequences of 75 sufficient).
         tol: the DEQ's tolerance, a relative residual per sequence (module docstring,
             "Tolerances"); None: the solver's default for the dtype.
         embedding_std: the DEQ's :class:`deqlab.nn.LanguageModel` argument (None: flax's default).
         backward_max_steps: the iteration limit of the DEQ's implicit adjoint solve (003's code,
-            ``b_thres``: 40); None: ``max_steps``.
+            ``b_thres`` in its README command: 40); None: ``max_steps``.
         eval_max_steps, eval_tol: the DEQ's solve in evaluation mode (``model.eval()``); None:
             the training settings.
         weight_norm: wrap the DEQ cell's attention and feed-forward layers in
@@ -250,6 +253,7 @@ def train_copy_memory(config: dict, checkpoint_dir: Any = None) -> dict:
               test set is solved again with this budget (Broyden, the model's evaluation mode);
             - ``jacobian_gamma`` (default 0): Bai, Koltun & Kolter's (2021) Jacobian penalty,
               divided by the size of z* (sequence length x width), as theirs, in the DEQ steps.
+
             Only a DEQ-Transformer may have ``jacobian_gamma > 0``.
         checkpoint_dir: unused (the sweep's signature).
 

@@ -604,13 +604,17 @@ def plateau(test_loss_curve: Sequence[float], eval_steps: Sequence[int],
 
 
 SCOPE = ("over seeds of the initialisation (the unit), conditional on the one batch order and the fixed test "
-         "windows that every seed shares (data_seed); configurations compared within seed")
-"""What the claims' inference covers (:func:`check_claims`): a statement about other batch orders or
-test sets would need seeds that draw their own."""
+         "windows that every seed shares (data_seed), at the configuration's sizes (corpus, vocabulary, width, "
+         "steps), on 003's released layer with 001's initialisations of the dense layers; configurations "
+         "compared within seed")
+"""What the claims' inference covers (:func:`check_claims`): what generalises is the draw of the
+initialisation (the seed); a statement about other batch orders, test sets, sizes or layers would need
+a study that varies them."""
 
 
 def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resamples: int = 4999,
-                 key_or_seed: Any = 0, plateau_tolerance: float = PLATEAU_TOLERANCE) -> list[dict[str, Any]]:
+                 key_or_seed: Any = 0, plateau_tolerance: float = PLATEAU_TOLERANCE,
+                 page_claims: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """The claims of 001 §4.3 (with Table 1's and Fig. 6's captions), tested on :func:`per_seed_rows`
     with the book's verdict system (:func:`deqlab.lab.stats.claims_verdicts`).
 
@@ -645,7 +649,9 @@ def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resampl
     **Family-wise control.** Every tested claim of 001 forms one family, with Holm's procedure at
     ``alpha`` (:func:`deqlab.lab.stats.claims_verdicts`): "holds", "contradicted", "not resolved",
     or "not testable at this scale" (sign tests with no seed that differs). The Broyden
-    diagnostics (not claims of 001) form a second family.
+    diagnostics (not claims of 001) and the caller's ``page_claims`` form a second family, with the
+    same rule: they ask what the solver and the study do on this layer, not whether 001 replicates,
+    and the replication's verdicts should not depend on how many such questions are asked.
 
     Args:
         rows: :func:`per_seed_rows` (``ensemble``, ``sqrt_v``, ``seed``, ``test_perplexity``,
@@ -655,10 +661,16 @@ def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resampl
         resamples: permutation relabellings and bootstrap resamples, >= 99.
         key_or_seed: seed of the resampling (the verdicts are a deterministic function of it).
         plateau_tolerance: :func:`plateau`'s tolerance.
+        page_claims: claims of the caller's own (not 001's), already tested over seeds: dicts with a
+            ``claim`` and, as :func:`deqlab.lab.stats.claims_verdicts` takes them, ``p_for`` and
+            ``p_against``, or ``testable=False`` with a ``reason``, or a fixed ``verdict``; other
+            keys (``estimate``, ``lo``, ``hi``, ``measure``, ``method``, ``interval``, ``source``)
+            are kept, missing ones filled (NaN or ""). They get ``kind`` ``"page"`` and join the
+            second family, after the diagnostics.
 
     Returns:
         One dict per claim: ``claim`` (made checkable), ``source`` (001's words), ``kind``
-        (``"001"`` or ``"diagnostic"``), ``method``, ``measure`` (what ``estimate`` is; positive in
+        (``"001"``, ``"diagnostic"`` or ``"page"``), ``method``, ``measure`` (what ``estimate`` is; positive in
         the claim's direction, or, for the universal claim, a share of seeds to compare with 1),
         ``estimate``, ``lo`` and ``hi`` (the interval; NaN where none is valid), ``interval`` (what
         the interval is, or why there is none), ``p_for`` / ``p_against`` (one-sided, NaN for the
@@ -668,7 +680,9 @@ def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resampl
     Raises:
         ValueError: naming ``rows`` when an ensemble or a sqrt(V) is missing, a seed repeats in
             a configuration, fewer than 3 seeds are common to all, or a curve is missing; naming
-            ``alpha`` or ``resamples`` when out of range.
+            ``alpha`` or ``resamples`` when out of range; naming ``page_claims`` when one is not a
+            dict with a ``claim`` (or, from :func:`deqlab.lab.stats.claims_verdicts`, naming
+            ``claims``, when it has neither p-values, ``testable=False`` nor a verdict).
 
     Example:
         >>> claims = check_claims(per_seed_rows(run_study(directory)))        # doctest: +SKIP
@@ -679,6 +693,9 @@ def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resampl
     where = "ensemble_study.check_claims"
     alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
     resamples = checks.integer(resamples, "resamples", where, minimum=99)
+    if isinstance(page_claims, (str, bytes, dict)) or not all(isinstance(c, dict) and "claim" in c
+                                                              for c in page_claims):
+        raise checks.fail("page_claims", "a sequence of dicts, each with a 'claim'", page_claims, where)
     by_cell: dict[tuple, dict] = {}
     for r in rows:
         cell = by_cell.setdefault((r["ensemble"], float(r["sqrt_v"])), {})
@@ -827,6 +844,10 @@ def check_claims(rows: Sequence[dict[str, Any]], *, alpha: float = 0.05, resampl
                           "solver than orthogonal and GOE", "not a claim of 001", "diagnostic",
                           "diverges or its solver fails"),
     ]
+    for c in page_claims:
+        diagnostics.append({"source": "not a claim of 001: the page's own", "measure": "", "method": "",
+                            "estimate": math.nan, "lo": math.nan, "hi": math.nan, "interval": "", "n_seeds": n,
+                            "detail": "", **c, "kind": "page"})
     out = stats.claims_verdicts(tested, alpha=alpha) + stats.claims_verdicts(diagnostics, alpha=alpha)
     for c in out:
         c["scope"] = SCOPE
