@@ -372,7 +372,10 @@ def locate_atom(spectrum: Any, lo: float, hi: float, eps: float = 1e-6,
 def _generator(key_or_seed: Any, where: str) -> np.random.Generator:
     if isinstance(key_or_seed, np.random.Generator):
         return key_or_seed
-    if isinstance(key_or_seed, (int, np.integer)) and not isinstance(key_or_seed, bool):
+    if isinstance(key_or_seed, (int, np.integer)) and not isinstance(key_or_seed, (bool, np.bool_)):
+        if key_or_seed < 0:
+            raise checks.fail("key_or_seed", "an int seed >= 0, a numpy Generator or a JAX PRNG key", key_or_seed,
+                              where)
         return np.random.default_rng(int(key_or_seed))
     try:  # a JAX PRNG key (typed or raw uint32): seed from its bits
         import jax
@@ -385,7 +388,7 @@ def _generator(key_or_seed: Any, where: str) -> np.random.Generator:
             return np.random.default_rng([int(b) for b in bits.ravel()])
     except (TypeError, ValueError):
         pass
-    raise checks.fail("key_or_seed", "an int seed, a numpy Generator or a JAX PRNG key",
+    raise checks.fail("key_or_seed", "an int seed >= 0, a numpy Generator or a JAX PRNG key",
                       key_or_seed, where)
 
 
@@ -650,14 +653,18 @@ def holm(p_values: Any) -> np.ndarray:
         The adjusted p-values, in the input's order, as a float64 array.
 
     Raises:
-        ValueError: naming ``p_values`` when it is not 1-d or has a value outside [0, 1].
+        ValueError: naming ``p_values`` when it is not a 1-d array of numbers (strings, a dict, ragged
+            lists) or has a value outside [0, 1] or NaN.
 
     Example:
         >>> holm([0.01, 0.04, 0.03]).round(3).tolist()
         [0.03, 0.06, 0.06]
     """
     where = "stats.holm"
-    p = np.asarray(p_values, dtype=np.float64)
+    try:
+        p = np.asarray(p_values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise checks.fail("p_values", "a 1-d array of numbers in [0, 1]", p_values, where) from None
     if p.ndim != 1 or not np.all((p >= 0) & (p <= 1)):
         raise checks.fail("p_values", "a 1-d array of numbers in [0, 1]", p_values, where)
     m = p.size
@@ -669,7 +676,11 @@ def holm(p_values: Any) -> np.ndarray:
 
 
 def _table(table: Any, where: str) -> np.ndarray:
-    x = np.asarray(table, dtype=np.float64)
+    try:
+        x = np.asarray(table, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise checks.fail("table", "a 2-d array of numbers (units, conditions), NaN for a missing value", table,
+                          where) from None
     if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 2:
         raise checks.fail("table", "a 2-d array (units, conditions) with at least 2 units and 2 conditions",
                           np.shape(x), where)
@@ -689,6 +700,27 @@ def _as_batch(statistic, where: str):
         return value.reshape(lead)
 
     return scipy_statistic
+
+
+def _checked_statistic(statistic, x: np.ndarray, where: str) -> float:
+    """``statistic`` on the table ``x`` (a batch of 1), after checking on a batch of 2 that it is
+    vectorised: a ``(b, units, conditions)`` batch must give ``(b,)``. Returns the table's value."""
+    if not callable(statistic):
+        raise checks.fail("statistic", "a function of a (b, units, conditions) array", statistic, where)
+    requirement = "a vectorised function mapping a (b, units, conditions) batch to (b,)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            pair = np.asarray(statistic(np.stack([x, x])), np.float64)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise checks.fail("statistic", requirement + " of real numbers",
+                              f"{type(error).__name__}: {error}", where) from None
+        if pair.shape != (2,):
+            raise checks.fail("statistic", requirement, f"shape {pair.shape} for a batch of 2", where)
+        one = np.asarray(statistic(x[None]), np.float64)
+    if one.shape != (1,):
+        raise checks.fail("statistic", requirement, f"shape {one.shape} for a batch of 1", where)
+    return float(one[0])
 
 
 def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[int]] | None = None,
@@ -712,18 +744,24 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
         table: a 2-d array ``(units, conditions)``, at least 2 of each; NaN marks a missing value
             (``statistic`` must cope, e.g. with ``np.nanmean``).
         statistic: a vectorised function mapping a ``(b, units, conditions)`` batch to ``(b,)``.
-        groups: disjoint lists of condition indices whose labels are exchanged; None: all
-            conditions form one group. Columns in no group are never moved.
+        groups: a non-empty list of disjoint lists of (at least 2, integer) condition indices whose
+            labels are exchanged; None: all conditions form one group. Columns in no group are never
+            moved.
         resamples: random relabellings (when the exact enumeration is larger), >= 99.
         key_or_seed: an int seed, a numpy ``Generator`` or a JAX PRNG key (the p-values are a
             deterministic function of it).
 
     Returns:
         dict with ``estimate`` (the statistic on the table), ``p_greater`` and ``p_less`` (one-sided
-        p-values for a statistic larger, resp. smaller, than under the null) and ``units``.
+        p-values for a statistic larger, resp. smaller, than under the null) and ``units``. When the
+        estimate is not finite (NaN, or an infinite value in the table) there is nothing to test: both
+        p-values are 1.
 
     Raises:
-        ValueError: naming ``table``, ``statistic``, ``groups``, ``resamples`` or ``key_or_seed``.
+        ValueError: naming ``table`` (not a 2-d array of numbers with at least 2 units and 2
+            conditions), ``statistic`` (not a vectorised function giving ``(b,)``), ``groups`` (not
+            disjoint lists of at least 2 integer column indices; an empty list), ``resamples`` or
+            ``key_or_seed``.
 
     Example:
         >>> rng = np.random.default_rng(1)
@@ -739,14 +777,16 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
     x = _table(table, where)
     n, k = x.shape
     resamples = checks.integer(resamples, "resamples", where, minimum=99)
+    estimate = _checked_statistic(statistic, x, where)
     f = _as_batch(statistic, where)
     columns = tuple(x[:, j] for j in range(k))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        estimate = float(f(*columns, axis=-1))
     rng = _generator(key_or_seed, where)
+    if groups is not None:
+        groups = _groups(groups, k, where)
     if groups is None:
         seed = int(rng.integers(2**63))
+        if not math.isfinite(estimate):  # nothing to test (scipy's p-values would be 0)
+            return {"estimate": estimate, "p_greater": 1.0, "p_less": 1.0, "units": n}
         p = {}
         for alternative in ("greater", "less"):  # the same relabellings for both sides (same stream)
             with warnings.catch_warnings():
@@ -756,13 +796,6 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
                                                       **_scipy_rng(np.random.default_rng(seed)))
             p[alternative] = float(result.pvalue)
         return {"estimate": estimate, "p_greater": p["greater"], "p_less": p["less"], "units": n}
-    try:
-        groups = [[int(j) for j in g] for g in groups]
-    except TypeError:
-        raise checks.fail("groups", "lists of condition indices", groups, where) from None
-    flat = [j for g in groups for j in g]
-    if len(set(flat)) != len(flat) or any(not 0 <= j < k for j in flat) or any(len(g) < 2 for g in groups):
-        raise checks.fail("groups", f"disjoint lists of at least 2 indices in [0, {k})", groups, where)
     null = []
     chunk = max(1, 2**22 // (n * k))
     for start in range(0, resamples, chunk):
@@ -782,6 +815,28 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
     if not math.isfinite(estimate):
         p_greater = p_less = 1.0
     return {"estimate": estimate, "p_greater": float(p_greater), "p_less": float(p_less), "units": n}
+
+
+def _groups(groups: Any, k: int, where: str) -> list[list[int]]:
+    """``groups`` as lists of column indices: at least one group, disjoint, each of at least 2
+    integers in ``[0, k)`` (no bools, floats or strings)."""
+    import operator
+
+    requirement = f"a non-empty list of disjoint lists of at least 2 integer column indices in [0, {k})"
+    if isinstance(groups, (str, bytes, dict)):
+        raise checks.fail("groups", requirement, groups, where)
+    try:
+        out = []
+        for g in groups:
+            if isinstance(g, (str, bytes, dict)) or any(isinstance(j, (bool, np.bool_)) for j in g):
+                raise TypeError
+            out.append([operator.index(j) for j in g])
+    except TypeError:
+        raise checks.fail("groups", requirement, groups, where) from None
+    flat = [j for g in out for j in g]
+    if not out or len(set(flat)) != len(flat) or any(not 0 <= j < k for j in flat) or any(len(g) < 2 for g in out):
+        raise checks.fail("groups", requirement, groups, where)
+    return out
 
 
 def _jackknife_se(statistic, x: np.ndarray) -> np.ndarray:
@@ -829,7 +884,9 @@ def studentized_interval(table: Any, statistic, *, confidence: float = 0.95, res
         gives the same value).
 
     Raises:
-        ValueError: naming ``table``, ``statistic``, ``confidence``, ``resamples`` or ``key_or_seed``.
+        ValueError: naming ``table``, ``statistic`` (not a vectorised function giving ``(b,)``),
+            ``standard_error`` (not None or such a function; a negative error), ``confidence``,
+            ``resamples`` or ``key_or_seed``.
 
     Example:
         >>> rng = np.random.default_rng(2)
@@ -843,14 +900,25 @@ def studentized_interval(table: Any, statistic, *, confidence: float = 0.95, res
     if x.shape[0] < 3:
         raise checks.fail("table", "at least 3 units (a jackknife error needs 2 per leave-one-out sample)",
                           np.shape(x), where)
-    if not callable(statistic):
-        raise checks.fail("statistic", "a function of a (b, units, conditions) array", statistic, where)
+    theta = _checked_statistic(statistic, x, where)
     if standard_error is None:
         def error_of(batch):
             return _jackknife_se(statistic, batch)
     elif callable(standard_error):
         def error_of(batch):
-            return np.asarray(standard_error(batch), np.float64).reshape(-1)
+            try:
+                value = np.asarray(standard_error(batch), np.float64)
+            except (TypeError, ValueError, OverflowError) as error:
+                raise checks.fail("standard_error", "a vectorised function mapping a (b, units, conditions) batch "
+                                  "to (b,) standard errors", f"{type(error).__name__}: {error}", where) from None
+            if value.shape != (batch.shape[0],):
+                raise checks.fail("standard_error", "a vectorised function mapping a (b, units, conditions) batch "
+                                  "to (b,) standard errors", f"shape {value.shape} for a batch of {batch.shape[0]}",
+                                  where)
+            if np.any(value < 0):
+                raise checks.fail("standard_error", "a function giving standard errors >= 0",
+                                  float(value[value < 0][0]), where)
+            return value
     else:
         raise checks.fail("standard_error", "None or a function of a (b, units, conditions) array", standard_error,
                           where)
@@ -860,7 +928,6 @@ def studentized_interval(table: Any, statistic, *, confidence: float = 0.95, res
     n = x.shape[0]
     with warnings.catch_warnings():  # NaN statistics of resamples without a finite run: left out
         warnings.simplefilter("ignore", RuntimeWarning)
-        theta = float(np.asarray(statistic(x[None]), np.float64).reshape(-1)[0])
         se = float(error_of(x[None])[0])
         if not (math.isfinite(theta) and math.isfinite(se)) or se == 0.0:
             return math.nan, math.nan
@@ -906,8 +973,9 @@ def claims_verdicts(claims: Sequence[dict[str, Any]], *, alpha: float = 0.05) ->
         ``family_size`` and ``verdict`` (one of :data:`VERDICTS`) added.
 
     Raises:
-        ValueError: naming ``claims`` (a claim without p-values, a testable flag or a verdict; a
-            p-value outside [0, 1]) or ``alpha``.
+        ValueError: naming ``claims`` (not a sequence of dicts; a claim without p-values,
+            ``testable=False`` or a verdict; a p-value that is not a number in [0, 1]; a ``testable``
+            that is not True or False; an unknown verdict) or ``alpha``.
 
     Example:
         >>> table = claims_verdicts([{"claim": "a", "p_for": 0.001, "p_against": 0.999},
@@ -919,24 +987,10 @@ def claims_verdicts(claims: Sequence[dict[str, Any]], *, alpha: float = 0.05) ->
     where = "stats.claims_verdicts"
     alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
     out, tested = [], []
-    for i, claim in enumerate(claims):
-        if not isinstance(claim, dict):
-            raise checks.fail("claims", "a sequence of dicts", type(claim).__name__, where)
-        c = dict(claim)
-        if "verdict" in c:
-            if c["verdict"] not in VERDICTS:
-                raise checks.fail("claims", f"verdicts among {VERDICTS}", c["verdict"], where)
-        elif c.get("testable", True) is False:
-            c["verdict"] = VERDICTS[3]
-        elif "p_for" in c and "p_against" in c:
-            p_for, p_against = float(c["p_for"]), float(c["p_against"])
-            if not (0 <= p_for <= 1 and 0 <= p_against <= 1):
-                raise checks.fail("claims", "p_for and p_against in [0, 1]", (p_for, p_against), where)
-            c["p_two_sided"] = min(1.0, 2 * min(p_for, p_against))
+    for i, claim in enumerate(_claims_list(claims, "claims", where)):
+        c = _claim_checked(claim, i, "claims", where)
+        if "p_two_sided" in c:
             tested.append(i)
-        else:
-            raise checks.fail("claims", "each claim with p_for and p_against, testable=False or a verdict",
-                              sorted(c), where)
         c.setdefault("p_two_sided", math.nan)
         c["p_adjusted"] = math.nan
         out.append(c)
@@ -951,6 +1005,54 @@ def claims_verdicts(claims: Sequence[dict[str, Any]], *, alpha: float = 0.05) ->
     for c in out:
         c["family_size"] = len(tested)
     return out
+
+
+def _claims_list(claims: Any, name: str, where: str) -> list:
+    """``claims`` as a list (a generator is read once), or the error naming ``name``."""
+    if claims is None or isinstance(claims, (str, bytes, dict)):
+        raise checks.fail(name, "a sequence of dicts (one per claim)", claims, where)
+    try:
+        return list(claims)
+    except TypeError:
+        raise checks.fail(name, "a sequence of dicts (one per claim)", claims, where) from None
+
+
+def _bad_claim(name: str, requirement: str, shown: str, where: str) -> ValueError:
+    return ValueError(f"{where}: `{name}` must be {requirement}, got {shown}.")
+
+
+def _claim_checked(claim: Any, i: int, name: str, where: str) -> dict[str, Any]:
+    """A copy of one claim of :func:`claims_verdicts` (``name[i]``), checked; a tested claim gets its
+    ``p_two_sided`` and float ``p_for`` / ``p_against``."""
+    if not isinstance(claim, dict):
+        raise _bad_claim(name, "a sequence of dicts (one per claim)", f"a {type(claim).__name__} at index {i}", where)
+    c = dict(claim)
+    testable = c.get("testable", True)
+    if not isinstance(testable, (bool, np.bool_)):
+        raise _bad_claim(name, "claims whose 'testable' is True or False", f"testable={testable!r} at index {i}", where)
+    if "verdict" in c:
+        if not isinstance(c["verdict"], str) or c["verdict"] not in VERDICTS:
+            raise _bad_claim(name, f"claims whose fixed 'verdict' is one of {VERDICTS}",
+                             f"verdict={c['verdict']!r} at index {i}", where)
+    elif not testable:
+        c["verdict"] = VERDICTS[3]
+    elif "p_for" in c and "p_against" in c:
+        for key in ("p_for", "p_against"):
+            value = c[key]
+            try:
+                ok = not isinstance(value, (bool, np.bool_, str, bytes)) and np.ndim(value) == 0
+                number = float(value) if ok else math.nan
+            except (TypeError, ValueError):
+                number = math.nan
+            if not 0 <= number <= 1:
+                raise _bad_claim(name, "claims whose p_for and p_against are numbers in [0, 1]",
+                                 f"{key}={value!r} at index {i}", where)
+            c[key] = number
+        c["p_two_sided"] = min(1.0, 2 * min(c["p_for"], c["p_against"]))
+    else:
+        raise _bad_claim(name, "claims each with p_for and p_against, testable=False or a verdict",
+                         f"a claim with keys {sorted(map(str, c))} at index {i}", where)
+    return c
 
 
 __all__ += ["VERDICTS", "holm", "paired_permutation_test", "studentized_interval", "claims_verdicts"]

@@ -61,6 +61,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from deqlab import checks, ensembles
@@ -175,9 +176,9 @@ class TransformerCell(nnx.Module):
             attention_scale = 0.3 * ensembles.critical_scale(attention_ensemble)
         checks.number(scale, "scale", where, lower=0.0)
         checks.number(attention_scale, "attention_scale", where, lower=0.0)
-        if not isinstance(attention_residual, bool):
+        if not isinstance(attention_residual, (bool, np.bool_)):
             raise checks.fail("attention_residual", "True or False", attention_residual, where)
-        self.attention_residual = attention_residual
+        self.attention_residual = bool(attention_residual)
         self.width = width
         self.features = width
         self.in_features = in_features
@@ -225,12 +226,46 @@ class TransformerCell(nnx.Module):
             ``{"attention": (..., 1, width), "hidden": (..., 1, hidden), "feed_forward": (..., 1,
             width)}`` (entries 0 or 1/(1-p), shared by the T positions), or None without dropout
             or in evaluation mode (``cell.eval()``).
+
+        Raises:
+            ValueError: ``z_shape`` is not a shape ``(..., T, width)`` of integers >= 0.
         """
+        z_shape = self._checked_z_shape(z_shape)
         if self.dropout is None or not self.dropout.active:
             return None
         hidden_shape = tuple(z_shape[:-1]) + (self.hidden,)
         return {"attention": self.dropout.mask(z_shape, dtype), "hidden": self.dropout.mask(hidden_shape, dtype),
                 "feed_forward": self.dropout.mask(z_shape, dtype)}
+
+    def _checked_z_shape(self, z_shape: Any) -> tuple[int, ...]:
+        import operator
+
+        where, requirement = "nn.TransformerCell.dropout_masks", f"a shape (..., T, {self.width}) of integers >= 0"
+        try:
+            shape = tuple(operator.index(n) for n in z_shape)
+        except TypeError:
+            raise checks.fail("z_shape", requirement, z_shape, where) from None
+        if len(shape) < 2 or shape[-1] != self.width or any(n < 0 for n in shape):
+            raise checks.fail("z_shape", requirement, z_shape, where)
+        return shape
+
+    def _inputs(self, z: Any, x: Any, where: str) -> tuple[jax.Array, jax.Array]:
+        """``z`` and ``x`` as arrays of shapes ``(..., T, width)`` and ``(..., T, in_features)``."""
+        arrays = []
+        for name, value in (("z", z), ("x", x)):
+            if not hasattr(value, "shape"):
+                try:
+                    value = jnp.asarray(value)
+                except (TypeError, ValueError):
+                    raise checks.fail(name, "an array", value, where) from None
+            arrays.append(value)
+        z, x = arrays
+        if z.ndim < 2 or z.shape[-1] != self.width:
+            raise ValueError(f"{where}: `z` must have shape (..., T, {self.width}), got {tuple(z.shape)}.")
+        if x.shape[:-1] != z.shape[:-1] or x.shape[-1] != self.in_features:
+            raise ValueError(f"{where}: `x` must have shape {tuple(z.shape[:-1])} + ({self.in_features},) to match "
+                             f"z, got {tuple(x.shape)}.")
+        return z, x
 
     def _mask_shapes(self, z):
         return {"attention": z.shape, "hidden": z.shape[:-1] + (self.hidden,), "feed_forward": z.shape}
@@ -255,7 +290,11 @@ class TransformerCell(nnx.Module):
 
         Returns:
             The attention output ``(..., T, width)``, after ``W_O``.
+
+        Raises:
+            ValueError: ``z`` or ``x`` has the wrong shape.
         """
+        z, x = self._inputs(z, x, "nn.TransformerCell.attention")
         length = z.shape[-2]
         xq, xk, xv = jnp.split(self.inject(x), 3, axis=-1)
         dh = self.width // self.heads
@@ -303,8 +342,10 @@ class TransformerCell(nnx.Module):
             matrices come from the ensemble (001 App. D).
 
         Raises:
-            ValueError: ``masks`` is not None or a dict of masks that fit z.
+            ValueError: ``z`` or ``x`` has the wrong shape, or ``masks`` is not None or a dict of
+                masks that fit z.
         """
+        z, x = self._inputs(z, x, "nn.TransformerCell.feed_forward_hidden")
         masks = _check_masks(masks, self._mask_shapes(z), "nn.TransformerCell")
         a = self._attention_block(z, x, masks)
         return a, self.expand(a)
@@ -331,12 +372,7 @@ class TransformerCell(nnx.Module):
             ValueError: ``z`` or ``x`` has the wrong shape, or ``masks`` is not None or a dict of
                 masks that fit z.
         """
-        if z.ndim < 2 or z.shape[-1] != self.width:
-            raise ValueError(f"nn.TransformerCell: `z` must have shape (..., T, {self.width}), got "
-                             f"{tuple(z.shape)}.")
-        if x.shape[:-1] != z.shape[:-1] or x.shape[-1] != self.in_features:
-            raise ValueError(f"nn.TransformerCell: `x` must have shape {tuple(z.shape[:-1])} + "
-                             f"({self.in_features},) to match z, got {tuple(x.shape)}.")
+        z, x = self._inputs(z, x, "nn.TransformerCell")
         masks = _check_masks(masks, self._mask_shapes(z), "nn.TransformerCell")
         a = self._attention_block(z, x, masks)
         hidden = jax.nn.relu(self.expand(a))

@@ -290,7 +290,7 @@ def _call(fn: Callable[..., Any], args: tuple, name: str, usage: str, kwargs: di
             return fn(*args, **(kwargs or {})), None
     except TypeError as error:
         return None, _crashed(name, error, f"check the signature: call it as {usage}.")
-    except Exception as error:  # noqa: BLE001 - reported as a failed check
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - reported as a failed check (sys.exit() included)
         return None, _crashed(name, error, f"it is called as {usage}.")
 
 

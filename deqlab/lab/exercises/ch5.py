@@ -348,7 +348,7 @@ def check_table1(my_table1: Callable[..., Any]) -> Report:
         empty = set(reference) - expected
         try:
             mine = {tuple(k): tuple(float(x) for x in v) for k, v in dict(value).items()}
-        except (TypeError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - any value that is not a dict of number pairs fails the check
             checks.append(Check(name, math.inf, 0.0, note=f"{type(error).__name__}: {error}"[:200],
                                 hint=f"return a dict of (min, mean) pairs: {usage}"))
             continue
@@ -356,7 +356,7 @@ def check_table1(my_table1: Callable[..., Any]) -> Report:
         bad_empty = [k for k in empty & set(mine) if not all(math.isnan(x) for x in mine[k])]
         if missing or extra or bad_empty or any(len(mine[k]) != 2 for k in expected):
             note = "; ".join(part for part in (
-                f"missing {sorted(missing)}" if missing else "", f"unexpected {sorted(extra)}" if extra else "",
+                f"missing {sorted(missing)}" if missing else "", f"unexpected {sorted(extra, key=repr)}" if extra else "",
                 f"a value for {sorted(bad_empty)}, whose runs all diverged" if bad_empty else "") if part)
             checks.append(Check(name, math.inf, 0.0, note=note or "a value is not a (min, mean) pair", hint=(
                 "one key (ensemble, sqrt_v) per cell, as the rows spell them; a cell whose every run diverged has "

@@ -30,7 +30,9 @@ It prints one table per submission (exercise, points, passed, message) and the t
 ``--out`` (``.csv`` or ``.json``: one row per submission and exercise, for a class roster), and
 ``--executed DIR`` keeps each executed notebook (the students' feedback). Exit status: 0 when every
 exercise of every submission passed, 1 when one failed, 2 on bad arguments (a missing file, a file
-that is not a notebook, an unknown page, a bad time limit), with a message naming the argument.
+that is not a notebook, an unknown page, a bad time limit, a manifest that is not one, an ``--out``
+or ``--executed`` path that cannot be written, an unknown ``--kernel``), with a message naming the
+argument; these are checked before any notebook runs.
 
 What it is not: a sandbox. The graders run in the student's kernel, so code written to fool them
 (replacing ``deqlab``'s internals, forging a record) is not detected; deleting or editing a check
@@ -97,6 +99,26 @@ def _time_limit(text: str, parser: argparse.ArgumentParser) -> float:
     return value
 
 
+def _non_directory_ancestor(path: Path) -> Path | None:
+    """The nearest existing one of ``path`` and its ancestors when it is not a directory, else None."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def _check_kernel(name: str, parser: argparse.ArgumentParser) -> None:
+    """``--kernel`` must name an installed Jupyter kernel (else every notebook would fail to run)."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        specs = KernelSpecManager().find_kernel_specs()  # with ipykernel's own python3
+    except Exception:  # noqa: BLE001 - no jupyter_client, an unreadable kernel folder: execution reports it
+        return
+    if name not in specs:
+        parser.error(f"argument --kernel: no Jupyter kernel named {name!r}; installed: {sorted(specs) or 'none'}")
+
+
 def _load_manifest(path: Path, parser: argparse.ArgumentParser) -> dict:
     if not path.is_file():
         parser.error(f"argument --manifest: {path} not found (write it with `make student-edition`)")
@@ -107,7 +129,31 @@ def _load_manifest(path: Path, parser: argparse.ArgumentParser) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != _manifest.FORMAT \
             or not isinstance(manifest.get("pages"), dict):
         parser.error(f"argument --manifest: {path} is not a grading manifest (format {_manifest.FORMAT!r})")
+    for page, entry in manifest["pages"].items():
+        problem = _manifest_problem(entry)
+        if problem:
+            parser.error(f"argument --manifest: {path} is not a valid grading manifest: page {page!r} {problem} "
+                         "(write it again with `make student-edition`)")
     return manifest
+
+
+def _manifest_problem(entry: Any) -> str | None:
+    """What is wrong with one page of a manifest (``_manifest.build``'s layout), or None."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("checks"), list):
+        return "has no list of check cells ('checks')"
+    for i, check in enumerate(entry["checks"]):
+        if not isinstance(check, dict):
+            return f"has a check entry {i} that is not a dict"
+        graders = check.get("graders")
+        if not isinstance(graders, list) or not graders or not all(isinstance(g, str) for g in graders):
+            return f"has a check entry {i} whose 'graders' is not a list of grader names"
+        points = check.get("points", [1] * len(graders))
+        if not isinstance(points, list) or len(points) != len(graders) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in points):
+            return f"has a check entry {i} whose 'points' are not one number >= 0 per grader"
+        if not all(isinstance(check.get(key), str) for key in ("sha256", "scope")) or "cell_id" not in check:
+            return f"has a check entry {i} without its 'cell_id', 'scope' and 'sha256'"
+    return None
 
 
 def _page_key(page: str) -> str:
@@ -118,6 +164,8 @@ def _page_key(page: str) -> str:
 def _read_notebook(path: Path, parser: argparse.ArgumentParser):
     import nbformat
 
+    if path.is_dir():
+        parser.error(f"argument SUBMISSION: {path} is a directory, not a notebook file (.ipynb)")
     if not path.is_file():
         parser.error(f"argument SUBMISSION: {path} not found")
     try:
@@ -334,6 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     limit = _time_limit(args.time_limit, parser)
     if args.out is not None and args.out.suffix.lower() not in (".csv", ".json"):
         parser.error(f"argument --out: {args.out} must end in .csv or .json")
+    # checked before any notebook runs: a bad path must not end a class's grading after the work is done
+    if args.out is not None and args.out.is_dir():
+        parser.error(f"argument --out: {args.out} is a directory; it must be a .csv or .json file")
+    if args.out is not None and (blocked := _non_directory_ancestor(args.out.parent)) is not None:
+        parser.error(f"argument --out: {args.out} cannot be written: {blocked} is a file, not a directory")
+    if args.executed is not None and (blocked := _non_directory_ancestor(args.executed)) is not None:
+        parser.error(f"argument --executed: {args.executed} must be a directory (or a new one's path): {blocked} "
+                     "is a file")
+    _check_kernel(args.kernel, parser)
     manifest_path = args.manifest or Path(os.environ.get("DEQLAB_GRADING_MANIFEST", DEFAULT_MANIFEST))
     manifest = _load_manifest(manifest_path, parser)
     submissions = []

@@ -60,6 +60,14 @@ def _n(n: Any, where: str) -> int:
     return checks.integer(n, "n", where, minimum=2)
 
 
+def _paired(paired: Any, where: str) -> bool:
+    """``paired`` as a bool: a string such as ``"no"`` (truthy) or None must not pick a design silently."""
+    if not isinstance(paired, (bool, np.bool_)):
+        raise checks.fail("paired", "True (the conditions share their seeds) or False (independent groups)", paired,
+                          where)
+    return bool(paired)
+
+
 def standard_error(sd: float, n: int, *, paired: bool) -> float:
     """Standard error of a mean difference over ``n`` seeds.
 
@@ -73,14 +81,15 @@ def standard_error(sd: float, n: int, *, paired: bool) -> float:
         ``sd / sqrt(n)`` paired, ``sd * sqrt(2 / n)`` unpaired.
 
     Raises:
-        ValueError: naming ``sd`` (not finite or <= 0) or ``n`` (not an integer >= 2).
+        ValueError: naming ``sd`` (not finite or <= 0), ``n`` (not an integer >= 2) or ``paired`` (not
+            True or False).
 
     Example:
         >>> standard_error(1.0, 4, paired=True), standard_error(1.0, 4, paired=False)
         (0.5, 0.7071067811865476)
     """
     where = f"{_WHERE}.standard_error"
-    sd, n = _sd(sd, where), _n(n, where)
+    sd, n, paired = _sd(sd, where), _n(n, where), _paired(paired, where)
     return sd / math.sqrt(n) if paired else sd * math.sqrt(2.0 / n)
 
 
@@ -98,7 +107,8 @@ def seeds_to_resolve(effect: float, sd: float, *, paired: bool, z: float = 2.0) 
         unpaired: at least 2, the fewest seeds with which a spread can be measured.
 
     Raises:
-        ValueError: naming ``effect`` (zero or not finite), ``sd`` or ``z`` (not finite or <= 0).
+        ValueError: naming ``effect`` (zero or not finite), ``sd`` or ``z`` (not finite or <= 0) or
+            ``paired`` (not True or False).
 
     Example:
         >>> seeds_to_resolve(0.5, 1.0, paired=True), seeds_to_resolve(0.5, 1.0, paired=False)
@@ -106,6 +116,7 @@ def seeds_to_resolve(effect: float, sd: float, *, paired: bool, z: float = 2.0) 
     """
     where = f"{_WHERE}.seeds_to_resolve"
     effect, sd, z = _effect(effect, where), _sd(sd, where), _z(z, where)
+    paired = _paired(paired, where)
     ratio = (z * sd / abs(effect)) ** 2 * (1.0 if paired else 2.0)
     # guard the ceiling against rounding just above an integer (e.g. 16.000000000000004)
     return max(2, math.ceil(ratio - 1e-9 * max(1.0, ratio)))
@@ -124,14 +135,15 @@ def detectable_effect(sd: float, n: int, *, paired: bool, z: float = 2.0) -> flo
         ``z * standard_error(sd, n, paired=paired)``.
 
     Raises:
-        ValueError: naming ``sd``, ``n`` or ``z``.
+        ValueError: naming ``sd``, ``n``, ``paired`` or ``z``.
 
     Example:
         >>> detectable_effect(1.0, 16, paired=True)
         0.5
     """
     where = f"{_WHERE}.detectable_effect"
-    return _z(z, where) * standard_error(sd, n, paired=paired)
+    z, sd, n, paired = _z(z, where), _sd(sd, where), _n(n, where), _paired(paired, where)
+    return z * standard_error(sd, n, paired=paired)
 
 
 def t_test_power(effect: float, sd: float, n: int, *, paired: bool, alpha: float = 0.05) -> float:
@@ -155,7 +167,7 @@ def t_test_power(effect: float, sd: float, n: int, *, paired: bool, alpha: float
         The power, in [alpha, 1).
 
     Raises:
-        ValueError: naming ``effect``, ``sd``, ``n`` or ``alpha``.
+        ValueError: naming ``effect``, ``sd``, ``n``, ``paired`` (not True or False) or ``alpha``.
 
     Example:
         >>> round(t_test_power(0.5, 1.0, 34, paired=True), 2)   # the textbook 80 % at d = 0.5
@@ -165,11 +177,13 @@ def t_test_power(effect: float, sd: float, n: int, *, paired: bool, alpha: float
 
     where = f"{_WHERE}.t_test_power"
     effect = checks.number(effect, "effect", where)
-    sd, n = _sd(sd, where), _n(n, where)
+    sd, n, paired = _sd(sd, where), _n(n, where), _paired(paired, where)
     alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
     df = n - 1 if paired else 2 * n - 2
     shift = abs(effect) / standard_error(sd, n, paired=paired)
-    critical = scipy_stats.t.ppf(1 - alpha / 2, df)
+    critical = scipy_stats.t.isf(alpha / 2, df)  # isf, not ppf(1 - alpha / 2): exact for a small alpha
+    if not (math.isfinite(critical) and critical > 0):  # scipy's isf fails below about 1e-300: ppf's inf, power 0
+        critical = scipy_stats.t.ppf(1 - alpha / 2, df)
     if shift > critical + 8:  # power > 1 - 1e-15, where scipy's noncentral t can return NaN
         return 1.0
     value = float(scipy_stats.nct.sf(critical, df, shift) + scipy_stats.nct.cdf(-critical, df, shift))
@@ -195,14 +209,15 @@ def seeds_for_power(effect: float, sd: float, *, paired: bool, alpha: float = 0.
         The smallest ``n >= 2`` (pairs, or seeds per group), or None when more than ``max_seeds``.
 
     Raises:
-        ValueError: naming ``effect``, ``sd``, ``alpha``, ``power`` or ``max_seeds``.
+        ValueError: naming ``effect``, ``sd``, ``paired`` (not True or False), ``alpha``, ``power`` or
+            ``max_seeds``.
 
     Example:
         >>> seeds_for_power(0.5, 1.0, paired=True)   # Cohen's d = 0.5, 80 %, two-sided 5 %
         34
     """
     where = f"{_WHERE}.seeds_for_power"
-    effect, sd = _effect(effect, where), _sd(sd, where)
+    effect, sd, paired = _effect(effect, where), _sd(sd, where), _paired(paired, where)
     alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
     power = checks.number(power, "power", where, lower=alpha, upper=1.0, lower_open=True, upper_open=True)
     max_seeds = checks.integer(max_seeds, "max_seeds", where, minimum=2)
@@ -230,7 +245,8 @@ def effect_for_power(sd: float, n: int, *, paired: bool, alpha: float = 0.05, po
         The effect (in the units of ``sd``), > 0.
 
     Raises:
-        ValueError: naming ``sd``, ``n``, ``alpha`` or ``power``.
+        ValueError: naming ``sd``, ``n``, ``paired`` (not True or False), ``alpha`` or ``power`` (also
+            when no finite effect reaches ``power`` at level ``alpha``).
 
     Example:
         >>> round(effect_for_power(1.0, 34, paired=True), 3)
@@ -239,15 +255,25 @@ def effect_for_power(sd: float, n: int, *, paired: bool, alpha: float = 0.05, po
     from scipy import optimize as scipy_optimize
 
     where = f"{_WHERE}.effect_for_power"
-    sd, n = _sd(sd, where), _n(n, where)
+    sd, n, paired = _sd(sd, where), _n(n, where), _paired(paired, where)
     alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
     power = checks.number(power, "power", where, lower=alpha, upper=1.0, lower_open=True, upper_open=True)
     scale = standard_error(sd, n, paired=paired)
-    high = scale
-    while t_test_power(high, sd, n, paired=paired, alpha=alpha) < power:
+    # solve for the effect in standard errors (the power depends on effect / scale only), so that a tiny or
+    # huge sd neither underflows the bracket nor overflows it
+    unit_sd = math.sqrt(n) if paired else math.sqrt(n / 2.0)  # the sd whose standard error is 1
+
+    def power_at(shift):
+        return t_test_power(shift, unit_sd, n, paired=paired, alpha=alpha)
+
+    high = 1.0
+    while power_at(high) < power:
         high *= 2
-    return float(scipy_optimize.brentq(lambda e: t_test_power(e, sd, n, paired=paired, alpha=alpha) - power,
-                                       0.0, high, xtol=1e-12 * high))
+        if high > 1e150:
+            raise checks.fail("power", f"reachable at level alpha = {alpha:g} with n = {n} (no finite effect is)",
+                              power, where)
+    shift = scipy_optimize.brentq(lambda e: power_at(e) - power, 0.0, high, xtol=1e-12 * high)
+    return float(shift * scale)
 
 
 def power_of_z_test(effect: float, sd: float, n: int, *, paired: bool, z: float = 2.0) -> float:
@@ -266,7 +292,7 @@ def power_of_z_test(effect: float, sd: float, n: int, *, paired: bool, z: float 
         The power, in (0, 1).
 
     Raises:
-        ValueError: naming ``effect``, ``sd``, ``n`` or ``z``.
+        ValueError: naming ``effect``, ``sd``, ``n``, ``paired`` or ``z``.
 
     Example:
         >>> round(power_of_z_test(0.5, 1.0, 16, paired=True), 3)
@@ -318,7 +344,10 @@ def sign_test_seeds(net_share: float, *, confidence: float = 0.95, max_seeds: in
 
 
 def _per_seed(values: Any, name: str, where: str) -> np.ndarray:
-    x = np.asarray(values, dtype=np.float64)
+    try:
+        x = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise checks.fail(name, "a 1-d array of at least 2 per-seed numbers", values, where) from None
     if x.ndim != 1 or x.size < 2:
         raise checks.fail(name, "a 1-d array of at least 2 per-seed values", np.shape(x), where)
     if np.any(np.isnan(x)):
@@ -367,7 +396,7 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         family: the number of claims in the claim's family (its page), an integer >= 1.
         paper_seeds: the paper's number of seeds (an integer >= 2) or None; when given, the record
             adds ``detectable_at_paper_seeds`` (at the quick spread).
-        bootstrap_seed: seed of the permutations and of the bootstrap.
+        bootstrap_seed: seed of the permutations and of the bootstrap, an integer >= 0.
 
     Returns:
         dict: ``claim``, ``measure``, ``paper_effect``, ``paper_source``, ``paired``, ``seeds_now``
@@ -380,9 +409,11 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         ``note``; with ``paper_seeds`` also ``paper_seeds`` and ``detectable_at_paper_seeds``.
 
     Raises:
-        ValueError: naming ``a``/``b`` (not 1-d, fewer than 2, NaN or infinite, lengths differ when
-            paired), ``paper_effect`` (zero or not finite), ``alpha``, ``power``, ``family``, or
-            ``a`` and ``b`` when the spread is 0 (every seed identical: nothing to size).
+        ValueError: naming ``claim``, ``paper_source`` or ``measure`` (not a string), ``a``/``b`` (not
+            1-d arrays of numbers, fewer than 2, NaN or infinite, lengths differ when paired),
+            ``paper_effect`` (zero or not finite), ``paired`` (not True or False), ``alpha``,
+            ``power``, ``family``, ``paper_seeds``, ``bootstrap_seed`` (not an integer >= 0), or ``a``
+            and ``b`` when the spread is 0 (every seed identical: nothing to size).
 
     Example:
         >>> r = analyse_claim("B lower than A", [1.0, 2.0, 3.0], [0.5, 1.4, 2.6], paper_effect=0.2,
@@ -395,6 +426,13 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
     from deqlab.lab import stats
 
     where = f"{_WHERE}.analyse_claim"
+    for name, value in (("claim", claim), ("paper_source", paper_source), ("measure", measure)):
+        if not isinstance(value, str):
+            raise checks.fail(name, "a string", value, where)
+    paired = _paired(paired, where)
+    bootstrap_seed = checks.integer(bootstrap_seed, "bootstrap_seed", where, minimum=0)
+    if paper_seeds is not None:
+        paper_seeds = checks.integer(paper_seeds, "paper_seeds", where, minimum=2)
     a, b = _per_seed(a, "a", where), _per_seed(b, "b", where)
     if paired and a.size != b.size:
         raise checks.fail("b", f"as many per-seed values as `a` ({a.size}) for a paired claim", b.size, where)
@@ -549,8 +587,41 @@ def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8
     (:func:`deqlab.lab.experiments.power_collect.collect_all`), with Holm's procedure at ``alpha``
     over each page's claims (its family: :func:`deqlab.lab.stats.claims_verdicts`) and the seeds
     ``power`` needs at the family's Bonferroni level. Claims whose pages were not collected are left
-    out; a count claim copied from chapter 5 page 6 keeps the verdict of that page's own family."""
+    out; a count claim copied from chapter 5 page 6 keeps the verdict of that page's own family.
+
+    Args:
+        raw: dict page key -> that page's collected results, the keys among
+            :data:`deqlab.lab.experiments.power_collect.COLLECTORS` (``ch3p5``, ``ch5p6``, ``ch4p4``,
+            ``ch4p5``, ``ch3p6``), each as its collector returns it.
+        alpha: the family-wise level, in (0, 1).
+        power: the power the sizing asks for, in (alpha, 1).
+
+    Returns:
+        The records of :func:`analyse_claim`, each with its ``page``, in the pages' order.
+
+    Raises:
+        ValueError: naming ``raw`` (not a dict, an unknown page key, or a page without the entries its
+            collector writes), ``alpha`` or ``power``.
+    """
     from deqlab.lab import stats
+    from deqlab.lab.experiments.power_collect import COLLECTORS
+
+    where = f"{_WHERE}.claims_from_raw"
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    power = checks.number(power, "power", where, lower=alpha, upper=1.0, lower_open=True, upper_open=True)
+    if not isinstance(raw, dict):
+        raise checks.fail("raw", "a dict page key -> collected results (power_collect.collect_all)", raw, where)
+    unknown = sorted(map(str, set(raw) - set(COLLECTORS)))
+    if unknown:
+        raise checks.fail("raw", f"a dict whose keys are among {sorted(COLLECTORS)}", f"unknown {unknown}", where)
+    try:
+        return _claims_from_raw(raw, alpha, power, stats)
+    except (KeyError, IndexError, TypeError, AttributeError) as error:
+        raise checks.fail("raw", "the per-seed results of power_collect.collect_all, every page with the entries "
+                          "its collector writes", f"{type(error).__name__}: {error}", where) from None
+
+
+def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any) -> list[dict[str, Any]]:
 
     pending = []  # (page key, claim arguments) in order, or a finished record
 
