@@ -178,6 +178,19 @@ NOT_MEASURED = (
     "tests with a JUnit report and store it, as below, to fill this table and the run times of the outline.\n")
 
 
+
+def _readable_time(stamp: str) -> str:
+    """JUnit's ISO timestamp (``2026-11-29T02:05:07.63+00:00``) as ``2026-11-29 02:05 UTC``; any
+    other text unchanged."""
+    import datetime
+    try:
+        when = datetime.datetime.fromisoformat(stamp)
+    except (TypeError, ValueError):
+        return stamp
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M") + (" UTC" if when.tzinfo is not None else "")
+
 def render_times(times: dict | None, book: Path = BOOK) -> str:
     """The Markdown table of the measured time of every notebook, with its provenance (or, with no
     measurement, a note saying so)."""
@@ -191,7 +204,7 @@ def render_times(times: dict | None, book: Path = BOOK) -> str:
     total = sum(e["seconds"] for e in times["notebooks"].values())
     rows.append(f"| all {len(times['notebooks'])} notebooks | {_minutes(total)} | |")
     commit = p["commit"][:10] if p["commit"] != "unknown" else "unknown"
-    caption = (f"Measured {p['measured']} on {p['machine']}; deqlab {p['deqlab_version']} (commit `{commit}`), "
+    caption = (f"Measured {_readable_time(p['measured'])} on {p['machine']}; deqlab {p['deqlab_version']} (commit `{commit}`), "
                f"scale `{p['scale']}`; {p['runner']}. {p['note']}").strip()
     return (GENERATED.format(sources="_data/notebook_times.json") + "\n" + "\n".join(rows) + "\n\n" + caption + "\n")
 
