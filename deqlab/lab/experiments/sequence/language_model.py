@@ -37,8 +37,8 @@ from deqlab import checks
 from deqlab.lab import data
 
 __all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "evaluate",
-           "equilibrium_statistics",
-           "run_language_model", "LOGGED", "EVALUATED", "RADIUS_SEQUENCES", "RADIUS_STEPS"]
+           "equilibrium_statistics", "diagonal_blocks",
+           "run_language_model", "LOGGED", "EVALUATED", "RADIUS_SEQUENCES", "RADIUS_STEPS", "EXACT_RADIUS_WIDTH"]
 
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
 """Per-step quantities a run records: training loss and the forward solve's statistics."""
@@ -47,10 +47,19 @@ EVALUATED = ("loss", "converged_fraction", "steps_mean", "radius")
 """What an evaluation on the validation batches records (:func:`evaluate`)."""
 
 RADIUS_SEQUENCES = 8
-"""Sequences of the first validation batch whose spectral radius :func:`evaluate` estimates."""
+"""Sequences of the first validation batch whose spectral radius :func:`evaluate` measures."""
+
+EXACT_RADIUS_WIDTH = 128
+"""Widths up to which :func:`evaluate` and :func:`equilibrium_statistics` give exact spectral radii,
+from the eigenvalues of the diagonal blocks (:func:`diagonal_blocks`); wider cells are estimated by
+power iteration (:data:`RADIUS_STEPS`), which at width 700 costs far less than ``T`` eigenvalue
+problems of size 700 per sequence."""
 
 RADIUS_STEPS = 40
-"""Power-iteration steps of that estimate (:func:`deqlab.stability.spectral_radius`)."""
+"""Power-iteration steps of the estimate (:func:`deqlab.stability.spectral_radius`) used above
+:data:`EXACT_RADIUS_WIDTH` and returned as ``radius_power`` by :func:`equilibrium_statistics`. Near
+radius 1, where many eigenvalues sit close to the largest, 40 steps can fall short of the exact
+value by several per cent."""
 
 def prepare_corpus(name: str = "austen", *, tokenizer: str = "sentencepiece", vocab_size: int = 1000,
                    context: int = data.LM_CONTEXT, source: str | None = None, path: Any = None,
@@ -77,8 +86,8 @@ def make_model(vocab_size: int, *, width: int, heads: int, seed: int, max_steps:
                embedding_std: float | None = None) -> nnx.Module:
     """The DEQ-Transformer language model: :class:`deqlab.nn.LanguageModel` over a
     :class:`deqlab.nn.TransformerCell` with its defaults (003's released layer, with the residual
-    around the attention; the spectral radius of its Jacobian starts just below 1, so a short
-    Broyden budget fails before training), Broyden, ``max_steps`` as 001 App. D's 20,
+    around the attention; the spectral radius of its Jacobian at the initial equilibria is close
+    to 1, often above it, so a short Broyden budget fails before training), Broyden, ``max_steps`` as 001 App. D's 20,
     ``embedding_std`` as :class:`deqlab.nn.LanguageModel`'s.
 
     Args:
@@ -294,8 +303,103 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     }
 
 
+def _diagonal_path_cell(cell, z, x):
+    """``cell(z, x)`` with every key and value held at ``z`` except each position's own: the same
+    value, and a Jacobian in ``z`` that is block diagonal, with the blocks ``d f_t / d z_t`` of the
+    cell's (module code of :class:`deqlab.nn.TransformerCell` ``attention`` and ``__call__``,
+    without dropout masks)."""
+    xq, xk, xv = jnp.split(cell.inject(x), 3, axis=-1)
+    dh = cell.width // cell.heads
+
+    def heads(u):  # (..., T, d) -> (..., H, T, dh)
+        return jnp.swapaxes(u.reshape(u.shape[:-1] + (cell.heads, dh)), -2, -3)
+
+    q, k, v = heads(cell.query(z) + xq), heads(cell.key(z) + xk), heads(cell.value(z) + xv)
+    q = q + cell.content_bias[...][:, None, :].astype(q.dtype)
+    k_held, v_held = jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)
+    root = jnp.sqrt(jnp.asarray(dh, q.dtype))
+    length = z.shape[-2]
+    t = jnp.arange(length)
+    distance = t[:, None] - t[None, :]
+    # query t against the held keys, plus (value 0) its own key's variation on the diagonal
+    own = jnp.sum(q * (k - k_held), axis=-1) / root  # (..., H, T)
+    logits = cell._batched(q, k_held, contract=(-1, -1)) / root + jnp.eye(length, dtype=q.dtype) * own[..., None]
+    logits = logits + cell.position_bias[...][:, jnp.clip(distance, 0, cell.max_distance - 1)].astype(logits.dtype)
+    logits = jnp.where(distance >= 0, logits, jnp.finfo(logits.dtype).min / 2)
+    weights = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1).astype(v.dtype)
+    # the held values, plus (value 0) the variation of position t's own value with its weight
+    mixed = (cell._batched(weights, v_held, contract=(-1, -2))
+             + jnp.diagonal(weights, axis1=-2, axis2=-1)[..., None] * (v - v_held))
+    mixed = jnp.swapaxes(mixed, -2, -3)
+    attended = cell.out(mixed.reshape(mixed.shape[:-2] + (cell.width,)))
+    a = cell.attention_norm(z + attended if cell.attention_residual else attended)
+    return cell.output_norm(a + cell.contract(jax.nn.relu(cell.expand(a))))
+
+
+def diagonal_blocks(cell: nnx.Module, z: Any, x: Any) -> tuple[jax.Array, jax.Array]:
+    """The diagonal blocks ``d f_t / d z_t`` of a :class:`deqlab.nn.TransformerCell`'s Jacobian,
+    with ``width`` JVPs per sequence.
+
+    The cell is causal, so ``J_f`` is block lower triangular over positions and its eigenvalues are
+    those of the T diagonal blocks: their largest modulus is the spectral radius, exactly. Forming
+    the whole Jacobian takes ``T * width`` JVPs (:func:`deqlab.lab.experiments.sequence.weight_tied.jacobian`);
+    here each position's own key and value are the only ones left free (the others held at ``z``),
+    which makes the Jacobian block diagonal without changing its diagonal blocks, and ``width``
+    JVPs (one unit vector at every position at once) give them all. The result agrees with the
+    dense Jacobian's blocks to float32 rounding (checked on chapter 5 page 4).
+
+    Args:
+        cell: a :class:`deqlab.nn.TransformerCell` (without active dropout).
+        z: the state ``(B, T, width)``.
+        x: the input ``(B, T, in_features)``.
+
+    Returns:
+        ``(f, blocks)``: ``f = cell(z, x)`` and ``blocks`` of shape ``(B, T, width, width)``,
+        ``blocks[b, t, i, j] = d f(z)_{t, i} / d z_{t, j}``.
+
+    Raises:
+        ValueError: ``cell`` is not a transformer cell, or ``z`` or ``x`` has the wrong shape.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from deqlab import nn
+        >>> from deqlab.lab.experiments.sequence import language_model as lm, weight_tied
+        >>> cell = nn.TransformerCell(4, 4, heads=2, rngs=nnx.Rngs(0))
+        >>> z, x = jax.random.normal(jax.random.key(1), (2, 1, 3, 4))
+        >>> f, blocks = lm.diagonal_blocks(cell, z, x)
+        >>> dense = weight_tied.jacobian(cell, z, x).reshape(1, 3, 4, 3, 4)
+        >>> bool(jnp.allclose(blocks[0, 2], dense[0, 2, :, 2, :], atol=1e-5)), blocks.shape
+        (True, (1, 3, 4, 4))
+    """
+    from deqlab.nn.transformer import TransformerCell
+
+    where = "sequence.language_model.diagonal_blocks"
+    if not isinstance(cell, TransformerCell):
+        raise checks.fail("cell", "a deqlab.nn.TransformerCell", type(cell).__name__, where)
+    z, x = cell._inputs(z, x, where)
+    if z.ndim != 3:
+        raise ValueError(f"{where}: `z` must have shape (B, T, {cell.width}), got {tuple(z.shape)}.")
+    return _diagonal_blocks(cell, z, x)
+
+
+def _blocks(cell, z, x):
+    f, apply = jax.linearize(lambda u: _diagonal_path_cell(cell, u, x), z)
+    columns = jax.vmap(lambda e: apply(jnp.broadcast_to(e, z.shape)))(jnp.eye(z.shape[-1], dtype=z.dtype))
+    return f, jnp.moveaxis(columns, 0, -1)  # (width, B, T, width) -> (B, T, width_out, width_in)
+
+
+_diagonal_blocks = nnx.jit(_blocks)
+
+
+def _block_radius(blocks) -> np.ndarray:
+    """Per sequence, the largest eigenvalue modulus over the diagonal blocks ``(B, T, d, d)``."""
+    blocks = np.asarray(jax.device_get(blocks), np.float64)
+    return np.abs(np.linalg.eigvals(blocks)).max(axis=(-2, -1))
+
+
 @nnx.jit
-def _radius(model, tokens):
+def _power_radius(model, tokens):
     from deqlab import stability
 
     x = model.embed(tokens)
@@ -303,6 +407,21 @@ def _radius(model, tokens):
     cell = model.block.cell
     return stability.spectral_radius(lambda z, x: cell(z, x), z_star, x, key=jax.random.key(0),
                                      steps=RADIUS_STEPS, batch_axis=0)
+
+
+@nnx.jit
+def _equilibrium_blocks(model, tokens):
+    x = model.embed(tokens)
+    _, _, z_star = model.block(x, return_state=True)
+    return _blocks(model.block.cell, z_star, x)[1]
+
+
+def _radius(model, tokens) -> np.ndarray:
+    """Per sequence, the spectral radius of ``J_f`` at the solver's last iterate: exact up to
+    :data:`EXACT_RADIUS_WIDTH`, a :data:`RADIUS_STEPS`-step power-iteration estimate above."""
+    if model.block.cell.width <= EXACT_RADIUS_WIDTH:
+        return _block_radius(_equilibrium_blocks(model, tokens))
+    return np.asarray(jax.device_get(_power_radius(model, tokens)))
 
 
 def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
@@ -316,8 +435,11 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
 
     Returns:
         ``converged_fraction`` and ``steps_mean`` of the solve; ``radius``: per sequence, the
-        spectral radius of ``J_f`` at the solver's last iterate z (:data:`RADIUS_STEPS` steps of
-        :func:`deqlab.stability.spectral_radius`; at z* only where the solve converged);
+        spectral radius of ``J_f`` at the solver's last iterate z (at z* only where the solve
+        converged), exact from the diagonal blocks (:func:`diagonal_blocks`) up to width
+        :data:`EXACT_RADIUS_WIDTH`, a power-iteration estimate above; ``radius_power``: the
+        :data:`RADIUS_STEPS`-step power-iteration estimate (:func:`deqlab.stability.spectral_radius`)
+        at the same point, for comparison;
         ``f_norm``: per sequence, ``||f(z)||`` (``sqrt(T d)`` for a LayerNorm output without gain);
         ``inject_std``: the standard deviation of the injection's entries ``x W_x`` and
         ``state_std`` that of the state's contribution to the queries ``z W_Q``.
@@ -342,10 +464,10 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         raise checks.fail("model", "a make_model language model in equilibrium mode (a TransformerCell, depth None)",
                           type(model.block.cell).__name__, where)
     tokens = _token_ids(jnp.asarray(tokens), model.vocab_size, "tokens", where)
-    stats, radius, f_norm, inject, state = jax.device_get(_equilibrium_statistics(model, tokens))
+    stats, power, f_norm, inject, state = jax.device_get(_equilibrium_statistics(model, tokens))
     return {"converged_fraction": float(stats["converged_fraction"]), "steps_mean": float(stats["steps_mean"]),
-            "radius": np.asarray(radius), "f_norm": np.asarray(f_norm), "inject_std": float(inject),
-            "state_std": float(state)}
+            "radius": _radius(model, tokens), "radius_power": np.asarray(power), "f_norm": np.asarray(f_norm),
+            "inject_std": float(inject), "state_std": float(state)}
 
 
 @nnx.jit
@@ -355,10 +477,10 @@ def _equilibrium_statistics(model, tokens):
     x = model.embed(tokens)
     _, stats, z = model.block(x, return_state=True)
     cell = model.block.cell
-    radius = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
-                                       batch_axis=0)
+    power = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
+                                      batch_axis=0)
     f_norm = jnp.sqrt(jnp.sum(cell(z, x) ** 2, axis=(-2, -1)))
-    return stats, radius, f_norm, jnp.std(cell.inject(x)), jnp.std(cell.query(z))
+    return stats, power, f_norm, jnp.std(cell.inject(x)), jnp.std(cell.query(z))
 
 
 def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int) -> dict[str, float]:
@@ -375,8 +497,9 @@ def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batch
         ``loss`` (nats per token), ``converged_fraction`` and ``steps_mean`` of the forward solve,
         each the mean over the batches; ``radius``: the median over the first
         :data:`RADIUS_SEQUENCES` sequences of the spectral radius of the cell's Jacobian at the
-        solver's last iterate z (:func:`deqlab.stability.spectral_radius`, :data:`RADIUS_STEPS`
-        steps), NaN for an unrolled model. It is the radius at the equilibrium z* only where the
+        solver's last iterate z (exact from the diagonal blocks, :func:`diagonal_blocks`, up to
+        width :data:`EXACT_RADIUS_WIDTH`; above, :func:`deqlab.stability.spectral_radius` with
+        :data:`RADIUS_STEPS` steps), NaN for an unrolled model. It is the radius at the equilibrium z* only where the
         solve converged (``converged_fraction`` 1): quote it as such only there. Above 1 at z*, the
         equilibrium repels the plain iteration z <- f(z), and only a root finder such as Broyden's
         method can find it.
@@ -395,7 +518,7 @@ def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batch
                 totals[k].append(float(metrics[k]))
         radius = np.nan
         if model.block.depth is None:
-            radius = float(np.median(jax.device_get(_radius(model, jnp.asarray(windows[:RADIUS_SEQUENCES, :-1])))))
+            radius = float(np.median(_radius(model, jnp.asarray(windows[:RADIUS_SEQUENCES, :-1]))))
     finally:
         model.train()
     return {**{k: float(np.mean(v)) for k, v in totals.items()}, "radius": radius}
