@@ -388,3 +388,25 @@ def test_a_seed_draws_the_same_non_feed_forward_weights_in_every_configuration()
                               jax.device_get(o.block.cell.expand.kernel[...]))
     cell = models["goe"].block.cell
     assert cell.hidden == TINY["width"] and models["gaussian"].block.cell.hidden == 4 * TINY["width"]
+
+
+@pytest.mark.parametrize("high, verdict", [
+    (lambda e, v, s: e == "gaussian" and v == 1.0, "holds"),     # random ends above the threshold in every seed
+    (lambda e, v, s: e == "goe" and v == 1.0, "contradicted"),   # GOE does, random never
+    (lambda e, v, s: False, "not testable at this scale"),        # every run ends low: no event to count
+])
+def test_low_loss_claim_is_read_at_the_largest_scale_with_an_a_priori_threshold(high, verdict):
+    """001's "random fails to converge to low test loss very often" (its sqrt(V) = 1 paragraph) is
+    tested at the largest sqrt(V) only, with `low_loss` fixed before the runs (the page passes the
+    unigram loss); a run at sqrt(V) = 0.1 above the threshold does not count, and without a
+    threshold the claim is not testable."""
+    threshold = float(np.log(200.0))  # perplexities 30-90 (BASE) are low; 400 is high
+    perplexity = lambda e, v, s: 400.0 if high(e, v, s) or (e == "gaussian" and v == 0.1) else BASE[s]  # noqa: E731
+    name = "random runs fail to reach a low test loss more often than orthogonal and GOE at sqrt(V) = 1"
+    c = _by_claim(es.check_claims(_rows(perplexity), low_loss=threshold))[name]
+    assert c["verdict"] == verdict, c
+    assert c["kind"] == "001" and "sqrt(V) = 1 paragraph" in c["source"]
+    untested = _by_claim(es.check_claims(_rows(perplexity)))[name]
+    assert untested["verdict"] == "not testable at this scale" and "low_loss=None" in untested["reason"]
+    with pytest.raises(ValueError, match="low_loss"):
+        es.check_claims(_rows(perplexity), low_loss=-1.0)

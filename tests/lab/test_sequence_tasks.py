@@ -319,12 +319,12 @@ def test_copy_memory_jacobian_penalty_stops_the_gradient_at_z_star():
 def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
     """`language_model.diagonal_blocks` (width JVPs per sequence, only each position's own key and value
     free) gives every diagonal block of the dense causal Jacobian (T * width JVPs), for 003's code's layer
-    and its printed one, and so the exact spectral radius: the largest modulus of the blocks' eigenvalues
-    equals the dense Jacobian's."""
+    and its printed one, as does `initialisation.causal_diagonal_blocks` (any causal map), and so the exact
+    spectral radius: `initialisation.block_radius` of the blocks equals the dense Jacobian's."""
     from flax import nnx
 
     from deqlab import nn
-    from deqlab.lab.experiments.sequence import weight_tied
+    from deqlab.lab.experiments.sequence import initialisation, weight_tied
 
     cell = nn.TransformerCell(8, 8, heads=2, attention_residual=attention_residual, rngs=nnx.Rngs(3))
     z, x = jax.random.normal(jax.random.key(4), (2, 2, 5, 8))
@@ -333,6 +333,8 @@ def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
     dense = np.asarray(weight_tied.jacobian(cell, z, x)).reshape(2, 5, 8, 5, 8)
     for t in range(5):
         np.testing.assert_allclose(blocks[:, t], dense[:, t, :, t, :], atol=1e-5)
-    block_radius = np.abs(np.linalg.eigvals(np.asarray(blocks, np.float64))).max(axis=(1, 2))
     dense_radius = np.abs(np.linalg.eigvals(dense.reshape(2, 40, 40).astype(np.float64))).max(axis=1)
-    np.testing.assert_allclose(block_radius, dense_radius, rtol=1e-4)
+    np.testing.assert_allclose(initialisation.block_radius(blocks), dense_radius, rtol=1e-4)
+    # the generic builder for any causal map (chapter 5 page 6's, T * width JVPs) gives the same blocks
+    generic = initialisation.causal_diagonal_blocks(cell, z, x)
+    np.testing.assert_allclose(generic, blocks, atol=1e-5)

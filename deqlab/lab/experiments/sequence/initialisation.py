@@ -49,7 +49,7 @@ from deqlab.theory import freeprob as fp
 from deqlab.theory.freeprob.transforms import Spectrum, complex_argument, sqrt_with_cut
 
 __all__ = ["STUDY_ENSEMBLES", "FeedForwardInit", "FreePoisson", "feedforward_shape", "predict",
-           "product_spectrum", "measure", "cell_at_init"]
+           "product_spectrum", "measure", "causal_diagonal_blocks", "block_radius", "cell_at_init"]
 
 STUDY_ENSEMBLES: tuple[str, ...] = ("gaussian", "orthogonal", "goe")
 """The three families of 001 §4.3 (the theory here covers these)."""
@@ -347,6 +347,82 @@ def measure(ensemble: str, scale: float, width: int, hidden: int | None = None, 
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+def causal_diagonal_blocks(f: Callable[[jax.Array, jax.Array], jax.Array], z: jax.Array,
+                           x: jax.Array) -> jax.Array:
+    """The diagonal blocks ``d f_t / d z_t`` of a causal sequence map's Jacobian, per sequence.
+
+    For a map ``f(z, x)`` on sequences (``z`` of shape ``(batch, length, width)``) whose output at
+    position ``t`` does not depend on ``z_s`` for ``s > t`` (a causal transformer cell), the
+    Jacobian of one sequence is block lower triangular over positions, so its eigenvalues are those
+    of the ``length`` diagonal blocks: :func:`block_radius` of the result is the exact spectral
+    radius. The blocks are formed with ``jax.jacfwd`` (``length * width`` JVPs per sequence), in row
+    convention: ``blocks[b, t, i, j] = d f(z, x)[b, t, i] / d z[b, t, j]``. Traceable (``jit``,
+    ``vmap``); the causality itself is not checked here (``tests/lab/test_sequence_initialisation.py``
+    compares the result with the eigenvalues of the full Jacobian of a ``TransformerCell``).
+
+    Args:
+        f: the map, called on one sequence as ``f(z[None], x[None])[0]``, returning an array of the
+            shape of ``z[None]``.
+        z: the point, ``(batch, length, width)``.
+        x: the input, ``(batch, length, in_features)``.
+
+    Returns:
+        ``(batch, length, width, width)``.
+
+    Raises:
+        ValueError: ``z`` or ``x`` is not 3-D, or their batch or length differ.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.lab.experiments.sequence.initialisation import causal_diagonal_blocks, block_radius
+        >>> f = lambda z, x: 0.5 * z + jnp.cumsum(z, axis=-2) * 0.1 + x  # causal: a prefix sum
+        >>> blocks = causal_diagonal_blocks(f, jnp.zeros((1, 3, 2)), jnp.zeros((1, 3, 2)))
+        >>> blocks.shape, round(float(block_radius(blocks)[0]), 6)
+        ((1, 3, 2, 2), 0.6)
+    """
+    where = "initialisation.causal_diagonal_blocks"
+    if jnp.ndim(z) != 3 or jnp.ndim(x) != 3 or jnp.shape(z)[:2] != jnp.shape(x)[:2]:
+        raise checks.fail("z", "an array (batch, length, width) with x's (batch, length)",
+                          (jnp.shape(z), jnp.shape(x)), where)
+    length = z.shape[-2]
+
+    def one(z1, x1):
+        jac = jax.jacfwd(lambda zz: f(zz[None], x1[None])[0])(z1)  # (length, width, length, width)
+        t = jnp.arange(length)
+        return jac[t, :, t, :]
+
+    return jax.vmap(one)(z, x)
+
+
+def block_radius(blocks: Any) -> np.ndarray:
+    """The largest eigenvalue modulus over the diagonal blocks, per sequence (on the host, float64).
+
+    Args:
+        blocks: :func:`causal_diagonal_blocks`' output, ``(..., length, width, width)``, finite.
+
+    Returns:
+        ``(...)``: for each sequence, ``max_t max |eig(blocks[..., t, :, :])|``, the exact spectral
+        radius of a block-triangular Jacobian.
+
+    Raises:
+        ValueError: ``blocks`` has fewer than 3 dimensions, non-square blocks or non-finite entries.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.lab.experiments.sequence.initialisation import block_radius
+        >>> blocks = np.array([[[[0.0, 2.0], [-2.0, 0.0]], [[0.5, 0.0], [0.0, 0.1]]]])  # eigenvalues +-2i; 0.5, 0.1
+        >>> np.round(block_radius(blocks), 6).tolist()
+        [2.0]
+    """
+    where = "initialisation.block_radius"
+    b = np.asarray(blocks, dtype=np.float64)
+    if b.ndim < 3 or b.shape[-1] != b.shape[-2]:
+        raise checks.fail("blocks", "an array (..., length, width, width)", np.shape(blocks), where)
+    if not np.all(np.isfinite(b)):
+        raise checks.fail("blocks", "finite entries", "a non-finite entry", where)
+    return np.abs(np.linalg.eigvals(b)).max(axis=(-2, -1))
+
+
 @functools.lru_cache(maxsize=8)
 def _cell_program(graphdef: Any, config: Any, steps: int | None, seed: int) -> Callable[..., Any]:
     """The compiled measurement of :func:`cell_at_init` for cells of one structure (``graphdef``),
@@ -358,7 +434,7 @@ def _cell_program(graphdef: Any, config: Any, steps: int | None, seed: int) -> C
             return nnx.merge(graphdef, state)(z, x)
 
         cell = nnx.merge(graphdef, state)
-        length, width = x.shape[-2], cell.width
+        width = cell.width
         z0 = jnp.zeros(x.shape[:-1] + (width,), x.dtype)
         result = solve(f, z0, x, solver=config, batch_axis=0, on_failure="ignore")
         z = result.value
@@ -368,12 +444,7 @@ def _cell_program(graphdef: Any, config: Any, steps: int | None, seed: int) -> C
                "residual_trace": result.stats.residual_trace.T, "solver_steps": result.stats.steps,
                "hidden_variance": jnp.mean(pre**2, axis=(-2, -1))}
         if steps is None:
-            def diagonal_blocks(z1, x1):  # d f_t / d z_t, (length, width, width)
-                jac = jax.jacfwd(lambda zz: f(zz[None], x1[None])[0])(z1)
-                t = jnp.arange(length)
-                return jac[t, :, t, :]
-
-            out["cell_blocks"] = jax.vmap(diagonal_blocks)(z, x)
+            out["cell_blocks"] = causal_diagonal_blocks(f, z, x)  # d f_t / d z_t, (batch, length, width, width)
             # row vectors: the block at position t maps da to da W1 D_t W2
             out["ff_blocks"] = jnp.einsum("ih,bth,hj->btij", w1, (pre > 0).astype(w1.dtype), w2)
         else:

@@ -35,6 +35,7 @@ from flax import nnx
 
 from deqlab import checks
 from deqlab.lab import data
+from deqlab.lab.experiments.sequence import initialisation as _initialisation
 
 __all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_language_model", "evaluate",
            "equilibrium_statistics", "diagonal_blocks",
@@ -392,12 +393,6 @@ def _blocks(cell, z, x):
 _diagonal_blocks = nnx.jit(_blocks)
 
 
-def _block_radius(blocks) -> np.ndarray:
-    """Per sequence, the largest eigenvalue modulus over the diagonal blocks ``(B, T, d, d)``."""
-    blocks = np.asarray(jax.device_get(blocks), np.float64)
-    return np.abs(np.linalg.eigvals(blocks)).max(axis=(-2, -1))
-
-
 @nnx.jit
 def _power_radius(model, tokens):
     from deqlab import stability
@@ -420,7 +415,7 @@ def _radius(model, tokens) -> np.ndarray:
     """Per sequence, the spectral radius of ``J_f`` at the solver's last iterate: exact up to
     :data:`EXACT_RADIUS_WIDTH`, a :data:`RADIUS_STEPS`-step power-iteration estimate above."""
     if model.block.cell.width <= EXACT_RADIUS_WIDTH:
-        return _block_radius(_equilibrium_blocks(model, tokens))
+        return _initialisation.block_radius(jax.device_get(_equilibrium_blocks(model, tokens)))
     return np.asarray(jax.device_get(_power_radius(model, tokens)))
 
 
