@@ -476,6 +476,8 @@ def _verify(key: str, record: dict[str, Any], target: Path) -> dict[str, Any]:
     try:
         again = _medium_claims(power.claims_from_raw({key: raw}))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        # claims_from_raw names a malformed `raw` in a ValueError caused by the lookup that failed
+        error = error.__cause__ if isinstance(error.__cause__, (KeyError, IndexError, TypeError)) else error
         missing = f"missing key {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
         raise _fail(target, f"its per-seed data (raw) is not what the statistics code reads ({missing})") from None
     unverified = []

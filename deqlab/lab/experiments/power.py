@@ -618,7 +618,7 @@ def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8
         return _claims_from_raw(raw, alpha, power, stats)
     except (KeyError, IndexError, TypeError, AttributeError) as error:
         raise checks.fail("raw", "the per-seed results of power_collect.collect_all, every page with the entries "
-                          "its collector writes", f"{type(error).__name__}: {error}", where) from None
+                          "its collector writes", f"{type(error).__name__}: {error}", where) from error
 
 
 def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any) -> list[dict[str, Any]]:

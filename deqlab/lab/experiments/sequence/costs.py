@@ -372,7 +372,8 @@ def profile(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *, dept
     return out
 
 
-def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int = 0) -> dict[str, np.ndarray]:
+def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int = 0,
+                  exact_radius: bool = False) -> dict[str, np.ndarray]:
     """Broyden iterations and convergence of each sequence's forward solve, at the model's own
     solver settings (its tolerance and iteration limit), and optionally the spectral radius of the
     cell's Jacobian where the solve stopped.
@@ -383,15 +384,22 @@ def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int 
         radius_steps: 0 (default): no radius; n >= 2: also ``radius``, the spectral radius of
             ``J_f`` at each sequence's last iterate (:func:`deqlab.stability.spectral_radius`, n
             power-iteration steps). It is the radius at the equilibrium z* only where
-            ``converged`` is True; elsewhere it is taken at a point that is not one.
+            ``converged`` is True; elsewhere it is taken at a point that is not one. Power
+            iteration approaches the radius from below, and slowly where several eigenvalues lie
+            near it in modulus (chapter 5's transformer cell: a few per cent low after 30 steps).
+        exact_radius: True: also ``radius_exact``, the exact spectral radius at the same last
+            iterates, from the eigenvalues of the dense Jacobian's diagonal blocks
+            (:func:`deqlab.lab.experiments.sequence.weight_tied.linearisation`; exact for a causal
+            cell, whose Jacobian is block lower triangular). It costs ``T * width`` Jacobian-vector
+            products per sequence: seconds for 64 sequences of 32 x 32 on a CPU.
 
     Returns:
         ``{"steps": (batch,) iterations, "converged": (batch,) bool}`` and, with ``radius_steps``,
-        ``"radius": (batch,)``.
+        ``"radius": (batch,)``; with ``exact_radius``, ``"radius_exact": (batch,)``.
 
     Raises:
-        ValueError: the model is unrolled (``depth`` set), ``tokens`` are not valid ids, or
-            ``radius_steps`` is 1 or negative.
+        ValueError: the model is unrolled (``depth`` set), ``tokens`` are not valid ids,
+            ``radius_steps`` is 1 or negative, or ``exact_radius`` is not a bool.
 
     Example:
         >>> import jax.numpy as jnp
@@ -400,6 +408,8 @@ def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int 
         >>> out = costs.solver_counts(model, jnp.array([[1, 2, 3], [4, 0, 1]]))
         >>> out["steps"].shape, out["converged"].dtype
         ((2,), dtype('bool'))
+        >>> costs.solver_counts(model, jnp.array([[1, 2, 3]]), exact_radius=True)["radius_exact"].shape
+        (1,)
     """
     where = "sequence.solver_counts"
     if model.block.depth is not None:
@@ -408,15 +418,21 @@ def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int 
     radius_steps = checks.integer(radius_steps, "radius_steps", where, minimum=0)
     if radius_steps == 1:
         raise checks.fail("radius_steps", "0 (no radius) or an integer >= 2", radius_steps, where)
+    if not isinstance(exact_radius, bool):
+        raise checks.fail("exact_radius", "True or False", exact_radius, where)
     from deqlab.nn.lm import _token_ids
 
     tokens = jnp.asarray(tokens)
 
     _token_ids(tokens, model.vocab_size, "tokens", where)  # concrete ids, checked before compiling
-    steps, converged, radius = _counts(model, tokens, radius_steps)
+    steps, converged, radius, z, x = _counts(model, tokens, radius_steps)
     out = {"steps": np.asarray(steps), "converged": np.asarray(converged)}
     if radius_steps:
         out["radius"] = np.asarray(radius)
+    if exact_radius:
+        from deqlab.lab.experiments.sequence import weight_tied
+
+        out["radius_exact"] = weight_tied.linearisation(model.block.cell, z, x, singular_values=False)["radius"]
     return out
 
 
@@ -432,12 +448,12 @@ def _counts(model, tokens, radius_steps):
         cell = model.block.cell
         radius = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=radius_steps,
                                            batch_axis=0)
-    return sol.stats.steps, sol.result == Result.SUCCESS, radius
+    return sol.stats.steps, sol.result == Result.SUCCESS, radius, z, x
 
 
 def train_counting(model: LanguageModel, optimizer: nnx.Optimizer, train_tokens: np.ndarray,
                    val_tokens: np.ndarray, *, batch: int, steps: int, every: int, seed: int = 0,
-                   radius_steps: int = 0) -> dict[str, Any]:
+                   radius_steps: int = 0, snapshots: bool = False) -> dict[str, Any]:
     """Train with :func:`deqlab.nn.train` on :func:`batches` and, before training and after
     every ``every`` steps, count each validation sequence's Broyden iterations
     (:func:`solver_counts`), so that the solver's work is compared on the same sequences as the
@@ -452,14 +468,18 @@ def train_counting(model: LanguageModel, optimizer: nnx.Optimizer, train_tokens:
         every: steps between counts, a divisor of ``steps``.
         seed: of the batches.
         radius_steps: as for :func:`solver_counts` (0: no radius).
+        snapshots: True: also ``"models"``, a copy of the model (``nnx.clone``) at each count, so
+            that a costlier measurement (``solver_counts(..., exact_radius=True)``) can be taken
+            afterwards at the counts it needs.
 
     Returns:
         ``{"log": the per-step log of deqlab.nn.train, "at": (E,) training steps of the counts
         (0, every, ..., steps), "steps": (E, m) iterations, "converged": (E, m) bool}`` and, with
-        ``radius_steps``, ``"radius": (E, m)``.
+        ``radius_steps``, ``"radius": (E, m)``; with ``snapshots``, ``"models"``: a list of E models.
 
     Raises:
-        ValueError: ``every`` does not divide ``steps``, or a size is not an integer >= 1.
+        ValueError: ``every`` does not divide ``steps``, a size is not an integer >= 1, or
+            ``snapshots`` is not a bool.
 
     Example:
         >>> import jax, optax
@@ -471,6 +491,8 @@ def train_counting(model: LanguageModel, optimizer: nnx.Optimizer, train_tokens:
         >>> out = costs.train_counting(model, opt, tokens[:6], tokens[6:], batch=2, steps=4, every=2)
         >>> out["at"].tolist(), out["steps"].shape, len(out["log"]["loss"])
         ([0, 2, 4], (3, 2), 4)
+        >>> "models" in out
+        False
     """
     from deqlab import nn
 
@@ -480,17 +502,25 @@ def train_counting(model: LanguageModel, optimizer: nnx.Optimizer, train_tokens:
     checks.positive_int(batch, "batch", where)
     if steps % every:
         raise checks.fail("every", f"a divisor of steps ({steps})", every, where)
+    if not isinstance(snapshots, bool):
+        raise checks.fail("snapshots", "True or False", snapshots, where)
     val_inputs = jnp.asarray(np.asarray(val_tokens)[:, :-1])
     stream = batches(train_tokens, batch=batch, steps=steps, seed=seed)
     log: dict[str, list[float]] = {}
     counts = [solver_counts(model, val_inputs, radius_steps=radius_steps)]
+    models = [nnx.clone(model)] if snapshots else []
     for _ in range(steps // every):
         chunk = nn.train(model, optimizer, (next(stream) for _ in range(every)))
         for k, v in chunk.items():
             log.setdefault(k, []).extend(v)
         counts.append(solver_counts(model, val_inputs, radius_steps=radius_steps))
-    return {"log": log, "at": np.arange(0, steps + 1, every),
-            **{k: np.stack([c[k] for c in counts]) for k in counts[0]}}
+        if snapshots:
+            models.append(nnx.clone(model))
+    out = {"log": log, "at": np.arange(0, steps + 1, every),
+           **{k: np.stack([c[k] for c in counts]) for k in counts[0]}}
+    if snapshots:
+        out["models"] = models
+    return out
 
 
 def equilibrium_tradeoff(model: LanguageModel, tokens: jax.Array, targets: jax.Array, *,
