@@ -631,6 +631,42 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def within_seed_spearman(x: Any, y: Any) -> list[float]:
+    """Spearman's rank correlation of ``x`` and ``y`` within each seed (the seed is the unit of a
+    test over seeds; chapter 5 page 6's radius claims), over the seeds where both vary.
+
+    Args:
+        x, y: arrays ``(seeds, configurations)`` of finite numbers, of the same shape.
+
+    Returns:
+        One correlation per seed in which neither ``x`` nor ``y`` is constant (a constant row has
+        no ranks to correlate), in seed order.
+
+    Raises:
+        ValueError: ``x`` or ``y`` is not a 2-D array of finite numbers, or their shapes differ.
+
+    Example:
+        >>> within_seed_spearman([[1, 2, 3], [1, 1, 1]], [[3, 2, 1], [1, 2, 3]])  # the second seed is constant
+        [-1.0]
+    """
+    from scipy import stats as scipy_stats
+
+    where = "ensemble_study.within_seed_spearman"
+    arrays = []
+    for name, value in (("x", x), ("y", y)):
+        try:
+            a = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise checks.fail(name, "a 2-D array (seeds, configurations) of finite numbers", value, where) from None
+        if a.ndim != 2 or not np.all(np.isfinite(a)):
+            raise checks.fail(name, "a 2-D array (seeds, configurations) of finite numbers", a.shape, where)
+        arrays.append(a)
+    if arrays[0].shape != arrays[1].shape:
+        raise checks.fail("y", f"the shape of x {arrays[0].shape}", arrays[1].shape, where)
+    return [float(scipy_stats.spearmanr(a, b).statistic) for a, b in zip(*arrays)
+            if np.ptp(a) > 0 and np.ptp(b) > 0]
+
+
 def unigram_loss(config: dict | None = None) -> float:
     """The test loss of the unigram model on the study's test windows, in nats per token.
 
