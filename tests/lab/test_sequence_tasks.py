@@ -92,8 +92,9 @@ def test_copy_memory_deq_weight_norm():
     assert all(isinstance(getattr(cell, n), WeightNorm) for n in ("query", "key", "value", "out", "expand", "contract"))
     assert not isinstance(cell.inject, WeightNorm)  # 003's input injection lies outside its cell
     # float32: the normalised kernels are the originals to a few ulps; the solve to 1e-4 amplifies that
-    # by at most 1 / (1 - radius), a few tens at this initialisation
-    np.testing.assert_allclose(np.asarray(normed(x)[0]), np.asarray(plain(x)[0]), atol=1e-4)
+    # by about 1 / (1 - radius), a few tens at this near-critical initialisation (the floor's JAX rounds
+    # differently: 1.03e-4 there, 3e-5 on the newest), and stops at tolerance 1e-4 itself
+    np.testing.assert_allclose(np.asarray(normed(x)[0]), np.asarray(plain(x)[0]), atol=3e-4)
     gains = 4 * 8 + 2 * 8 + 8  # query, key, value, out and contract: 8 outputs each; expand: 2 x 8
     assert baselines.parameter_count(normed) == baselines.parameter_count(plain) + gains
 
