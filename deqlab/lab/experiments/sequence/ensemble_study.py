@@ -227,8 +227,7 @@ INIT_BUDGET = 300
 """Broyden steps of the at-initialisation probe's own solve (:func:`train_seeds`), to :data:`INIT_TOL`.
 The study's budget (``max_steps``, 20 as 001 App. D) leaves most initial solves unconverged at the
 quick size, and a spectral radius taken at an unconverged iterate is not the equilibrium's (chapter
-5 page 4 measured 1.025 at a 12-step iterate against 0.975 at the equilibria); 300 is chapter 5
-page 5's budget."""
+5 pages 4 and 6 compare the two); 300 is chapter 5 page 5's budget."""
 
 INIT_TOL = 1e-5
 """Relative tolerance of the probe's solve. Near a spectral radius of 1 a residual says little about
