@@ -262,7 +262,10 @@ def _grade(*argv, manifest="manifest.json"):
 
 
 def _grade_module(*argv):
-    """``python -m deqlab.lab.exercises.grade`` in a subprocess; its stderr and exit status are passed on."""
+    """``python -m deqlab.lab.exercises.grade`` in a subprocess; its stderr and exit status are passed on.
+
+    Pass ``--manifest``: the default one (``_build/student/``) exists only after ``make student-edition``,
+    which a clean clone has not run."""
     done = subprocess.run([sys.executable, "-m", "deqlab.lab.exercises.grade", *argv], capture_output=True, text=True,
                           timeout=120, cwd=str(Path(__file__).resolve().parents[2]))
     sys.stderr.write(done.stderr)
@@ -690,7 +693,8 @@ PROBES: list[Probe] = [
     E("grade-manifest-graders-string", "grade", lambda: _grade("{alice_ipynb}", manifest="graders_string.json"),
       "re:argument --manifest", valid=r"'graders' is not a list of grader names",
       exc=SystemExit),  # was SILENT (graded 'c', 'h', ... as graders)
-    E("grade-module-missing-file", "grade", lambda: _grade_module("nowhere.ipynb"), "re:argument SUBMISSION",
+    E("grade-module-missing-file", "grade", lambda: _grade_module("nowhere.ipynb", "--manifest", _course()["manifest.json"]),
+      "re:argument SUBMISSION",
       valid=r"nowhere.ipynb not found", exc=SystemExit),
     # ----------------------------------------------------------------------------- nn.TransformerCell (newer arguments)
     E("transformer-attention-residual-string", "nn.transformer", lambda: _transformer(attention_residual="False"),
