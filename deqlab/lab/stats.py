@@ -755,7 +755,8 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
         dict with ``estimate`` (the statistic on the table), ``p_greater`` and ``p_less`` (one-sided
         p-values for a statistic larger, resp. smaller, than under the null) and ``units``. When the
         estimate is not finite (NaN, or an infinite value in the table) there is nothing to test: both
-        p-values are 1.
+        p-values are 1. A relabelling whose statistic is NaN counts as at least as extreme on both
+        sides (conservative: the p-value is never smaller than with those relabellings left out).
 
     Raises:
         ValueError: naming ``table`` (not a 2-d array of numbers with at least 2 units and 2
@@ -789,9 +790,15 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
             return {"estimate": estimate, "p_greater": 1.0, "p_less": 1.0, "units": n}
         p = {}
         for alternative in ("greater", "less"):  # the same relabellings for both sides (same stream)
+            # A relabelling whose statistic is NaN (e.g. a column of missing values moved) counts
+            # as at least as extreme, so that the p-value is never too small: scipy would count it
+            # as not extreme.
+            extreme = np.inf if alternative == "greater" else -np.inf
+            counted = (lambda *cols, axis=-1, extreme=extreme:
+                       np.nan_to_num(f(*cols, axis=axis), nan=extreme, posinf=np.inf, neginf=-np.inf))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                result = scipy_stats.permutation_test(columns, f, permutation_type="samples", vectorized=True,
+                result = scipy_stats.permutation_test(columns, counted, permutation_type="samples", vectorized=True,
                                                       n_resamples=resamples, alternative=alternative,
                                                       **_scipy_rng(np.random.default_rng(seed)))
             p[alternative] = float(result.pvalue)
@@ -810,8 +817,9 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
             null.append(np.asarray(statistic(np.take_along_axis(x[None], index, axis=-1)), np.float64).reshape(-1))
     null = np.concatenate(null)
     slack = 1e-12 * max(1.0, abs(estimate))  # ties with the observed value count as at least as extreme
-    p_greater = (1 + np.sum(null >= estimate - slack)) / (resamples + 1)
-    p_less = (1 + np.sum(null <= estimate + slack)) / (resamples + 1)
+    undefined = np.isnan(null)  # counted as at least as extreme either way: the p-value is never too small
+    p_greater = (1 + np.sum((null >= estimate - slack) | undefined)) / (resamples + 1)
+    p_less = (1 + np.sum((null <= estimate + slack) | undefined)) / (resamples + 1)
     if not math.isfinite(estimate):
         p_greater = p_less = 1.0
     return {"estimate": estimate, "p_greater": float(p_greater), "p_less": float(p_less), "units": n}

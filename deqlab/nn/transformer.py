@@ -96,6 +96,9 @@ def alibi_slopes(heads: int) -> jax.Array:
     return 2.0 ** (-8.0 * jnp.arange(1, heads + 1) / heads)
 
 
+#: The largest ``max_distance`` accepted (2**20 biases per head, 4 MiB in float32).
+MAX_DISTANCE_LIMIT = 2**20
+
 class TransformerCell(nnx.Module):
     """One weight-tied causal transformer layer with input injection, as a DEQ cell (003 §4).
 
@@ -116,7 +119,7 @@ class TransformerCell(nnx.Module):
             contractive f is: small attention weights let the plain iteration converge at
             initialisation (003 §5 asks for "a small operator norm in the weight matrices").
         max_distance: number of learned relative-position biases per head (distances beyond
-            share the last one).
+            share the last one), in ``[1, 2**20]``; the longest sequence length is enough.
         attention_residual: True (default): normalise ``z + Attention(...)``, as 003's released
             code does; False: ``Attention(...)`` alone, 003's printed
             formula (module docstring).
@@ -162,7 +165,9 @@ class TransformerCell(nnx.Module):
         check_rate(dropout, "dropout", where)
         checks.choice(attention_ensemble, "attention_ensemble", ensembles.ENSEMBLES, where)
         checks.positive_int(heads, "heads", where)
-        checks.positive_int(max_distance, "max_distance", where)
+        # The table holds heads x max_distance biases; distances past the longest sequence are
+        # never read, so a larger table only costs memory (a typo of 10**12 would exhaust it).
+        checks.integer(max_distance, "max_distance", where, minimum=1, maximum=MAX_DISTANCE_LIMIT)
         if width % heads:
             raise checks.fail("heads", f"a divisor of width ({width})", heads, where)
         square = ensemble in SQUARE_ENSEMBLES

@@ -412,6 +412,27 @@ def test_grouped_permutation_agrees_with_scipy_and_keeps_other_columns():
     assert stats.paired_permutation_test(t, gap, resamples=499)["p_greater"] < 0.01
 
 
+def test_permutations_with_an_undefined_statistic_count_as_extreme():
+    """A relabelling whose statistic is NaN (here: unit 0's missing value moved into the column the
+    statistic averages without skipping NaN) counts as at least as extreme on both sides, so the
+    p-value is never below the one with those relabellings left out. The exact enumeration (2^3
+    relabellings, scipy's path) and the grouped Monte Carlo path both give the brute-force count."""
+    t = np.array([[np.nan, 1.0], [0.0, 2.0], [0.5, 0.7]])
+    statistic = lambda x: x[..., 1].mean(-1) - np.nanmean(x[..., 0], -1)  # noqa: E731
+    flips = np.array(np.meshgrid(*[[0, 1]] * 3, indexing="ij")).reshape(3, -1).T
+    null = statistic(np.stack([np.where(f[:, None], t[:, ::-1], t) for f in flips]))
+    estimate = statistic(t[None])[0]
+    assert np.isnan(null).sum() == 4 and np.isfinite(estimate)
+    exact_greater = np.mean((null >= estimate) | np.isnan(null))
+    exact_less = np.mean((null <= estimate) | np.isnan(null))
+    r = stats.paired_permutation_test(t, statistic, resamples=99)
+    assert (r["p_greater"], r["p_less"]) == pytest.approx((exact_greater, exact_less))
+    assert (r["p_greater"], r["p_less"]) == pytest.approx((5 / 8, 1.0))  # NaN ones left out: 1/4 and 1
+    g = stats.paired_permutation_test(t, statistic, groups=[[0, 1]], resamples=1999, key_or_seed=3)
+    assert abs(g["p_greater"] - exact_greater) < 4 * math.sqrt(0.25 / 2000)
+    assert abs(g["p_less"] - exact_less) < 4 * math.sqrt(0.25 / 2000)
+
+
 def test_studentized_interval_covers_at_its_level():
     """Coverage of the bootstrap-t 95 % interval of a paired mean difference at 10 units (the
     seeds of a quick study), skewed noise (exponential, shared seed effects of sd 3): 300 simulated

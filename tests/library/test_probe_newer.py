@@ -703,6 +703,8 @@ PROBES: list[Probe] = [
       "attention_residual", valid=r"True or False"),
     E("transformer-max-distance-zero", "nn.transformer", lambda: _transformer(max_distance=0), "max_distance",
       valid=r">= 1"),
+    E("transformer-max-distance-huge", "nn.transformer", lambda: _transformer(max_distance=10**12), "max_distance",
+      valid=r"<= 1048576"),  # was a raw out-of-memory error
     E("transformer-max-distance-float", "nn.transformer", lambda: _transformer(max_distance=4.0), "max_distance",
       valid=r"integer"),
     E("transformer-heads-not-a-divisor", "nn.transformer", lambda: nn.TransformerCell(8, 3, heads=3, rngs=_rngs()),
