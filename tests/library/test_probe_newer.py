@@ -481,6 +481,9 @@ PROBES: list[Probe] = [
       check=lambda r: np.isnan(r["estimate"]) and r["p_greater"] == r["p_less"] == 1.0),  # was SILENT (p = 0)
     R("permutation-inf-in-table-tests-nothing", "stats", lambda: _ppt([[1.0, INF], [2.0, 3.0], [3.0, 4.0]]),
       check=lambda r: r["p_greater"] == r["p_less"] == 1.0),  # was SILENT (p_greater = 0)
+    R("permutation-nan-relabellings-count-as-extreme", "stats",
+      lambda: _ppt([[NAN, 1.0], [0.0, 2.0], [0.5, 0.7]], lambda x: x[..., 1].mean(-1) - np.nanmean(x[..., 0], -1)),
+      check=lambda r: (r["p_greater"], r["p_less"]) == (5 / 8, 1.0)),  # was SILENT (p_greater 1/8: NaN not extreme)
     E("studentized-two-units", "stats", lambda: _si(_TABLE[:2]), "table", valid=r"at least 3 units"),
     E("studentized-confidence-percent", "stats", lambda: _si(confidence=95), "confidence", valid=r"< 1"),
     E("studentized-statistic-scalar", "stats", lambda: _si(statistic=lambda x: 1.0), "statistic",
