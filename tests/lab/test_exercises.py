@@ -1,7 +1,11 @@
 """The graders of deqlab.lab.exercises: a correct implementation passes, a wrong one fails on the
 check that names its mistake, and bad arguments raise errors that name them."""
 
+import ast
 import functools
+import inspect
+import re
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +17,7 @@ from flax import nnx
 import deqlab
 from deqlab import ensembles
 from deqlab.lab import exercises
-from deqlab.lab.exercises import _key
+from deqlab.lab.exercises import _forbid, _key
 from deqlab.lab.experiments import practice
 
 # ------------------------------------------------------------------------------------------------
@@ -484,7 +488,7 @@ def test_check_copy_memory():
         return x.at[:, :m].add(-1), y.at[:, t + m:].add(-1)
 
     report = exercises.check_copy_memory(from_zero)
-    assert not report.passed and "maxval is exclusive" in str(report)
+    assert not report.passed and "must be symbols in 1..8: some are not (0 is the blank" in str(report)
 
     def one_marker_short(key, b, t, m, s):  # delay blanks and memory markers: the delimiter one step late
         x, y = right(key, b, t, m, s)
@@ -552,7 +556,7 @@ def test_check_semi_orthogonal_passes_both_branches_and_names_each_mistake():
 
     signs = exercises.check_semi_orthogonal(plain_qr)
     assert [c.name.split(",")[1].split(":")[0].strip() for c in signs.failed] == ["300 draws"] * 2, str(signs)
-    assert "multiply column j of Q by the sign of R[j, j]" in str(signs)
+    assert "lean to one sign, so the draw is not Haar" in str(signs)
 
     def uniform(key, rows, cols, scale):  # orthonormal, but from uniform entries: the wrong law
         g = jax.random.uniform(key, (max(rows, cols), min(rows, cols)), minval=-1.0, maxval=1.0)
@@ -619,3 +623,45 @@ def test_check_table1_leaves_out_non_finite_runs():
         exercises.check_table1(42)
     with pytest.raises(exercises.GraderTimeout, match="exercises.check_table1 did not finish"):
         exercises.check_table1(_sleeps_forever, time_limit=0.5)
+
+
+
+# ------------------------------------------------------------------------------------------------
+# Answers kept from students (issue 41): a grader's docstring and messages say what is checked and what
+# went wrong, never the answer
+
+
+def _grader_texts(grader: str) -> list[str]:
+    """Every string literal of ``grader``'s source, its docstring included: the hints, notes, usage lines and
+    messages it can print (read with ``ast``: nothing is graded or compiled)."""
+    function = inspect.unwrap(getattr(exercises, grader))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+# code that builds an exercise's answer: its random draws, linear algebra, stacking, optimizer step and
+# matrix products (written into a hint or a docstring, it is a model answer to copy)
+_ANSWER_CODE = (r"\bjax\.random\.\w+", r"\bn?p\.random\.\w+", r"\bj?np\.linalg\.\w+", r"\bj?np\.stack\b",
+                r"\bnnx\.value_and_grad\b", r"\boptimizer\.update\(", r"\bmath\.isfinite\b", r"\w(\.T)?\s*@\s*\w")
+
+
+@pytest.mark.parametrize("grader", [name for name in exercises.__all__ if name.startswith("check_")])
+def test_grader_docstring_and_hints_call_no_library_reference_and_hold_no_answer_code(grader):
+    """The grader's own record of what it blocks (``_forbid.FORBIDDEN``) names the library functions that
+    compute its answer: none is called in its docstring or its messages (``data.copy_memory(...)``,
+    ``freeprob.samples(e).stieltjes(z)``, ``deqlab.solve(...)``), and no message spells out the answer's
+    code (``jax.random.randint(key, (batch_size, memory), 1, symbols + 1)``, ``z @ W.T``). Showing how the
+    student's own function is called (``my_copy_memory(key, batch_size, ...)``) is allowed."""
+    texts = _grader_texts(grader)
+    doc = inspect.cleandoc(inspect.unwrap(getattr(exercises, grader)).__doc__)
+    assert doc in [inspect.cleandoc(text) for text in texts]  # the docstring, as help() shows it, is read too
+    patterns = list(_ANSWER_CODE)
+    for target in _forbid.FORBIDDEN[grader]:
+        *owners, name = target.partition(":")[2].split(".")
+        name = owners[-1] if name == "__call__" else name  # calling a module: its class, DEQ(...)
+        # a call by any path (deqlab.solve(, data.copy_memory(), not the student's my_solve( nor check_...(
+        patterns.append(rf"(?<!\w){re.escape(name)}\(")
+    for text in texts:
+        for pattern in patterns:
+            found = re.search(pattern, text)
+            assert found is None, f"{grader} gives the answer away ({found.group(0)!r}) in: {text[:300]!r}"

@@ -70,8 +70,9 @@ def _tanh_problem(seed: int, *, width: int = 16, batch: int = 4, scale: float, e
 
 @_time_limited
 def check_layer(my_layer: Callable[..., Any]) -> Report:
-    """Grade ``my_layer(z, W, U, b, x)``, the tanh DEQ layer tanh(z W^T + x U^T + b) on a batch of
-    rows (page 1; 001 Eq. 21, 003 Eq. 4), against :func:`deqlab.lab.experiments.practice.tanh_map`.
+    """Grade ``my_layer(z, W, U, b, x)``, the tanh DEQ layer f(z; x) = tanh(W z + U x + b) of page 1
+    (001 Eq. 21 with phi = tanh, 003 Eq. 4) applied to a batch of samples stored as rows, against
+    ``deqlab``'s layer (entrywise, to 1e-5 in float32 and 1e-12 in float64).
 
     Problems: a float32 batch near the linear regime of tanh, and a float64 one with a large
     input (saturated tanh), a non-zero state, a non-zero bias and more inputs than hidden units
@@ -121,9 +122,13 @@ def check_layer(my_layer: Callable[..., Any]) -> Report:
             continue
         theirs = _tanh_map(z, w, u, b, x)
         transposed = jnp.tanh(z @ w + x @ u.T + b)
-        hint = ("batch rows: the layer is tanh(z @ W.T + x @ U.T + b)"
-                + (" (you used W, not W.T)" if mine.shape == theirs.shape and
-                   float(jnp.max(jnp.abs(mine - transposed))) < 10 * tol else ""))
+        if mine.shape == theirs.shape and float(jnp.max(jnp.abs(mine - transposed))) < 10 * tol:
+            hint = ("your output is the layer with W transposed (you used W, not W.T): each row z must be "
+                    "mapped as the column W z of page 1's formula is")
+        else:
+            hint = ("your rows differ from f(z; x) = tanh(W z + U x + b) of page 1 (001 Eq. 21) applied to each "
+                    "row; this case has " + ("a non-zero z and b, a saturated tanh and more inputs than hidden "
+                                             "units" if seed else "z = 0 and b = 0"))
         error = math.inf if mine.shape != theirs.shape else float(jnp.max(jnp.abs(mine - theirs)))
         note = "" if mine.shape == theirs.shape else f"shape {mine.shape}, expected {theirs.shape}"
         checks.append(Check(name, error, tol, hint=hint, note=note))
@@ -133,8 +138,8 @@ def check_layer(my_layer: Callable[..., Any]) -> Report:
 @_time_limited
 def check_weight_tied(my_weight_tied: Callable[..., Any]) -> Report:
     """Grade ``my_weight_tied(f, z0, args, depth)``, the states z^[0..depth] of the weight-tied
-    network z^[i+1] = f(z^[i]) (page 1; 003 Eq. 3), stacked on a new first axis, against a
-    ``jax.lax.scan`` of the layer (scale 0.5 at depth 10, scale 0.95 at depth 40; 1e-5).
+    network z^[i+1] = f(z^[i]) (page 1; 003 Eq. 3), stacked on a new first axis, against the
+    grader's own iteration of the layer (scale 0.5 at depth 10, scale 0.95 at depth 40; 1e-5).
 
     Args:
         my_weight_tied: your function, called as ``my_weight_tied(f, z0, args, depth)``.
@@ -177,16 +182,17 @@ def check_weight_tied(my_weight_tied: Callable[..., Any]) -> Report:
         theirs = jnp.concatenate([states, last[None]], axis=0)
         ok_shape = mine.shape == theirs.shape
         checks.append(Check(name, float(jnp.max(jnp.abs(mine - theirs))) if ok_shape else math.inf, 1e-5,
-                            hint="return depth + 1 states, z^[0] = z0 first, stacked with jnp.stack",
+                            hint="expected the depth + 1 states z^[0] = z0, ..., z^[depth] of 003 Eq. 3 in that "
+                                 "order, on a new first axis (shape (depth + 1,) + z0.shape)",
                             note="" if ok_shape else f"shape {mine.shape}, expected {theirs.shape}"))
     return Report("check_weight_tied(my_weight_tied)", tuple(checks))
 
 
 @_time_limited
 def check_residual(my_residual: Callable[..., Any]) -> Report:
-    """Grade ``my_residual(fz, z)``, the per-row relative residual
-    ||f(z) - z|| / (||f(z)|| + eps sqrt(D)) of :func:`deqlab.solvers.relative_residual` (page 1),
-    on random rows, a row at the fixed point 0, and rows of very different sizes.
+    """Grade ``my_residual(fz, z)``, the per-row relative residual rho(z) of page 1 ("A root-finding
+    problem", the stopping rule of every ``deqlab`` solver), against ``deqlab``'s (relative 1e-5 per
+    row), on random rows, a row at the fixed point 0, and rows of very different sizes.
 
     Args:
         my_residual: your function, called as ``my_residual(fz, z)`` with float32 arrays (B, D); it
@@ -224,15 +230,18 @@ def check_residual(my_residual: Callable[..., Any]) -> Report:
     except Exception as error:  # noqa: BLE001
         return Report("check_residual(my_residual)", (_crashed(name, error, "call it as my_residual(fz, z)."),))
     theirs = np.asarray(relative_residual(fz, z), np.float64)
+    hint = ("compare yours with rho(z) of page 1 row by row: the rows' sizes range over 1e-3 to 1e3, so a "
+            "residual that is not relative to f(z), or mixes rows, fails (the worst row is in the error)")
     if mine.shape != theirs.shape:
         error, note = math.inf, f"shape {mine.shape}, expected {theirs.shape} (one number per row)"
+        hint = "rho is one number per sample: return one per row of z"
     else:
         error, note = float(np.max(np.abs(mine - theirs) / np.maximum(theirs, 1e-30))), ""
         if not bool(np.isfinite(mine[-1])):
             error, note = math.inf, "the row with f(z) = z = 0 gave a non-finite residual"
-    return Report("check_residual(my_residual)", (Check(
-        name, error, 1e-5, note=note,
-        hint="norms per row (axis=-1); divide by ||f(z)|| + eps * sqrt(D) with eps of z's dtype"),))
+            hint = ("at the fixed point z = f(z) = 0 rho must be 0, not 0/0: see the eps sqrt(D) term of rho's "
+                    "definition on page 1")
+    return Report("check_residual(my_residual)", (Check(name, error, 1e-5, note=note, hint=hint),))
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,10 +262,12 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
     - the returned rows meet the tolerance: the worst relative residual rho(z) = ||f(z) - z|| /
       (||f(z)|| + eps sqrt(D)) is at most 2 tol (your loop checks rho at the iterate before the
       one it returns);
-    - the returned rows are the fixed point: relative distance to ``deqlab.solve``'s tight answer
-      at most 20 tol / (1 - scale), the distance a residual tol leaves at that contraction;
-    - it is as fast as ``deqlab.solve(..., solver=reference)``: steps at most 1.25 times its
-      slowest sample's plus 2 (an "Anderson" that is plain iteration fails this on the hard problem);
+    - the returned rows are the fixed point: relative distance to the equilibrium (``deqlab``'s
+      solve to 1e-6) at most 20 tol / (1 - scale), the distance a residual tol leaves at that
+      contraction;
+    - it is as fast as ``deqlab``'s ``reference`` solver on the same problem: steps at most 1.25
+      times its slowest sample's plus 2 (an "Anderson" that is plain iteration fails this on the
+      hard problem);
     - on the expanding problem it raises, or returns rows that meet the tolerance: it never
       returns an unconverged answer silently.
 
@@ -316,8 +327,8 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
         fz = p.f(z, *p.args)
         residual = float(jnp.max(relative_residual(fz, z)))
         checks.append(Check(f"{label}: worst relative residual of your z", residual, 2 * tol,
-                            hint="stop only when every row has rho <= tol, and return that iterate "
-                                 "(or f of it), not an earlier one"))
+                            hint="some returned rows have rho > 2 tol: the solver stopped before every "
+                                 "row met the tolerance, or returned another iterate than the one it tested"))
         exact = _reference(("solve", seed), lambda p=p: jax.jit(lambda args: solve(
             p.f, p.z0, *args, solver=Anderson(tol=1e-6, max_steps=1000), batch_axis=0).value)(p.args))
         distance = float(jnp.max(jnp.linalg.norm(z - exact, axis=-1) / jnp.linalg.norm(exact, axis=-1)))
@@ -329,8 +340,8 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
         )(p.args)))
         bound = 1.25 * ref_steps + 2
         checks.append(Check(f"{label}: your steps vs deqlab {name}'s slowest sample ({ref_steps})", steps, bound,
-                            hint=f"slower than deqlab's {name}: check the mixing (for Anderson, alpha from the "
-                                 "last m residuals) and that you count steps from 0"))
+                            hint=f"more steps than deqlab's {name} on this problem: compare your update with "
+                                 "the method's definition (page 2 for Anderson) and count steps from 0"))
     p = _tanh_problem(2, scale=1.5)
     label = "expanding (scale 1.5, max_steps=30): raises or converges"
     try:
@@ -355,8 +366,8 @@ def check_solver(my_solve: Callable[..., Any], reference: Any = "picard", *, tol
 def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
     """Grade ``my_fixed_point(f, params, x)`` of page 3: the equilibrium ``z* = f(z*, *params, x)`` of
     a batch of rows (z0 = 0, width ``params[0].shape[0]``), differentiable with respect to ``params``
-    and ``x`` by the implicit function theorem (003 Theorem 1, Eq. 8 and 11: d loss/d theta =
-    u^T df/dtheta with u = g + J^T u).
+    and ``x`` by the implicit function theorem (003 Theorem 1: Eq. 8, with the adjoint system of
+    Eq. 11; page 3).
 
     Needs float64 (``jax.config.update("jax_enable_x64", True)``). For the loss
     ``sum(c * z*) + sum(z*^2)`` (c fixed and random, so that no entry of g vanishes), on a tanh DEQ with
@@ -368,7 +379,7 @@ def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
     - the directional derivative along two random directions against central finite differences of
       the loss (relative 1e-5).
 
-    A gradient that skips the adjoint solve (u = g instead of u = (I - J^T)^-1 g) fails the last two.
+    A gradient that skips the adjoint solve of 003 Eq. 11 fails the last two.
 
     Args:
         my_fixed_point: your function, called as ``my_fixed_point(f, params, x)`` with ``params =
@@ -444,17 +455,20 @@ def check_implicit_gradient(my_fixed_point: Callable[..., Any]) -> Report:
             my_grads = jax.jit(jax.grad(loss_of(my_value), argnums=(0, 1)))(params, x)
         except Exception as error:  # noqa: BLE001
             checks.append(_crashed(f"{label}: gradient", error,
-                                   "define my_fixed_point with jax.custom_vjp and defvjp(fwd, bwd)."))
+                                   "jax.grad of the loss must run through my_fixed_point: it is a "
+                                   "jax.custom_vjp with a forward and a backward rule (page 3)."))
             continue
         checks.append(Check(f"{label}: gradient (W, U, b, x) vs deqlab.fixed_point", _relative(my_grads, their_grads),
-                            1e-6, hint="the backward pass must solve u = g + J^T u (003 Eq. 11) and return "
-                                       "u^T df/dtheta; u = g alone is the gradient of one layer, not of z*"))
+                            1e-6, hint="your gradient differs from the implicit gradient of z* (003 Theorem 1, "
+                                       "Eq. 8, with the adjoint system of Eq. 11); a backward pass that skips the "
+                                       "adjoint solve gives the gradient of one layer, not of z*"))
         mine_flat = (*my_grads[0], my_grads[1])
         worst = max(abs(sum(float(jnp.vdot(g, d)) for g, d in zip(mine_flat, v)) - fd) / max(abs(fd), 1e-300)
                     for v, fd in zip(directions, differences))
         checks.append(Check(f"{label}: directional derivative vs central finite differences", worst, 1e-5,
-                            hint="your gradient is not the derivative of the loss: check the adjoint "
-                                 "solve u = g + J^T u and the vjp with respect to (params, x) at z*"))
+                            hint="your gradient is not the derivative of the loss along these directions "
+                                 "(central finite differences): see 003 Eq. 8 and 11, taken at z*, with "
+                                 "respect to both params and x"))
     return Report("check_implicit_gradient(my_fixed_point)", tuple(checks))
 
 
@@ -562,8 +576,9 @@ def check_classifier(model: Any, *, x: Any = None, y: Any = None) -> Report:
         if error >= worst:
             worst_name, worst = jax.tree_util.keystr(path), error
     checks.append(Check("gradient of the cross-entropy, worst parameter", worst, 2e-2, note=worst_name,
-                        hint="the cell's parameters must get the implicit gradient: pass them to "
-                             "deqlab.fixed_point explicitly (nnx.split), do not stop_gradient z*"))
+                        hint="the cell's parameters do not get the implicit gradient of z* (003 Theorem 1): "
+                             "z* must depend on them through the implicit solve, as page 5 builds it (the "
+                             "parameters passed to the solve, not closed over), with no stop_gradient"))
     return Report("check_classifier(model)", tuple(checks))
 
 
@@ -585,8 +600,8 @@ def check_train_step(my_train_step: Callable[..., Any], model: Any, *, learning_
     *before* the update.
 
     Two copies of ``model`` (``nnx.clone``; yours is not touched) take ``steps`` steps on the same
-    batch, one with your step and one with ``nnx.value_and_grad`` + ``nnx.Optimizer.update``, each
-    with ``nnx.Optimizer(copy, optax.sgd(learning_rate), wrt=nnx.Param)``: plain gradient descent,
+    batch, one with your step and one with the grader's reference step, each with
+    ``nnx.Optimizer(copy, optax.sgd(learning_rate), wrt=nnx.Param)``: plain gradient descent,
     so that the update is the gradient itself (Adam's first steps are the gradient's signs, blind
     to its size). Checks: the first returned loss equals the loss before any step; the parameter
     update of the first step and the parameters after the last agree with the reference's
@@ -662,10 +677,12 @@ def check_train_step(my_train_step: Callable[..., Any], model: Any, *, learning_
     checks = (
         Check("returned loss of the first step vs the loss before it", abs(my_losses[0] - initial_loss),
               1e-4 * max(1.0, initial_loss),
-              hint="return the loss computed before optimizer.update (nnx.value_and_grad's value)"),
+              hint="the returned loss is not the mean cross-entropy of model(x) before the step: return "
+                   "the loss at the parameters the step starts from"),
         Check("parameter update of one step vs the reference step", first[1], 1e-3, note=first[0],
-              hint="update with optimizer.update(model, grads), grads of the mean cross-entropy "
-                   "w.r.t. the model (nnx.value_and_grad(loss_fn)(model))"),
+              hint="the first step's parameter change (worst parameter in the note) is not one step of "
+                   "the optimizer on the gradient of the mean softmax cross-entropy of model(x) with "
+                   "respect to the model's nnx.Param"),
         Check(f"parameters after {steps} steps vs the reference", last[1], 1e-3, note=last[0],
               hint="each call must take exactly one optimizer step"),
         Check(f"loss after {steps} steps / first loss", my_losses[-1] / my_losses[0], 0.999,

@@ -51,8 +51,7 @@ def check_length_trace(my_length_trace: Callable[..., Any]) -> Report:
     with ``M = (I - sqrt(V) W0)^{-1}``, one float (chapter 1, page 3; 001 Lemma 2.2 and Definition 2.1:
     the length variance of a tied linear DEQ is twice its average over W0).
 
-    Cases, each against the mean of ``sigma^-4`` over the singular values ``sigma`` of
-    ``I - sqrt(V) W0`` (relative 1e-8): a GOE ``W0`` (N = 64, V = 0.2, symmetric: its eigenvalues
+    Cases, each against the exact trace computed by the grader in float64 (relative 1e-8): a GOE ``W0`` (N = 64, V = 0.2, symmetric: its eigenvalues
     suffice), a GOE close to its critical point (V = 0.24, V_c = 1/4), a Haar-orthogonal one (N = 64,
     V = 0.6, normal), a Ginibre one (N = 48, V = 0.3, *not* normal: eigenvalues alone give a wrong
     answer), and V = 0 (M = I, trace 1). A wrong answer that is a known mistake (the unnormalised
@@ -100,16 +99,18 @@ def check_length_trace(my_length_trace: Callable[..., Any]) -> Report:
         mine, exact = float(value), _trace(w0, V)
         eigenvalues = np.linalg.eigvals(w0)
         known = [
-            (_trace(w0, V, normalised=False), "you computed Tr, the sum over the N singular values: the length "
-                                              "variance uses the normalised trace tr = Tr / N (a mean)"),
-            (_trace(w0, V, weight=V), "W = sqrt(V) W0, not V W0: V is the variance of W's entries times N"),
+            (_trace(w0, V, normalised=False), "yours is N times too large, the unnormalised trace Tr: the length "
+                                              "variance uses the normalised trace tr = Tr / N (001 Definition 2.1)"),
+            (_trace(w0, V, weight=V), "yours is the trace for M = (I - V W0)^-1: the weight is W = sqrt(V) W0, "
+                                      "not V W0 (V is the variance of W's entries times N)"),
             (_trace(w0, V, power=1), "that is tr[M^T M], the second moment: the length variance needs the "
-                                     "fourth, tr[(M^T M)^2], the mean of sigma^-4"),
+                                     "fourth, tr[(M^T M)^2] (001 Lemma 2.2)"),
             (float(np.mean(np.abs(1 - math.sqrt(V) * eigenvalues) ** -4.0)),
-             "eigenvalues give the singular values only for a normal W0 (symmetric or orthogonal): for a "
-             "Ginibre W0 use the singular values of I - sqrt(V) W0 (np.linalg.svd), or form M^T M"),
+             "yours matches the eigenvalue shortcut, right only for a normal W0 (symmetric or orthogonal): "
+             "this Ginibre W0 is not normal, and the moduli of its eigenvalues are not singular values"),
         ]
         hint = next((h for target, h in known if not _close_to(exact, target, 1e-6) and _close_to(mine, target, 1e-6)),
-                    "tr[(M^T M)^2] = mean over the singular values sigma of I - sqrt(V) W0 of sigma^-4")
+                    f"yours is {mine:.6g}, the normalised trace tr[(M^T M)^2] with M = (I - sqrt(V) W0)^-1 is "
+                    f"{exact:.6g} here (001 Lemma 2.2)")
         checks.append(Check(name, abs(mine - exact) / exact, 1e-8, hint=hint))
     return Report("check_length_trace(my_length_trace)", tuple(checks))

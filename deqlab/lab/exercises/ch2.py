@@ -22,7 +22,7 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
     """Grade ``my_stieltjes(eigenvalues, z)``: the empirical Stieltjes transform
     ``G_N(z) = (1/N) sum_i (z - lambda_i)^{-1}`` at every point of ``z`` (chapter 2, page 1; 002 Eq. 6-7).
 
-    Cases, against ``freeprob.samples(eigenvalues).stieltjes(z)`` (relative 1e-10 of the largest
+    Cases, against ``G_N`` computed by the grader in float64 (relative 1e-10 of the largest
     ``abs(G)``): the eigenvalues of a GOE matrix (N = 200, variance 1/2) at five points above the real
     axis, at points below it (``G(conj z) = conj G(z)``), on the real axis outside the spectrum (G
     real, returned complex), far away (``G ~ 1/z``), a scalar ``z`` (a scalar back) and a 2-D grid
@@ -55,19 +55,12 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
         >>> print(report.failed[0].hint)
         your code raised NotImplementedError: your code here. not written yet: ...
 
-        Calling ``deqlab``'s own transform is not an answer: the grader blocks it while it runs your
-        code (see ``exercises._forbid.FORBIDDEN``):
-
-        >>> from deqlab.theory import freeprob
-        >>> report = exercises.check_stieltjes(lambda e, z: freeprob.samples(e).stieltjes(z))
-        >>> report.passed
-        False
-        >>> print(report.failed[0].hint)
-        your code called deqlab.theory.freeprob.spectra.samples: you were asked to write this yourself, ...
+        Calling ``deqlab``'s own transform is not an answer: while the grader runs your code it
+        blocks the references listed in ``exercises._forbid.FORBIDDEN["check_stieltjes"]``, and a
+        call of one fails the check with "you were asked to write this yourself".
     """
     _require_callable(my_stieltjes, "my_stieltjes", "check_stieltjes")
-    usage = ("my_stieltjes(eigenvalues, z) -> complex array of z's shape, the mean over eigenvalues of "
-             "1/(z - lambda) (broadcast z[..., None] against the eigenvalues)")
+    usage = "my_stieltjes(eigenvalues, z) -> complex array of z's shape, G_N at every point of z"
     rng = np.random.default_rng(0)
 
     def goe_eigenvalues(n):
@@ -100,12 +93,12 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
         scale = float(np.max(np.abs(exact)))
         error = float(np.max(np.abs(value - exact))) / scale
         if np.allclose(value, -exact, rtol=1e-8, atol=0):
-            hint = "the sign: G(z) = mean of 1/(z - lambda), not 1/(lambda - z); Im G < 0 when Im z > 0"
+            hint = "the sign: yours is -G_N(z) (002 Eq. 6); for Im z > 0, Im G_N(z) < 0"
         elif np.allclose(value, lam.size * exact, rtol=1e-8, atol=0):
-            hint = "off by the factor N: G_N is the mean over the eigenvalues (1/N) sum, not the sum"
+            hint = "off by the factor N: yours is N G_N(z); G_N carries the factor 1/N (002 Eq. 7)"
         else:
-            hint = ("G_N(z) is the mean over the eigenvalues of 1/(z - lambda), at every point of z: complex, "
-                    "of z's shape")
+            hint = ("yours differs from G_N(z) of 002 Eq. 6-7 at these points (the worst relative error is "
+                    "above); compare point by point, each G_N(z) using all N eigenvalues")
         checks.append(Check(name, error, 1e-10, hint=hint))
     # the semicircle: the empirical transform of a large GOE sample converges to it, at rate 1/N
     n = 2000

@@ -41,20 +41,20 @@ def _welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 @_time_limited
 def check_mean_difference(my_mean_difference: Callable[..., Any]) -> Report:
     """Grade ``my_mean_difference(a, b)``: the difference ``mean(a) - mean(b)`` of the mean test errors
-    of two groups of independent seeds and its standard error ``sqrt(s_a^2/n_a + s_b^2/n_b)``, with
-    ``s^2`` the sample variance (``ddof=1``); chapter 3, page 5, where it decides whether the
+    of two groups of independent seeds and the standard error of that difference, estimated from the
+    seeds' spread (chapter 3, page 5, exercise 2), where it decides whether the
     orthogonal ensemble's error is lower than the Gaussian's by more than two standard errors (the
     claim of 001 §4.1 / Fig. 5).
 
     Cases: two groups of 5 test errors (the page's quick scale), groups of 3 and 10 (unequal sizes:
-    each group's own variance, not a pooled one), two constant groups (standard error 0), each
-    against the formula (relative 1e-9); a group of one seed, whose spread is unknown: the function
+    each group's own spread, not a pooled one), two constant groups (standard error 0), each
+    against the grader's value (relative 1e-9); a group of one seed, whose spread is unknown: the function
     must raise (any exception) or return a NaN standard error; and a simulation: over 2000 pairs of
     normal samples (n = 5 and 8, standard deviations 1 and 2) the mean of your squared standard error
     must be within 5 of its own standard errors of the true variance of the difference, 1/5 + 4/8
-    (unbiased only with ``ddof=1``; the bias of ``ddof=0`` is 15%, the tolerance about 6%). Known
-    mistakes (``ddof=0``, standard errors added instead of added in quadrature, ``s`` for ``s/sqrt(n)``,
-    ``b - a``) get their hints.
+    (an unbiased estimate passes; the tolerance is about 6%). Known mistakes (a biased variance, the
+    two groups combined wrongly, the spread of one seed for that of a mean, the sign) get their
+    hints.
 
     Args:
         my_mean_difference: your function, called as ``my_mean_difference(a, b)`` with ``a`` and ``b``
@@ -104,17 +104,21 @@ def check_mean_difference(my_mean_difference: Callable[..., Any]) -> Report:
                     if se > 0 else abs(value[1]))
         se_a, se_b = a.std(ddof=1) / math.sqrt(a.size), b.std(ddof=1) / math.sqrt(b.size)
         known = [
-            (math.sqrt(a.var() / a.size + b.var() / b.size), "np.std and np.var default to ddof=0: the sample "
-                                                              "variance of the seeds needs ddof=1"),
-            (se_a + se_b, "standard errors of independent means add in quadrature: sqrt(se_a^2 + se_b^2)"),
-            (math.sqrt(a.var(ddof=1) + b.var(ddof=1)), "the standard error of a mean is s / sqrt(n), not s"),
+            (math.sqrt(a.var() / a.size + b.var() / b.size), "yours uses the population variance (np.std and "
+                                                              "np.var default to ddof=0): the seeds' sample "
+                                                              "variance needs ddof=1"),
+            (se_a + se_b, "yours is se_a + se_b: standard errors of independent means add in quadrature, not "
+                          "linearly"),
+            (math.sqrt(a.var(ddof=1) + b.var(ddof=1)), "yours uses each group's spread s: the standard error of a "
+                                                       "mean is s / sqrt(n), not s"),
         ]
         if _close_to(value[0], -diff, 1e-9) and diff != 0:
-            hint = "the sign: the difference is mean(a) - mean(b)"
+            hint = "the sign: yours is mean(b) - mean(a); the difference is mean(a) - mean(b)"
         else:
             hint = next((h for target, h in known if se > 0 and not _close_to(se, target, 1e-6)
                          and _close_to(value[1], target, 1e-6)),
-                        "difference mean(a) - mean(b); standard error sqrt(var(a, ddof=1)/n_a + var(b, ddof=1)/n_b)")
+                        f"yours is ({value[0]:.6g}, {value[1]:.6g}), expected ({diff:.6g}, {se:.6g}): the difference "
+                        "of the means and the standard error of a difference of two independent means (page 5)")
         checks.append(Check(name, error, 1e-9, hint=hint))
     # one seed: no spread estimate
     name = "a group of one seed: raises, or returns a NaN standard error"
@@ -149,8 +153,8 @@ def check_mean_difference(my_mean_difference: Callable[..., Any]) -> Report:
         squares = np.asarray(squares)
         z = abs(squares.mean() - true_variance) / (squares.std(ddof=1) / math.sqrt(reps))
         checks.append(Check(name, float(z), 5.0, note=f"mean se^2 {squares.mean():.4f}, Var(diff) {true_variance:.4f}",
-                            hint="your squared standard error is biased: sample variances with ddof=1 make "
-                                 "it unbiased for Var(mean(a) - mean(b)) = sigma_a^2/n_a + sigma_b^2/n_b"))
+                            hint="your squared standard error is biased for Var(mean(a) - mean(b)) (both in the "
+                                 "note): it is unbiased only when built from unbiased variance estimates"))
     return Report("check_mean_difference(my_mean_difference)", tuple(checks))
 
 
@@ -238,10 +242,10 @@ def check_jacobian_penalty(my_jacobian_penalty: Callable[..., Any], *, repetitio
 
     def scale_hint(mean, exact, size):
         if _close_to(mean, exact / size, 0.2):
-            return f"off by the factor N = {size}: return ||J||_F^2 itself, the mean over probes of ||J eps||^2 " \
-                   "summed over the N entries (Bai et al.'s loss divides by N; the penalty does not)"
+            return f"off by the factor N = {size}: the estimate is of ||J||_F^2 itself, not divided by N " \
+                   "(Bai et al.'s loss divides by N; the penalty does not)"
         if _close_to(mean, math.sqrt(exact), 0.3):
-            return "square the norm: ||J eps||^2 = sum((J eps)^2), not ||J eps||"
+            return "yours is close to ||J||_F, not its square: square the norm, ||J eps||^2 and not ||J eps||"
         return ""
 
     # 1. diagonal Jacobian: Rademacher estimates are exact
@@ -256,8 +260,8 @@ def check_jacobian_penalty(my_jacobian_penalty: Callable[..., Any], *, repetitio
     else:
         worst = max(abs(v - frob_diag) / frob_diag for v in values)
         hint = scale_hint(float(np.mean(values)), frob_diag, z_diag.shape[0]) or (
-            "draw Rademacher probes, entries +-1 (jax.random.rademacher): on a diagonal J they make "
-            "||J eps||^2 = ||J||_F^2 exactly; Gaussian probes add a variance 2 sum_i (J^T J)_ii^2")
+            "on a diagonal J every estimate from probes with entries +-1 is exactly ||J||_F^2 (page 6, exercise "
+            "1); yours are not: draw Rademacher probes, as the exercise asks (Gaussian ones vary with the key)")
         checks.append(Check(name, worst, 1e-5, hint=hint))
     if not values or len(values) < 3:
         return Report("check_jacobian_penalty(my_jacobian_penalty)", tuple(checks))
@@ -282,13 +286,14 @@ def check_jacobian_penalty(my_jacobian_penalty: Callable[..., Any], *, repetitio
                                 "needs probes with E[eps eps^T] = I (independent entries of mean 0, variance 1)"))
             ratio = sd / formula
             if sd == 0:
-                hint = "every key gave the same estimate: draw the probes from `key` (jax.random.rademacher(key, ...))"
+                hint = "every key gave the same estimate: draw the probes from `key`, the key you are given"
             elif n_probes > 1 and _close_to(ratio, math.sqrt(n_probes), 0.35):
                 hint = f"the spread did not shrink by sqrt(n_probes): average ||J eps||^2 over all {n_probes} probes"
             elif _close_to(sd, math.sqrt(2 * gram_sq / n_probes), 0.2):
-                hint = "the spread of Gaussian probes: use Rademacher ones, entries +-1 (jax.random.rademacher)"
+                hint = "the spread is that of Gaussian probes: the estimator's probes are Rademacher, entries +-1"
             else:
-                hint = "n_probes independent Rademacher probes from `key`, and the mean of ||J eps||^2 over them"
+                hint = ("the spread differs from page 6's formula for the mean of n_probes independent Rademacher "
+                        "probes drawn from `key` (the ratio is in the note)")
             checks.append(Check(f"{name}: |log(spread of the estimates / Rademacher formula)|",
                                 abs(math.log(ratio)) if ratio > 0 else math.inf, math.log(1.4),
                                 note=f"ratio {ratio:.2f}", hint=hint))

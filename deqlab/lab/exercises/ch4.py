@@ -90,12 +90,16 @@ def check_linear_deq(my_linear_deq: Callable[..., Any]) -> Report:
         scale = max(float(np.max(np.abs(exact))), 1.0 if depth == 0 else 0.0)
         error = float(np.max(np.abs(value - exact))) / scale
         if depth and np.allclose(value, _path(K, Y, lam, depth, sign=1.0), rtol=1e-10, atol=0):
-            hint = "the sign: stationarity K alpha + lam alpha = Y gives z = K (Y - z) / lam, with W_1 = -K/lam"
+            hint = ("the sign: yours is the path of z = K (Y + z) / lam; the layer of page 2 has W_1 = -K/lam "
+                    "(004 Thm. 3 with the Gaussian family)")
         elif depth and np.allclose(value, _path(K, Y, 1 / lam, depth), rtol=1e-10, atol=0):
-            hint = "divide by lam: the layer's weights are K / lam"
+            hint = "divide by lam, do not multiply: yours matches lam K where the layer's weights are K / lam"
         else:
-            hint = "row r is z_r = K (Y - z_{r-1}) / lam (matrix product K @ ...), from z_0 = 0"
-        checks.append(Check(name, error, 1e-10, hint=hint))
+            hint = ("your rows differ from the states z_r of the recursion z_{r+1} = K (Y - z_r) / lam from "
+                    "z_0 = 0 (page 2; 004 Thm. 3): compare them row by row, the first wrong row shows the slip")
+        wrong_rows = np.nonzero(np.max(np.abs(value - exact).reshape(depth + 1, -1), axis=1) > 1e-10 * scale)[0]
+        note = f"first wrong row: r = {wrong_rows[0]}" if error > 1e-10 and wrong_rows.size else ""
+        checks.append(Check(name, error, 1e-10, hint=hint, note=note))
     # the fixed point is kernel ridge regression
     depth, lam = 120, 2 * norm
     name = f"C = 1/2, depth {depth}: last state vs K (K + lam I)^-1 Y (kernel ridge regression)"

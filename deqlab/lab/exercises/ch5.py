@@ -98,12 +98,23 @@ def check_copy_memory(my_copy_memory: Callable[..., Any]) -> Report:
             checks.append(failed)
             continue
         x, y = mine
-        wrong = (int(np.sum(x[:, m:m + t - 1] != 0)) + int(np.sum(x[:, m + t - 1:] != 9))
-                 + int(np.sum(y[:, :t + m] != 0)) + int(np.sum(y[:, t + m:] != x[:, :m]))
-                 + int(np.sum((x[:, :m] < 1) | (x[:, :m] > s))))
-        checks.append(Check(name, wrong, 0, hint=(
-            "x = [m symbols in 1..s, delay - 1 blanks (0), memory + 1 markers (9)]; y = [delay + memory blanks, "
-            "the m symbols of x]; symbols are 1..s, 0 is the blank: jax.random.randint's maxval is exclusive")))
+        parts = {  # each part of the layout (docstring; page 2, "The task"): entries that break it, and why
+            "symbols": (int(np.sum((x[:, :m] < 1) | (x[:, :m] > s))),
+                        f"x's first memory = {m} entries must be symbols in 1..{s}: some are not (0 is the blank, "
+                        "9 the marker; check both ends of the range you draw from)"),
+            "blanks": (int(np.sum(x[:, m:m + t - 1] != 0)), f"x must have delay - 1 = {t - 1} blanks (0) after the "
+                                                              "symbols"),
+            "markers": (int(np.sum(x[:, m + t - 1:] != 9)), f"x must end with memory + 1 = {m + 1} markers (9), the "
+                                                             "first one the cue"),
+            "target blanks": (int(np.sum(y[:, :t + m] != 0)), f"y must be blank (0) for its first delay + memory = "
+                                                              f"{t + m} steps"),
+            "target copy": (int(np.sum(y[:, t + m:] != x[:, :m])), f"y's last memory = {m} steps must be x's "
+                                                                   "symbols, in order"),
+        }
+        broken = [(part, count, why) for part, (count, why) in parts.items() if count]
+        checks.append(Check(name, sum(count for _, count, _ in broken), 0,
+                            note=", ".join(f"{part}: {count}" for part, count, _ in broken),
+                            hint="; ".join(why for _, _, why in broken)))
 
     name = "the key: the same key twice gives the same batch (entries that differ)"
     first, failed = batch(jax.random.key(11), 4, 10, 10, 8, name)
@@ -136,7 +147,8 @@ def check_copy_memory(my_copy_memory: Callable[..., Any]) -> Report:
         sd = math.sqrt(symbols.size * (1 / 8) * (7 / 8))
         worst = math.inf if outside else float(np.max(np.abs(counts - symbols.size / 8)) / sd)
         checks.append(Check(name, worst, 5.0, note=f"{outside} symbols outside 1..8" if outside else "",
-                            hint="symbols uniform on 1..symbols: jax.random.randint(key, shape, 1, symbols + 1)"))
+                            hint="the symbols are not uniform on 1..symbols: some symbol's count is more than 5 "
+                                 "binomial standard deviations from 500 (the worst is the error)"))
         # neighbours (j, j + 1) of a row: 3600 pairs; independent uniform symbols spread them evenly over the
         # 64 pairs. The chi-square statistic is then approximately chi2(63): its 1 - 1e-6 quantile is the bar.
         name = "3600 neighbouring pairs: chi-square statistic against independent uniform symbols"
@@ -149,7 +161,8 @@ def check_copy_memory(my_copy_memory: Callable[..., Any]) -> Report:
             statistic = float(np.sum((observed - expected) ** 2 / expected))
             checks.append(Check(name, statistic, float(stats.chi2.isf(1e-6, 63)), hint=(
                 "the symbols of a sequence must be independent draws, not a pattern (a cycle, a repeated block): "
-                "draw them all at once, jax.random.randint(key, (batch_size, memory), 1, symbols + 1)")))
+                "neighbouring pairs are spread over the 64 possible pairs far less evenly than independent "
+                "uniform symbols spread them")))
     return Report("check_copy_memory(my_copy_memory)", tuple(checks))
 
 
@@ -219,9 +232,15 @@ def check_semi_orthogonal(my_semi_orthogonal: Callable[..., Any]) -> Report:
             continue
         gram = k.T @ k if rows >= cols else k @ k.T
         error = float(np.max(np.abs(gram / scale**2 - np.eye(min(rows, cols)))))
-        checks.append(Check(name, error, 1e-5, hint=(
-            "QR of a (max, min) Gaussian matrix gives orthonormal columns; transpose Q when rows < cols so that "
-            "the rows are orthonormal; multiply by scale once")))
+        side = "K^T K (orthonormal columns)" if rows >= cols else "K K^T (orthonormal rows)"
+        if scale != 1 and np.allclose(gram, scale**4 * np.eye(min(rows, cols)), rtol=1e-4, atol=1e-6):
+            hint = f"{side} is scale^4 I, not scale^2 I: your matrix is multiplied by scale twice"
+        elif scale != 1 and np.allclose(gram, np.eye(min(rows, cols)), rtol=1e-4, atol=1e-6):
+            hint = f"{side} is I, not scale^2 I: your matrix is not multiplied by scale"
+        else:
+            hint = (f"for a {label} shape {side} must be scale^2 I (page 5; 001 App. D): yours is not, by the "
+                    "error above")
+        checks.append(Check(name, error, 1e-5, hint=hint))
         if label == "square":
             continue
         name = f"{label}: another key gives another matrix"
@@ -231,7 +250,7 @@ def check_semi_orthogonal(my_semi_orthogonal: Callable[..., Any]) -> Report:
             continue
         same = bool(np.allclose(k, other))
         checks.append(Check(name, 1.0 if same else 0.0, 0.0, note="the same matrix" if same else "",
-                            hint="draw the Gaussian matrix from the key you are given"))
+                            hint="two keys gave the same matrix: draw it from the key you are given"))
 
     draws, n = 300, 12
     for label in ("tall", "wide"):
@@ -253,14 +272,14 @@ def check_semi_orthogonal(my_semi_orthogonal: Callable[..., Any]) -> Report:
         diagonal = k[:, np.arange(small), np.arange(small)] * math.sqrt(n)  # mean 0, variance 1 each
         z = abs(float(diagonal.sum())) / math.sqrt(diagonal.size)
         checks.append(Check(name, z, 5.0, hint=(
-            "plain QR is not Haar: LAPACK's Householder QR makes the diagonal of R (and so of Q) lean to one sign; "
-            "multiply column j of Q by the sign of R[j, j]")))
+            "the diagonal entries lean to one sign, so the draw is not Haar: a QR factor as LAPACK returns it is "
+            "not uniformly distributed (see page 5 on the signs of R's diagonal)")))
         m4 = np.mean(k**4, axis=(1, 2)) * n * (n + 2) / 3  # per draw; mean 1 under Haar
         se = float(np.std(m4, ddof=1) / math.sqrt(draws))
         error = abs(float(m4.mean()) - 1.0) / se if se > 0 else (0.0 if m4.mean() == 1.0 else math.inf)
         checks.append(Check(fourth, error, 5.0, hint=(
-            "orthonormalise a matrix of independent standard Gaussian entries (not uniform ones, not a fixed "
-            "matrix): its QR factor is a uniformly random orthonormal frame")))
+            "the entries' fourth moment is not that of a uniformly random orthonormal frame, 3 / (n (n + 2)): "
+            "the law of the matrix you orthonormalise is not rotation invariant (page 5)")))
     return Report("check_semi_orthogonal(my_semi_orthogonal)", tuple(checks))
 
 
@@ -302,7 +321,7 @@ def _table1_reference(rows: list[dict[str, Any]]) -> dict[tuple, tuple[float, fl
 def check_table1(my_table1: Callable[..., Any]) -> Report:
     """Grade ``my_table1(rows)``: 001 Table 1 from the per-seed rows of the ensemble study (chapter 5,
     page 6): a dict ``{(ensemble, sqrt_v): (min, mean)}`` of the final test perplexity over the runs
-    of each (ensemble, sqrt(V)) whose value is finite, as ``ensemble_study.summarize`` computes it.
+    of each (ensemble, sqrt(V)) whose value is finite, as the page's Table 1 reports it.
 
     ``rows`` is a list of dicts with at least ``"ensemble"``, ``"sqrt_v"``, ``"seed"`` and
     ``"test_perplexity"`` (``float``; ``inf`` or ``nan`` for a run whose loss diverged), in no
@@ -364,7 +383,7 @@ def check_table1(my_table1: Callable[..., Any]) -> Report:
             continue
         error = max(abs(mine[k][j] - reference[k][j]) / abs(reference[k][j]) if math.isfinite(mine[k][j])
                     else math.inf for k in expected for j in range(2))
-        hint = "min and mean over the runs of a cell whose test perplexity is finite (math.isfinite)"
+        hint = "a cell's (min, mean) differ from those of its runs with a finite test perplexity"
         if label != "all runs finite":
             hint = ("leave out the runs whose perplexity is not finite before taking min and mean: a diverged run "
                     "has inf or nan, and min or mean over it gives inf or nan (and min over a nan depends on where "
