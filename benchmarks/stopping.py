@@ -39,6 +39,7 @@ the time).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -71,6 +72,78 @@ def configs():
                     "" if every == 1 else " [check auto]")
                 out[label] = cls(tol=TOL, max_steps=MAX_STEPS, stop=stop, check_every=every)
     return out
+
+
+def oracle(case, name, tol=TOL, max_steps=MAX_STEPS):
+    """The fewest steps after which every sample's value is within ``tol`` (max-abs against
+    ``case.reference``), and two functions of (args, steps) that run the solver for exactly that
+    many steps: deqlab's loop (judged at every step) and the solver's own steps alone (init, then
+    propose, f, record on the flattened ``(B, D)`` rows; one check at the end).
+
+    The step count is found in one compiled scan of ``max_steps`` steps that records each sample's
+    error after every step (the value the solver would return there)."""
+    import deqlab
+    from deqlab import solvers
+    from deqlab.solvers import batched_hooks
+
+    solver = solvers.get_solver(name, tol=tol, max_steps=max_steps)
+    init, propose, record = batched_hooks(solver)  # the solver's one-sample steps on the batch
+    shape = case.z0.shape
+    rows = (shape[0], math.prod(shape[1:]))
+
+    def flat_f(z, a):
+        return case.f(z.reshape(shape), *a).reshape(rows)
+
+    def returned(z, fz, history):
+        if solver.steps_past_convergence:  # Picard returns one step further: z + damping (f(z) - z)
+            return propose(z, fz, history)[0]
+        return z
+
+    def in_loop(a, k):
+        sol = deqlab.solve(case.f, case.z0, *a, solver=solver, batch_axis=0, on_failure="ignore",
+                           budget=solvers.Budget(k, jnp.float32(0.0)))
+        z = sol.state.z.reshape(rows)  # the last iterate (a failed solve's value is its best)
+        return returned(z, flat_f(z, a), sol.state.history).reshape(shape)
+
+    def step(a):
+        def one(carry):
+            z, fz, history = carry
+            z, history = propose(z, fz, history)
+            fz = flat_f(z, a)
+            return z, fz, record(z, fz, history)
+        return one
+
+    def start(a):
+        z0 = case.z0.reshape(rows)
+        fz0 = flat_f(z0, a)
+        return z0, fz0, init(z0, fz0)
+
+    def steps_alone(a, k):
+        z, fz, history = jax.lax.fori_loop(0, k, lambda _, c: step(a)(c), start(a))
+        # the one check an ideal rule makes: each sample's residual norm
+        norms = jnp.linalg.norm(fz - z, axis=1)
+        return returned(z, fz, history).reshape(shape), norms
+
+    reference = jnp.asarray(np.asarray(case.reference, np.float64).reshape(rows), case.z0.dtype)
+
+    @jax.jit
+    def errors(a):
+        def scan_step(carry, _):
+            carry = step(a)(carry)
+            return carry, jnp.max(jnp.abs(returned(*carry) - reference), axis=1)
+
+        return jax.lax.scan(scan_step, start(a), None, length=max_steps)[1]  # (max_steps, B)
+
+    within = np.asarray(errors(case.args)) <= tol  # float32 against the reference rounded to float32
+    every = np.flatnonzero(np.all(within, axis=1))
+    if every.size == 0:
+        raise RuntimeError(f"{name}: not every sample within {tol:g} after {max_steps} steps")
+    k = int(every[0]) + 1
+    first = np.argmax(within, axis=0) + 1
+    if np.max(first) != k:
+        raise RuntimeError(f"{name}: the slowest sample's first step within tol ({np.max(first)}) is not the "
+                           f"batch's ({k})")
+    return k, in_loop, steps_alone
 
 
 def main(argv=None) -> dict:
@@ -106,53 +179,6 @@ def main(argv=None) -> dict:
                        missed=int(np.sum((errors > TOL) & np.isfinite(estimate))))
         return out
 
-    def oracle(name):
-        """The fewest steps after which every sample's value is within TOL, and two functions of
-        (args, steps) that run the solver for exactly that many steps: deqlab's loop (judged at
-        every step) and the solver's own steps alone (init, then propose, f, record; one check)."""
-        from deqlab import solvers
-        from deqlab.solvers import batched_hooks
-
-        solver = solvers.get_solver(name, tol=TOL, max_steps=MAX_STEPS)
-        init, propose, record = batched_hooks(solver)  # the solver's one-sample steps on the batch
-
-        def returned(z, fz, history):
-            if solver.steps_past_convergence:  # Picard returns one step further: z + damping (f(z) - z)
-                return propose(z, fz, history)[0]
-            return z
-
-        def in_loop(a, k):
-            sol = deqlab.solve(case.f, case.z0, *a, solver=solver, batch_axis=0, on_failure="ignore",
-                               budget=solvers.Budget(k, jnp.float32(0.0)))
-            z = sol.state.z.reshape(case.z0.shape)  # the last iterate (a failed solve's value is its best)
-            return returned(z, case.f(z, *a), sol.state.history)
-
-        def steps_alone(a, k):
-            def step(_, carry):
-                z, fz, history = carry
-                z, history = propose(z, fz, history)
-                fz = case.f(z, *a)
-                return z, fz, record(z, fz, history)
-
-            fz0 = case.f(case.z0, *a)
-            z, fz, history = jax.lax.fori_loop(0, k, step, (case.z0, fz0, init(case.z0, fz0)))
-            # the one check an ideal rule makes: each sample's residual norm
-            norms = jnp.linalg.norm(fz - z, axis=1)
-            return returned(z, fz, history), norms
-
-        search = jax.jit(lambda a, k: steps_alone(a, k)[0])
-        first = np.zeros(case.z0.shape[0], int)
-        for k in range(1, MAX_STEPS + 1):
-            z = np.asarray(search(case.args, jnp.int32(k)), np.float64)
-            within = np.max(np.abs(z - reference), axis=1) <= TOL
-            first = np.where(within & (first == 0), k, first)
-            if np.all(within):
-                if np.max(first) != k:
-                    raise RuntimeError(f"{name}: the slowest sample's first step within tol ({np.max(first)}) is not "
-                                       f"the batch's ({k})")
-                return k, in_loop, steps_alone
-        raise RuntimeError(f"{name}: not every sample within {TOL:g} after {MAX_STEPS} steps")
-
     steps, limit_error = common.limit_steps(case, MAX_STEPS, TOL)
     if limit_error > TOL:
         raise RuntimeError(f"plain iteration does not reach {TOL:g} in {MAX_STEPS} steps")
@@ -165,7 +191,7 @@ def main(argv=None) -> dict:
 
         record(label, run, deqlab_steps)
     for name in ORACLE_SOLVERS:
-        steps_needed, in_loop, steps_alone = oracle(name)
+        steps_needed, in_loop, steps_alone = oracle(case, name)
         for label, run in ((ORACLE_EVERY, in_loop), (ORACLE_ONCE, lambda a, k, f=steps_alone: f(a, k)[0])):
             def run_oracle(a, run=run, k=steps_needed):
                 return run(a, jnp.int32(k)), k

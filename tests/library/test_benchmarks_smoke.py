@@ -11,6 +11,7 @@ import pytest
 from benchmarks import (
     budget,
     common,
+    default_solver,
     dropout,
     forward,
     gradient,
@@ -114,6 +115,20 @@ def test_stopping_benchmark_tiny():
     assert rows[stopping.LIMIT]["error"] <= stopping.TOL and rows[stopping.LIMIT]["steps"] == out["limit_steps"]
     assert all(row["converged"] == 1.0 and np.isfinite(row["error"]) and row["ms"] > 0
                for label, row in rows.items() if label not in oracles)
+
+
+@pytest.mark.slow
+def test_default_solver_benchmark_tiny():
+    """The benchmark set's rows on its cheapest problem (the others differ only in the map): the
+    default, an oracle row per solver (each within tol: the oracle's definition), optimistix absent
+    (--no-peers); the default's steps and compile seconds are positive (no timing is asserted)."""
+    out = default_solver.main(["--size", "tiny", "--repeats", "1", "--no-peers", "--problem", "linear GOE 0.48"])
+    result = out["linear GOE 0.48"]
+    rows = {row["config"]: row for row in result["rows"]}
+    assert set(rows) == {"default"} | {f"{name} oracle" for name in default_solver.SOLVERS}
+    assert all(rows[f"{name} oracle"]["error"] <= default_solver.TOL for name in default_solver.SOLVERS)
+    assert rows["default"]["steps"] > 0 and np.isfinite(rows["default"]["error"])
+    assert result["compile_solve_s"] > 0 and result["compile_grad_s"] > 0
 
 
 @pytest.mark.slow
