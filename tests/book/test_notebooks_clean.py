@@ -94,6 +94,12 @@ def test_format(notebook):
     assert nb.get("metadata", {}).get("kernelspec", {}).get("name") == "python3", (
         f"{path}: kernelspec must be python3"
     )
+    # nbformat 4.5 gives every cell an id: nbconvert warns on a missing one (a future hard error),
+    # and the grading manifest and the student edition name cells by id
+    missing = [i for i, c in enumerate(nb["cells"]) if not c.get("id")]
+    assert not missing, f"{path}: cells {missing} have no id"
+    ids = [c["id"] for c in nb["cells"]]
+    assert len(set(ids)) == len(ids), f"{path}: duplicate cell ids"
 
 
 def test_no_outputs_in_git(notebook):
