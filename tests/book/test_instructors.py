@@ -139,6 +139,21 @@ def test_the_includes_are_what_render_makes():
         assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run python3 .ci/notebook_times.py render"
 
 
+def test_the_prose_names_every_graded_page_and_its_graders():
+    """The instructors' page says how many pages call a grader and lists their graders: both
+    follow the notebooks (a grader added to a page must be added to the sentence)."""
+    import re
+
+    words = {11: "Eleven", 12: "Twelve", 13: "Thirteen", 14: "Fourteen", 15: "Fifteen"}
+    called = {path: nt.graders(path) for path in sorted(BOOK.glob("ch*/*.ipynb"))}
+    graded = {path: g for path, g in called.items() if g}
+    page = " ".join((BOOK / "instructors.md").read_text().split())
+    assert f"{words[len(graded)]} pages call a grader" in page
+    named = set(re.findall(r"`(check_\w+)`", page))
+    chapter0 = {g for path, gs in graded.items() if path.parent.name.startswith("ch0") for g in gs}
+    assert {g for gs in graded.values() for g in gs} - chapter0 <= named  # chapter 0's are described in words
+
+
 def test_graders_are_read_from_the_notebooks():
     assert nt.graders(BOOK / "ch0_practice" / "01_what_is_a_deq.ipynb")[:4] == [
         "check_layer", "check_weight_tied", "check_residual", "check_solver"]
