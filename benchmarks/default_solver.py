@@ -53,7 +53,9 @@ from benchmarks import common, stopping
 from benchmarks import compile as compile_bench
 
 TOL = 1e-5
-SIZES = {"tiny": dict(width=32, batch=8, length=8, repeats=2), "quick": dict(width=384, batch=96, length=16, repeats=9)}
+# The transformer problem is width 32, length 8, batch 8 at both sizes: at length 16 and batch 16 no
+# solver (deqlab's three, optimistix's) brought every sequence within 1e-5 in 1000 steps (2026-11-29).
+SIZES = {"tiny": dict(width=32, batch=8, length=8, repeats=2), "quick": dict(width=384, batch=96, length=8, repeats=9)}
 MAX_STEPS = {"tanh 1.3": 1000, "linear GOE 0.48": 3000, "transformer": 1000}
 SOLVERS = ("picard", "anderson", "broyden")
 
@@ -74,7 +76,7 @@ def cases(size: dict) -> dict:
         "tanh 1.3": lambda: common.tanh_case("tanh 1.3", width=width, batch=batch, ensemble="orthogonal", scale=1.3),
         "linear GOE 0.48": lambda: common.linear_case("linear GOE 0.48", width=width, batch=batch, scale=0.48),
         "transformer": lambda: common.transformer_case("transformer", width=32, length=size["length"],
-                                                       batch=min(batch, 16)),
+                                                       batch=min(batch, 8)),
     }
 
 
