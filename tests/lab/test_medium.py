@@ -13,7 +13,7 @@ def _fake_stabilisation(options):
     # the collector's record shape (power_collect.collect_stabilisation) with made-up per-seed numbers:
     # "spectral" lowers both measures by a margin far above the spread, "shine" changes nothing
     rng = np.random.default_rng(0)
-    n = options["seeds"]
+    n, first = options["seeds"], options.get("first_seed", 0)
     base = {"steps_last": list(20 + rng.normal(0, 1, n)), "radius_last": list(0.9 + rng.normal(0, 0.01, n)),
             "test_error": list(rng.uniform(0.1, 0.2, n))}
     cells = {"none@1.5": base, "none@2.5": base,
@@ -21,7 +21,8 @@ def _fake_stabilisation(options):
                               for k, vs in base.items()},
              "shine@2.5": {k: list(np.asarray(vs) + rng.normal(0, 1e-3, n)) for k, vs in base.items()}}
     return {"page": "p", "driver": "d", "seconds": 0.5, "cells": cells,
-            "settings": {"scales": [1.5, 2.5], "remedies": ["none", "spectral", "shine"], "seeds": list(range(n))}}
+            "settings": {"scales": [1.5, 2.5], "remedies": ["none", "spectral", "shine"],
+                         "seeds": list(range(first, first + n))}}
 
 
 def test_run_stores_provenance_and_verdicts(tmp_path):
@@ -104,6 +105,7 @@ def test_bad_key_and_missing_result(tmp_path):
 
 
 STORED = sorted(set(medium.EXPERIMENTS) - set(medium.WITHDRAWN))
+N_CH3P6 = medium.settings("ch3p6")["seeds"]  # the seeds of the fake ch3p6 runs below (the current settings)
 
 
 @pytest.mark.parametrize("key", STORED)
@@ -112,10 +114,39 @@ def test_stored_results_are_current_and_consistent(key):
     # are what the power analysis's rule gives on its own per-seed numbers
     record = medium.load(key)
     assert not record["stale"], f"{key}: rerun `{record['command']}`"
-    assert record["raw"]["settings"]["seeds"] == list(range(record["options"]["seeds"]))
+    first = record["options"].get("first_seed", 0)
+    assert record["raw"]["settings"]["seeds"] == list(range(first, first + record["options"]["seeds"]))
     again = power.claims_from_raw({key: record["raw"]})
     assert [c["verdict_at_quick"] for c in again] == [c["verdict"] for c in record["claims"]]
     assert [c["claim"] for c in again] == [c["claim"] for c in record["claims"]]
+
+
+RESOLVABLE_AT_MEDIUM = 1000
+"""A claim needing this many seeds or more (thousands: its quick effect is nearly zero) is one the page
+reports as not resolvable at medium scale; the run is sized for the others."""
+
+
+@pytest.mark.parametrize("key", STORED)
+def test_medium_sizes_are_the_power_analysis_sizes_on_fresh_seeds(key):
+    # seeds: the largest seeds_needed (80 % power at the page's Bonferroni level, power.seeds_for_power) over the
+    # page's claims resolvable at medium scale, as book/_data/power_analysis.json gives them; first_seed: past
+    # every seed the power analysis's quick runs (the pilots that sized the runs) used
+    import pathlib
+
+    analysis = json.loads((pathlib.Path(__file__).resolve().parents[2] / "book" / "_data" /
+                           "power_analysis.json").read_text())
+    page = medium.EXPERIMENTS[key]["page"]
+    claims = [c for c in analysis["claims"] if c["page"] == page]
+    assert claims and all(c["power"] == 0.8 for c in claims), page
+    needed = [c["seeds_needed"] for c in claims if c["seeds_needed"] is not None]
+    resolvable = [n for n in needed if n < RESOLVABLE_AT_MEDIUM]
+    options = medium.settings(key)
+    assert options["seeds"] == max(resolvable), (key, options, needed)
+    assert options["first_seed"] == medium.FRESH_SEED
+    pilot = analysis["settings"][key]["settings"]["seeds"]
+    assert medium.FRESH_SEED > max(pilot), pilot
+    record = medium.load(key)  # the stored run: these settings, so its seeds are fresh too
+    assert not record["stale"] and min(record["raw"]["settings"]["seeds"]) == medium.FRESH_SEED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +178,7 @@ def _edit(path, change):
     ("lo", -1.0, "lo: stored -1.0, recomputed"),
     ("hi", 1.0, "hi: stored 1.0, recomputed"),
     ("se", 3.0, "se: stored 3.0, recomputed"),
-    ("seeds_now", 500, "seeds_now: stored 500, recomputed 128"),
+    ("seeds_now", 500, f"seeds_now: stored 500, recomputed {N_CH3P6}"),
 ])
 def test_load_refuses_a_claim_edited_while_its_data_stayed(tmp_path, field, value, shown):
     path = _stored(tmp_path, "ch3p6-fake")
@@ -193,7 +224,7 @@ def test_load_refuses_an_edited_verdict_of_every_stored_result(tmp_path, key):
     # the real stored files, each claim's verdict flipped in a copy
     path = _stored(tmp_path, key)
     count = len(json.loads(path.read_text())["claims"])
-    # each verdict kind once is enough (every load recomputes all claims: seconds for 128-208 seeds)
+    # each verdict kind once is enough (every load recomputes all claims: seconds for ~100 seeds)
     verdicts = [c["verdict"] for c in json.loads(path.read_text())["claims"]]
     for i in sorted({verdicts.index(v) for v in set(verdicts)} | {count - 1}):
         _stored(tmp_path, key)
@@ -293,20 +324,22 @@ def test_load_names_the_file_of_a_malformed_result(tmp_path, write, message):
     (lambda r: r["provenance"]["machine"].pop("cpus"), "missing key 'provenance.machine.cpus' (expected an integer)"),
     (lambda r: r["raw"].pop("cells"), "missing key 'raw.cells' (expected an object)"),
     (lambda r: r["claims"][1].pop("verdict"), "missing key claims[1].'verdict' (expected a string)"),
-    (lambda r: r["options"].update(seeds="128"), "'options.seeds' has the wrong type: expected an integer, got str '128'"),
+    (lambda r: r["options"].update(seeds=str(N_CH3P6)),
+     f"'options.seeds' has the wrong type: expected an integer, got str '{N_CH3P6}'"),
     (lambda r: r.update(provenance=[]), "'provenance' has the wrong type: expected an object, got list"),
     (lambda r: r["raw"]["settings"].update(seeds=[0, 1.5]), "'raw.settings.seeds' has the wrong type"),
     (lambda r: r.update(experiment="ch3p5"), "'experiment' is 'ch3p5', expected 'ch3p6'"),
-    (lambda r: r["options"].update(seeds=17), "options.seeds is 17, but the per-seed data has 128 seeds"),
+    (lambda r: r["options"].update(seeds=17), f"options.seeds is 17, but the per-seed data has {N_CH3P6} seeds"),
     (lambda r: r["raw"]["cells"].pop("shine@2.5"), "per-seed data (raw) is not what the statistics code reads "
                                                    "(missing key 'shine@2.5')"),
     (lambda r: r["raw"]["cells"]["none@2.5"].update(steps_last="x"),
-     "'raw.cells.none@2.5.steps_last': expected a list of 128 per-seed numbers (one per raw.settings.seeds), got str 'x'"),
+     f"'raw.cells.none@2.5.steps_last': expected a list of {N_CH3P6} per-seed numbers (one per raw.settings.seeds), "
+     "got str 'x'"),
     (lambda r: r["raw"]["cells"]["none@2.5"]["steps_last"].__setitem__(3, "x"),
-     "'raw.cells.none@2.5.steps_last': expected a list of 128 per-seed numbers (one per raw.settings.seeds), got "
-     "128 values, not all numbers"),
+     f"'raw.cells.none@2.5.steps_last': expected a list of {N_CH3P6} per-seed numbers (one per raw.settings.seeds), "
+     f"got {N_CH3P6} values, not all numbers"),
     (lambda r: r["raw"]["cells"]["none@2.5"]["radius_last"].pop(), "'raw.cells.none@2.5.radius_last': expected a "
-                                                                   "list of 128 per-seed numbers"),
+                                                                   f"list of {N_CH3P6} per-seed numbers"),
     (lambda r: r["raw"]["cells"].update({"none@2.5": [1.0]}), "'raw.cells.none@2.5' has the wrong type: expected an object"),
 ])
 def test_load_names_the_file_and_what_was_expected(tmp_path, change, message):

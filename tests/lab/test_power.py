@@ -154,6 +154,17 @@ def test_bad_input_names_the_argument(call, name):
         call()
 
 
+@pytest.mark.parametrize("collector", ["collect_training", "collect_stabilisation", "collect_denoising"])
+@pytest.mark.parametrize("first_seed", [-1, 1.5, True, "10000", None])
+def test_collectors_name_a_bad_first_seed(collector, first_seed):
+    # the medium runs start their seeds past the pilots' (medium.FRESH_SEED); a bad start is refused before
+    # anything is trained, by name
+    from deqlab.lab.experiments import power_collect
+
+    with pytest.raises(ValueError, match=rf"power_collect\.{collector}: `first_seed` must be an integer >= 0"):
+        getattr(power_collect, collector)(seeds=2, first_seed=first_seed)
+
+
 def test_sign_test_seeds_is_the_smallest_resolving_count():
     from scipy.stats import binomtest
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from deqlab import checks
 
-__all__ = ["EXPERIMENTS", "WITHDRAWN", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "config_hash", "path_for", "run",
+__all__ = ["EXPERIMENTS", "FRESH_SEED", "WITHDRAWN", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "config_hash", "path_for", "run",
            "load", "short_commit", "show", "main"]
 
 _WHERE = "experiments.medium"
@@ -74,15 +74,27 @@ def _ensemble_study_config() -> dict:
     return es.study_config("quick")
 
 
+FRESH_SEED = 10_000
+"""The first seed of the medium runs sized by the power analysis: past every seed that the quick pages,
+the power analysis's quick runs (the pilots whose spread sized them), the earlier medium runs and the
+full scale used (all below 10,000), so that a medium run's seeds are fresh and its verdicts do not rest
+on the data that chose its size."""
+
+
 EXPERIMENTS: dict[str, dict[str, Any]] = {
     "ch3p5": {
         "page": "book/ch3_nonlinear/05_training.ipynb",
         "what": "001 Fig. 5: orthogonal against Gaussian initial weights of the tanh DEQ classifier, test error "
                 "at sqrt(V) = 1, 1.5 and 2, paired by seed",
-        # chosen (2026-11) by the two-standard-error rule from a pilot's point estimates (25, 17 and 208
-        # seeds; 001 gives no number) after a first run of 32 seeds that these include; the current rule
-        # (80 % power, Holm) asks for other numbers (the page gives them); not rerun since
-        "options": {"seeds": 208},
+        # sized for 80 % power: the largest `seeds_needed` over the page's three claims in
+        # book/_data/power_analysis.json (power.seeds_for_power: the two-sided t-test of the per-seed
+        # differences at the page's Bonferroni level 0.05/3, at the quick run's effect and spread, since 001
+        # gives no number): 21, 53 and 65 seeds at sqrt(V) = 1, 1.5 and 2, so 65. It ran in 399 s on the
+        # 2-core machine (shared with other jobs), within the cap of about 15 minutes a run. Fresh seeds:
+        # from FRESH_SEED, past every seed the quick page (0-4), the pilots, the earlier medium run (0-207)
+        # and the full scale (0-9) used, so no pilot seed is included and the data that chose the size take
+        # no part in the verdicts
+        "options": {"seeds": 65, "first_seed": FRESH_SEED},
         "collect": _training,
     },
     "ch5p6": {
@@ -101,10 +113,16 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "page": "book/ch3_nonlinear/06_stabilisation.ipynb",
         "what": "the remedy ranking of chapter 3 page 6: each remedy against no remedy at sqrt(V) = 2.5, "
                 "last-epoch forward solver steps and monitored radius, paired by seed",
-        # chosen (2026-11) by the two-standard-error rule (about 50 % power) from a pilot's estimates and
-        # a first run of 16 seeds that these include; the page says what the current rule (80 % power,
-        # Holm: book/_data/power_analysis.json) asks for; not rerun since
-        "options": {"seeds": 128},
+        # sized for 80 % power: the largest `seeds_needed` in book/_data/power_analysis.json
+        # (power.seeds_for_power: the two-sided t-test of the per-seed differences at the page's Bonferroni
+        # level 0.05/12, at the quick run's effect and spread, since no paper ranks the remedies) over the ten
+        # claims the page calls resolvable at medium scale: 89 seeds (phantom's monitored radius). The other
+        # two (correction's forward steps, 5250 seeds; Jacobian-free's radius, 19774), whose quick effects are
+        # nearly zero, are not resolvable at medium scale, and the page says so. It ran in 572 s on the
+        # 2-core machine (shared with other jobs), within the cap of about 15 minutes a run. Fresh seeds:
+        # from FRESH_SEED, past every seed the quick page (0-2), the pilots, the earlier medium run (0-127)
+        # and the full scale (0-7) used, so no pilot seed is included
+        "options": {"seeds": 89, "first_seed": FRESH_SEED},
         "collect": _stabilisation,
     },
     "ch4p5": {
@@ -112,14 +130,20 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "what": "004 Fig. 6: the kGLM-initialised denoising DEQ against random initialisation, each at its best "
                 "grid point (chosen on validation images, cross-fitted by seed), test MSE at epochs 0 to 5, "
                 "paired by seed",
-        # chosen (2026-11) by the two-standard-error rule for the epoch-5 claim (004's effect, 0.07 in log
-        # MSE, at the quick spread): 47 seeds, 56 with a margin; the current rule (80 % power, Holm) asks
-        # for more (the page gives the number); not rerun since
-        "options": {"seeds": 56},
+        # sized for 80 % power: the largest `seeds_needed` over the page's two claims in
+        # book/_data/power_analysis.json (power.seeds_for_power: the two-sided t-test of the per-seed
+        # differences at the page's Bonferroni level 0.05/2): 4 seeds at epoch 0 and 114 at epoch 5 (004's
+        # effect, 0.07 in log MSE, a proxy from App. F's Table 1, at the quick spread), so 114. It ran in
+        # 633 s on the 2-core machine (shared with other jobs), within the cap of about 15 minutes a run.
+        # Fresh seeds: from FRESH_SEED, past every seed the quick page (0-4), the pilots, the earlier medium
+        # run (0-55) and the full scale (0-99) used, so no pilot seed is included
+        "options": {"seeds": 114, "first_seed": FRESH_SEED},
         "collect": _denoising,
     },
 }
-"""Medium experiments by page key: the page, what it settles, the driver's options at medium scale,
+"""Medium experiments by page key: the page, what it settles, the driver's options at medium scale
+(``seeds``: 80 % power by :func:`deqlab.lab.experiments.power.seeds_for_power`, from
+``book/_data/power_analysis.json``; ``first_seed``: :data:`FRESH_SEED`, where the collector takes it),
 the collector that runs it (a function of the options returning the power analysis's raw
 per-seed record) and, where the collector takes the driver's own configuration rather than
 spelling it out, ``driver_config`` (a function returning that configuration, hashed by
@@ -152,8 +176,8 @@ def settings(key: str) -> dict[str, Any]:
 
     Example:
         >>> from deqlab.lab.experiments import medium
-        >>> medium.settings("ch3p6")["seeds"]
-        128
+        >>> medium.settings("ch3p6")
+        {'seeds': 89, 'first_seed': 10000}
     """
     return dict(EXPERIMENTS[_key(key)]["options"])
 
@@ -297,7 +321,7 @@ def load(key: str, directory: Any = None) -> dict[str, Any]:
         >>> from deqlab.lab.experiments import medium
         >>> record = medium.load("ch3p6")  # doctest: +SKIP
         >>> record["stale"], record["verified"], record["options"]  # doctest: +SKIP
-        (False, True, {'seeds': 128})
+        (False, True, {'seeds': 89, 'first_seed': 10000})
     """
     target = path_for(key, directory)
     if not target.exists():

@@ -24,18 +24,25 @@ def _floats(values) -> list[float]:
     return [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
 
 
-def collect_training(seeds: int = 5) -> dict[str, Any]:
+def collect_training(seeds: int = 5, first_seed: int = 0) -> dict[str, Any]:
     """ch3 p5 (book/ch3_nonlinear/05_training.ipynb, grid cell): 001 Fig. 5's ensembles at the quick
     scale, the cells of the claim (Gaussian and orthogonal at sqrt(V) >= 1 of the quick grid), with
-    ``seeds`` seeds (the page's 5 by default, more at :mod:`deqlab.lab.experiments.medium`)."""
+    ``seeds`` seeds (the page's 5 by default, more at :mod:`deqlab.lab.experiments.medium`), numbered
+    ``first_seed``, ``first_seed + 1``, ... (0 by default, the page's; the medium run starts past every
+    seed an earlier run used, so that its seeds are fresh).
+
+    Raises:
+        ValueError: ``seeds`` is not an integer >= 2, or ``first_seed`` not an integer >= 0 (named).
+    """
     from deqlab import checks
     from deqlab.lab.experiments.nonlinear import training
 
     n_seeds = checks.integer(seeds, "seeds", "power_collect.collect_training", minimum=2)
+    first = checks.integer(first_seed, "first_seed", "power_collect.collect_training", minimum=0)
 
     settings = dict(dataset="digits", width=32, epochs=5, batch_size=64, tol=1e-4, max_steps=40,
                     solver="anderson", learning_rate=1e-2)
-    seeds, scales, families = list(range(n_seeds)), [1.0, 1.5, 2.0], ("gaussian", "orthogonal")
+    seeds, scales, families = list(range(first, first + n_seeds)), [1.0, 1.5, 2.0], ("gaussian", "orthogonal")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch3p5-") as d:
         rows = training.run_training_sweep(f"{d}/grid", families=families, scales=scales, seeds=seeds,
@@ -105,19 +112,24 @@ def collect_seq2seq() -> dict[str, Any]:
             "settings": {**settings, "seeds": seeds, "C": C}, "seconds": seconds, "test_error_curve": curves}
 
 
-def collect_denoising(seeds: int = 5) -> dict[str, Any]:
+def collect_denoising(seeds: int = 5, first_seed: int = 0) -> dict[str, Any]:
     """ch4 p5 (book/ch4_kglm/05_denoising.ipynb, sweep cell): 004 Fig. 6's grid at the quick scale
     (5 variances, 5 C, ``seeds`` seeds: the page's 5 by default, more at
-    :mod:`deqlab.lab.experiments.medium`), and
+    :mod:`deqlab.lab.experiments.medium`; numbered from ``first_seed``, 0 by default, the page's), and
     :func:`~deqlab.lab.experiments.kglm.denoising.compare_schemes`'s per-seed test MSEs: each seed
-    at the grid point the other seeds choose on the page's 64 validation images."""
+    at the grid point the other seeds choose on the page's 64 validation images.
+
+    Raises:
+        ValueError: ``seeds`` is not an integer >= 2, or ``first_seed`` not an integer >= 0 (named).
+    """
     from deqlab import checks
     from deqlab.lab.experiments.kglm import denoising as dn
 
     seeds = checks.integer(seeds, "seeds", "power_collect.collect_denoising", minimum=2)
+    first = checks.integer(first_seed, "first_seed", "power_collect.collect_denoising", minimum=0)
     sizes = dict(image_size=16, train_size=96, validation_size=64, test_size=64)
     options = dict(epochs=5, batch_size=16, max_steps=15, tol=1e-3, learning_rate=1e-3)
-    seeds = list(range(seeds))
+    seeds = list(range(first, first + seeds))
     variances = (np.logspace(-3, 0, 5) ** 2).tolist()
     cs = np.logspace(-2, 1, 5).tolist()
     start = time.perf_counter()
@@ -140,16 +152,22 @@ def collect_denoising(seeds: int = 5) -> dict[str, Any]:
                          "dataset": "image_patches"}, "seconds": seconds, "best_cells": per_epoch}
 
 
-def collect_stabilisation(seeds: int = 3) -> dict[str, Any]:
+def collect_stabilisation(seeds: int = 3, first_seed: int = 0) -> dict[str, Any]:
     """ch3 p6 (book/ch3_nonlinear/06_stabilisation.ipynb, sweep cell): every remedy at the quick scales
     (1.5, 2.5), ``seeds`` seeds (the page's 3 by default; :mod:`deqlab.lab.experiments.medium` runs
-    more), Gaussian W0; the per-seed last-epoch solver steps, radius and test error."""
+    more) numbered from ``first_seed`` (0 by default, the page's), Gaussian W0; the per-seed last-epoch
+    solver steps, radius and test error.
+
+    Raises:
+        ValueError: ``seeds`` is not an integer >= 2, or ``first_seed`` not an integer >= 0 (named).
+    """
     from deqlab import checks
     from deqlab.lab.experiments.nonlinear import stabilisation
 
     seeds = checks.integer(seeds, "seeds", "power_collect.collect_stabilisation", minimum=2)
+    first = checks.integer(first_seed, "first_seed", "power_collect.collect_stabilisation", minimum=0)
     options = dict(width=32, epochs=4, batch_size=64, tol=1e-4, max_steps=40)
-    seeds, scales = list(range(seeds)), [1.5, 2.5]
+    seeds, scales = list(range(first, first + seeds)), [1.5, 2.5]
     remedies = list(stabilisation.REMEDIES)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch3p6-") as d:
