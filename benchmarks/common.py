@@ -209,8 +209,8 @@ def transformer_case(name: str, *, width: int, length: int, batch: int, heads: i
 
     The cell's parameters are an argument of f (an ``nnx.State`` pytree), so nothing is folded
     into the compiled solve. Reference: the same cell in float64 (x64 switched on for the call
-    only), solved by :func:`numpy_anderson` (no solver of any library) to a relative residual of
-    1e-13. The cell
+    only), iterated plainly (no solver of any library) until the update is below 1e-13, polished by
+    :func:`numpy_anderson` where 5000 steps do not get there. The cell
     has the attention residual of 003's released code (its default), which puts the Jacobian's
     spectral radius at the equilibrium just below 1 (0.94 and 0.98 for the first two sequences at
     width 32, length 16, seed 0; book chapter 5 page 1): plain iteration converges slowly, where
@@ -235,11 +235,22 @@ def transformer_case(name: str, *, width: int, length: int, batch: int, heads: i
             p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
             x64 = jnp.asarray(x, jnp.float64)
             step = jax.jit(lambda z: cell_map(z, p64, x64))
-            shape = (batch, length, width)
-            # near radius 1 plain iteration crawls (or, for one sequence in a batch, stalls): a
-            # float64 NumPy Anderson, per sequence, to a relative residual of 1e-13
-            z = numpy_anderson(lambda rows: np.asarray(step(jnp.asarray(rows.reshape(shape))), np.float64).reshape(
-                batch, -1), np.zeros((batch, length * width)), tol=1e-13).reshape(shape)
+            # Plain iteration first: the cell can have more than one equilibrium (a float64 Anderson
+            # from z = 0 found one 0.6 away, max-abs, from the one the iteration and every float32
+            # solver reach, width 32, length 8, batch 8), and the benchmark's reference is the
+            # equilibrium the iteration is drawn to. Where it crawls (radius near 1) after 5000
+            # steps, a float64 NumPy Anderson polishes that iterate to a relative residual of 1e-13.
+            z = jnp.zeros((batch, length, width), jnp.float64)
+            for _ in range(5000):
+                z_next = step(z)
+                done = float(jnp.max(jnp.abs(z_next - z))) < 1e-13
+                z = z_next
+                if done:
+                    break
+            else:
+                shape = (batch, length, width)
+                z = numpy_anderson(lambda rows: np.asarray(step(jnp.asarray(rows.reshape(shape))), np.float64).reshape(
+                    batch, -1), np.asarray(z, np.float64).reshape(batch, -1), tol=1e-13).reshape(shape)
             ref = np.asarray(z, np.float64)
         finally:
             jax.config.update("jax_enable_x64", previous)
