@@ -339,3 +339,16 @@ def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
     # the generic builder for any causal map (chapter 5 page 6's, T * width JVPs) gives the same blocks
     generic = initialisation.causal_diagonal_blocks(cell, z, x)
     np.testing.assert_allclose(generic, blocks, atol=1e-5)
+
+
+def test_equilibrium_statistics_reports_each_sequences_convergence():
+    """`language_model.equilibrium_statistics` returns, per sequence, whether its solve met the tolerance
+    (chapter 5 page 4 quotes radii only there); its mean is the reported converged fraction, and a budget of
+    one step converges for none, a generous one for every sequence of a small contracting model."""
+    tokens = jnp.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    for max_steps, expected in ((1, False), (200, True)):
+        model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=max_steps, tol=1e-4, embedding_std=1.0)
+        out = lm.equilibrium_statistics(model, tokens)
+        assert out["converged"].dtype == bool and out["converged"].shape == (3,)
+        assert np.all(out["converged"] == expected), out
+        assert out["converged_fraction"] == pytest.approx(float(np.mean(out["converged"])))

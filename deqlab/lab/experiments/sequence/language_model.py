@@ -429,7 +429,8 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         tokens: int ``(batch, T)``.
 
     Returns:
-        ``converged_fraction`` and ``steps_mean`` of the solve; ``radius``: per sequence, the
+        ``converged_fraction`` and ``steps_mean`` of the solve; ``converged``: per sequence, whether
+        its solve met the tolerance (bool); ``radius``: per sequence, the
         spectral radius of ``J_f`` at the solver's last iterate z (at z* only where the solve
         converged), exact from the diagonal blocks (:func:`diagonal_blocks`) up to width
         :data:`EXACT_RADIUS_WIDTH`, a power-iteration estimate above; ``radius_power``: the
@@ -448,8 +449,8 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         >>> from deqlab.lab.experiments.sequence import language_model as lm
         >>> model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=30, tol=1e-2, embedding_std=1.0)
         >>> out = lm.equilibrium_statistics(model, jnp.array([[1, 2, 3, 4], [5, 6, 7, 8]]))
-        >>> out["radius"].shape, round(out["f_norm"][0] ** 2)
-        ((2,), 32)
+        >>> out["radius"].shape, out["converged"].shape, round(out["f_norm"][0] ** 2)
+        ((2,), (2,), 32)
     """
     from deqlab.nn.lm import _token_ids
     from deqlab.nn.transformer import TransformerCell
@@ -459,9 +460,15 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         raise checks.fail("model", "a make_model language model in equilibrium mode (a TransformerCell, depth None)",
                           type(model.block.cell).__name__, where)
     tokens = _token_ids(jnp.asarray(tokens), model.vocab_size, "tokens", where)
-    stats, power, f_norm, inject, state = jax.device_get(_equilibrium_statistics(model, tokens))
+    (stats, converged, power, f_norm, inject, state), z, x = _equilibrium_statistics(model, tokens)
+    stats, converged, power, f_norm, inject, state = jax.device_get((stats, converged, power, f_norm, inject, state))
+    if model.block.cell.width <= EXACT_RADIUS_WIDTH:  # exact, at the same iterate z (one solve, not two)
+        radius = _initialisation.block_radius(jax.device_get(_diagonal_blocks(model.block.cell, z, x)[1]))
+    else:  # the power-iteration estimate, as _radius gives it
+        radius = np.asarray(power)
     return {"converged_fraction": float(stats["converged_fraction"]), "steps_mean": float(stats["steps_mean"]),
-            "radius": _radius(model, tokens), "radius_power": np.asarray(power), "f_norm": np.asarray(f_norm),
+            "converged": np.asarray(converged, bool),
+            "radius": radius, "radius_power": np.asarray(power), "f_norm": np.asarray(f_norm),
             "inject_std": float(inject), "state_std": float(state)}
 
 
@@ -469,13 +476,17 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
 def _equilibrium_statistics(model, tokens):
     from deqlab import stability
 
+    from deqlab.nn.lm import solver_stats
+    from deqlab.solvers import Result
+
     x = model.embed(tokens)
-    _, stats, z = model.block(x, return_state=True)
+    z, sol = model.block.deq(x, return_solution=True)  # what model.block(x) solves, with its per-sequence result
+    stats, converged = solver_stats(sol), sol.result == Result.SUCCESS
     cell = model.block.cell
     power = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
                                       batch_axis=0)
     f_norm = jnp.sqrt(jnp.sum(cell(z, x) ** 2, axis=(-2, -1)))
-    return stats, power, f_norm, jnp.std(cell.inject(x)), jnp.std(cell.query(z))
+    return (stats, converged, power, f_norm, jnp.std(cell.inject(x)), jnp.std(cell.query(z))), z, x
 
 
 def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int) -> dict[str, float]:
