@@ -89,8 +89,9 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         # sized for 80 % power: the largest `seeds_needed` over the page's three claims in
         # book/_data/power_analysis.json (power.seeds_for_power: the two-sided t-test of the per-seed
         # differences at the page's Bonferroni level 0.05/3, at the quick run's effect and spread, since 001
-        # gives no number): 21, 53 and 65 seeds at sqrt(V) = 1, 1.5 and 2, so 65. It ran in 399 s on the
-        # 2-core machine (shared with other jobs), within the cap of about 15 minutes a run. Fresh seeds:
+        # gives no number): 21, 53 and 65 seeds at sqrt(V) = 1, 1.5 and 2, so 65. A first run from the working tree
+        # took 399 s on the 2-core machine, shared with other jobs (the stored run, from a clean clone of
+        # the commit, gave the same data; its provenance has its own time). Fresh seeds:
         # from FRESH_SEED, past every seed the quick page (0-4), the pilots, the earlier medium run (0-207)
         # and the full scale (0-9) used, so no pilot seed is included and the data that chose the size take
         # no part in the verdicts
@@ -118,8 +119,9 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         # level 0.05/12, at the quick run's effect and spread, since no paper ranks the remedies) over the ten
         # claims the page calls resolvable at medium scale: 89 seeds (phantom's monitored radius). The other
         # two (correction's forward steps, 5250 seeds; Jacobian-free's radius, 19774), whose quick effects are
-        # nearly zero, are not resolvable at medium scale, and the page says so. It ran in 572 s on the
-        # 2-core machine (shared with other jobs), within the cap of about 15 minutes a run. Fresh seeds:
+        # nearly zero, are not resolvable at medium scale, and the page says so. A first run from the working tree
+        # took 572 s on the 2-core machine, shared with other jobs (the stored run, from a clean clone of
+        # the commit, gave the same data; its provenance has its own time). Fresh seeds:
         # from FRESH_SEED, past every seed the quick page (0-2), the pilots, the earlier medium run (0-127)
         # and the full scale (0-7) used, so no pilot seed is included
         "options": {"seeds": 89, "first_seed": FRESH_SEED},
@@ -133,8 +135,9 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         # sized for 80 % power: the largest `seeds_needed` over the page's two claims in
         # book/_data/power_analysis.json (power.seeds_for_power: the two-sided t-test of the per-seed
         # differences at the page's Bonferroni level 0.05/2): 4 seeds at epoch 0 and 114 at epoch 5 (004's
-        # effect, 0.07 in log MSE, a proxy from App. F's Table 1, at the quick spread), so 114. It ran in
-        # 633 s on the 2-core machine (shared with other jobs), within the cap of about 15 minutes a run.
+        # effect, 0.07 in log MSE, a proxy from App. F's Table 1, at the quick spread), so 114. A first run from
+        # the working tree took 633 s on the 2-core machine, shared with other jobs (the stored run, from a
+        # clean clone of the commit, gave the same data; its provenance has its own time).
         # Fresh seeds: from FRESH_SEED, past every seed the quick page (0-4), the pilots, the earlier medium
         # run (0-55) and the full scale (0-99) used, so no pilot seed is included
         "options": {"seeds": 114, "first_seed": FRESH_SEED},
