@@ -475,7 +475,6 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
 @nnx.jit
 def _equilibrium_statistics(model, tokens):
     from deqlab import stability
-
     from deqlab.nn.lm import solver_stats
     from deqlab.solvers import Result
 
