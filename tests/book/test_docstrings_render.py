@@ -86,6 +86,17 @@ def _documented_objects():
             continue
         if module.__doc__:
             yield module_name, "module", module.__doc__
+        # attribute docstrings (a string literal after a module-level or class-level assignment), which
+        # autodoc reads from the source: INIT_TOL's "|1 - lambda|" failed the book build this way
+        from sphinx.pycode import ModuleAnalyzer
+
+        try:
+            attributes = ModuleAnalyzer.for_module(module_name).find_attr_docs()
+        except Exception:  # noqa: BLE001 - no source to read (a compiled module)
+            attributes = {}
+        for (scope, name), lines in attributes.items():
+            if not name.startswith("_") and not scope.startswith("_"):
+                yield f"{module_name}.{scope + '.' if scope else ''}{name}", "attribute", "\n".join(lines)
         for name, obj in vars(module).items():
             if name.startswith("_") or getattr(obj, "__module__", None) != module_name or id(obj) in seen:
                 continue
@@ -124,6 +135,13 @@ def test_every_docstring_renders_without_a_warning():
         if found:
             problems[name] = found
     assert not problems, "\n".join(f"{name}: {found}" for name, found in problems.items())
+
+
+def test_attribute_docstrings_are_read_and_a_bar_substitution_is_found():
+    _register_sphinx_markup()
+    attributes = {name for name, what, _ in _documented_objects() if what == "attribute"}
+    assert "deqlab.lab.experiments.sequence.ensemble_study.INIT_TOL" in attributes
+    assert _warnings("Near 1, at most min |1 - lambda| there.", "attribute")
 
 
 def test_the_check_finds_a_list_without_a_blank_line():

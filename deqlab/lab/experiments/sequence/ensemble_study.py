@@ -231,8 +231,8 @@ quick size, and a spectral radius taken at an unconverged iterate is not the equ
 
 INIT_TOL = 1e-5
 """Relative tolerance of the probe's solve. Near a spectral radius of 1 a residual says little about
-the distance to ``z*`` (to first order at most residual / sigma_min(I - J), and sigma_min(I - J) <=
-min |1 - lambda| is small there: chapter 5 page 1): at the quick size, radii at points that met 1e-3
+the distance to ``z*`` (to first order at most residual / sigma_min(I - J), and sigma_min(I - J) is at
+most the smallest distance from 1 to an eigenvalue of J, small there: chapter 5 page 1): at the quick size, radii at points that met 1e-3
 differed from those at 1e-5 by up to 0.14 (measured, Gaussian, sqrt(V) = 1), so the probe asks for
 1e-5, as chapter 5 page 5 does."""
 
