@@ -221,3 +221,24 @@ def test_claims_from_raw_holds_each_page_to_holm():
     assert steps["verdict_at_quick"] == "holds" and steps["p_adjusted"] == pytest.approx(2 * 2 / 256)
     assert radius["verdict_at_quick"] == "not resolved"
     assert steps["family"] == radius["family"] == 2
+
+
+def test_a_stated_smallest_effect_and_an_earlier_spread_size_a_claim_without_a_paper_number():
+    # issue 40 item 4: without a paper number the sizing uses the page's smallest effect of interest, not the
+    # pilot's estimate, at the spread of an earlier independent run where one is given; both are recorded
+    a, b = np.array([1.0, 2.0, 3.5, 4.0]), np.array([0.9, 1.7, 3.4, 3.6])
+    pilot = power.analyse_claim("a above b", a, b, paper_effect=None, paper_source="none", measure="units")
+    stated = power.analyse_claim("a above b", a, b, paper_effect=None, paper_source="none", measure="units",
+                                 smallest_effect=0.05, smallest_effect_basis="why", spread=0.2, spread_basis="run")
+    assert pilot["effect_used"] == pytest.approx(pilot["quick_effect"]) and pilot["sd_used"] == pilot["quick_sd"]
+    assert stated["effect_used"] == 0.05 and stated["effect_basis"].endswith("why")
+    assert (stated["sd_used"], stated["sd_basis"]) == (0.2, "run")
+    assert stated["seeds_needed"] == power.seeds_for_power(0.05, 0.2, paired=True)
+    # a paper's number still wins over the stated effect
+    paper = power.analyse_claim("a above b", a, b, paper_effect=0.3, paper_source="p", measure="units",
+                                smallest_effect=0.05, smallest_effect_basis="why")
+    assert (paper["effect_used"], paper["effect_basis"]) == (0.3, "paper")
+    with pytest.raises(ValueError, match="smallest_effect_basis"):
+        power.analyse_claim("c", a, b, paper_effect=None, paper_source="", measure="", smallest_effect=0.1)
+    with pytest.raises(ValueError, match="spread"):
+        power.analyse_claim("c", a, b, paper_effect=None, paper_source="", measure="", spread=-1.0, spread_basis="x")

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from deqlab import checks
 
-__all__ = ["EXPERIMENTS", "FRESH_SEED", "WITHDRAWN", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "config_hash", "path_for", "run",
+__all__ = ["EXPERIMENTS", "FRESH_SEED", "RESIZED_SEED", "WITHDRAWN", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "config_hash", "path_for", "run",
            "load", "short_commit", "show", "main"]
 
 _WHERE = "experiments.medium"
@@ -80,6 +80,11 @@ the power analysis's quick runs (the pilots whose spread sized them), the earlie
 full scale used (all below 10,000), so that a medium run's seeds are fresh and its verdicts do not rest
 on the data that chose its size."""
 
+RESIZED_SEED = 20_000
+"""The first seed of the medium runs sized against a smallest effect of interest at the spread of an
+earlier stored run (chapter 3 pages 5 and 6; :data:`deqlab.lab.experiments.power.SMALLEST_EFFECTS`):
+past the 10,000-series runs whose spread sized them, so the two runs share no seed."""
+
 
 EXPERIMENTS: dict[str, dict[str, Any]] = {
     "ch3p5": {
@@ -88,14 +93,12 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
                 "at sqrt(V) = 1, 1.5 and 2, paired by seed",
         # sized for 80 % power: the largest `seeds_needed` over the page's three claims in
         # book/_data/power_analysis.json (power.seeds_for_power: the two-sided t-test of the per-seed
-        # differences at the page's Bonferroni level 0.05/3, at the quick run's effect and spread, since 001
-        # gives no number): 21, 53 and 65 seeds at sqrt(V) = 1, 1.5 and 2, so 65. A first run from the working tree
-        # took 399 s on the 2-core machine, shared with other jobs (the stored run, from a clean clone of
-        # the commit, gave the same data; its provenance has its own time). Fresh seeds:
-        # from FRESH_SEED, past every seed the quick page (0-4), the pilots, the earlier medium run (0-207)
-        # and the full scale (0-9) used, so no pilot seed is included and the data that chose the size take
-        # no part in the verdicts
-        "options": {"seeds": 65, "first_seed": FRESH_SEED},
+        # differences at the page's Bonferroni level 0.05/3) against the page's smallest effect of interest,
+        # 2 points of test error (power.SMALLEST_EFFECTS, since 001 gives no number), at the spread of the
+        # earlier stored run (65 seeds from 10,000: power.stored_spreads; its effects unused): 94, 41 and 65
+        # seeds at sqrt(V) = 1, 1.5 and 2, so 94. Fresh seeds from RESIZED_SEED, past every seed the quick
+        # page (0-4), the pilots, the earlier medium runs (0-207, 10,000-10,064) and the full scale (0-9) used
+        "options": {"seeds": 94, "first_seed": RESIZED_SEED},
         "collect": _training,
     },
     "ch5p6": {
@@ -116,15 +119,13 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
                 "last-epoch forward solver steps and monitored radius, paired by seed",
         # sized for 80 % power: the largest `seeds_needed` in book/_data/power_analysis.json
         # (power.seeds_for_power: the two-sided t-test of the per-seed differences at the page's Bonferroni
-        # level 0.05/12, at the quick run's effect and spread, since no paper ranks the remedies) over the ten
-        # claims the page calls resolvable at medium scale: 89 seeds (phantom's monitored radius). The other
-        # two (correction's forward steps, 5250 seeds; Jacobian-free's radius, 19774), whose quick effects are
-        # nearly zero, are not resolvable at medium scale, and the page says so. A first run from the working tree
-        # took 572 s on the 2-core machine, shared with other jobs (the stored run, from a clean clone of
-        # the commit, gave the same data; its provenance has its own time). Fresh seeds:
-        # from FRESH_SEED, past every seed the quick page (0-2), the pilots, the earlier medium run (0-127)
-        # and the full scale (0-7) used, so no pilot seed is included
-        "options": {"seeds": 89, "first_seed": FRESH_SEED},
+        # level 0.05/12) over the twelve claims, against the page's smallest effects of interest, 2 forward
+        # solver steps and 0.1 in the monitored radius (power.SMALLEST_EFFECTS, since no paper ranks the
+        # remedies), at the spreads of the earlier stored run (89 seeds from 10,000: power.stored_spreads; its
+        # effects unused): 62 seeds (Jacobian regularisation's monitored radius). Fresh seeds from RESIZED_SEED, past every seed
+        # the quick page (0-2), the pilots, the earlier medium runs (0-127, 10,000-10,088) and the full scale
+        # (0-7) used
+        "options": {"seeds": 62, "first_seed": RESIZED_SEED},
         "collect": _stabilisation,
     },
     "ch4p5": {

@@ -12,8 +12,10 @@ verdict rule, and how many seeds 80 % power needs, given the seed-to-seed spread
   or "not resolved"; the interval is the studentised bootstrap over seeds.
 - **Sizing** (:func:`seeds_for_power`): the fewest seeds at which the two-sided t-test at the
   page's Bonferroni level ``alpha / m`` (Holm's first step: conservative) reaches 80 % power against
-  the effect used: the paper's effect where it gives a number, otherwise the quick-scale estimate,
-  which the record labels as a pilot's estimate rather than a smallest effect of interest.
+  the effect used: the paper's effect where it gives a number, otherwise the smallest effect of
+  interest the page states (:data:`SMALLEST_EFFECTS`), otherwise the quick-scale estimate, which the
+  record labels as a pilot's estimate rather than a smallest effect of interest. The spread is the
+  stored medium run's where there is one (:func:`stored_spreads`), else the quick run's.
   :func:`seeds_to_resolve`, :func:`detectable_effect` and :func:`power_of_z_test` are the earlier
   "two standard errors" rule (about 50 % power), kept for comparison.
 
@@ -36,7 +38,7 @@ from deqlab import checks
 
 __all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "t_test_power", "seeds_for_power",
            "effect_for_power", "power_of_z_test", "sign_test_seeds", "analyse_claim",
-           "PAPER_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "main"]
+           "PAPER_EFFECTS", "SMALLEST_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "stored_spreads", "main"]
 
 _WHERE = "experiments.power"
 
@@ -359,7 +361,9 @@ def _per_seed(values: Any, name: str, where: str) -> np.ndarray:
 
 def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_effect: float | None,
                   paper_source: str, measure: str, paired: bool = True, alpha: float = 0.05, power: float = 0.8,
-                  family: int = 1, paper_seeds: int | None = None, bootstrap_seed: int = 0) -> dict[str, Any]:
+                  family: int = 1, paper_seeds: int | None = None, bootstrap_seed: int = 0,
+                  smallest_effect: float | None = None, smallest_effect_basis: str = "",
+                  spread: float | None = None, spread_basis: str = "") -> dict[str, Any]:
     """One claim's record from the per-seed results of its two conditions: the book's verdict rule
     (:func:`deqlab.lab.stats.claims_verdicts`) and the seeds 80 % power needs.
 
@@ -376,11 +380,14 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
 
     Sizing: ``seeds_needed`` is the fewest seeds at which the two-sided t-test at the family's
     Bonferroni level ``alpha / family`` has ``power`` against the effect used
-    (:func:`seeds_for_power`), the spread being the quick-scale standard deviation of the per-seed
-    differences (paired) or the pooled one (unpaired). The effect used is the paper's when it gives
-    one, otherwise the quick-scale effect itself (then the record says so: a pilot's estimate, not a
-    smallest effect of interest). ``detectable_now`` is the smallest effect the current seeds detect
-    with that power (:func:`effect_for_power`).
+    (:func:`seeds_for_power`). The effect used is the paper's when it gives one, else the smallest
+    effect of interest the page states (``smallest_effect``, :data:`SMALLEST_EFFECTS`), else the
+    quick-scale effect itself (then the record says so: a pilot's estimate, not a smallest effect of
+    interest). The spread is ``spread`` where given (the standard deviation of the per-seed
+    differences in an earlier, independent run with more seeds: a pilot may estimate the spread, a
+    nuisance parameter, but not the effect), else the quick-scale standard deviation of the per-seed
+    differences (paired) or the pooled one (unpaired). ``detectable_now`` is the smallest effect the
+    current seeds detect with that power (:func:`effect_for_power`).
 
     Args:
         claim: what is claimed, in words.
@@ -397,13 +404,19 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         paper_seeds: the paper's number of seeds (an integer >= 2) or None; when given, the record
             adds ``detectable_at_paper_seeds`` (at the quick spread).
         bootstrap_seed: seed of the permutations and of the bootstrap, an integer >= 0.
+        smallest_effect: the smallest effect of interest in the units of ``measure`` (positive, in
+            the claim's direction), used for the sizing when the paper gives no number; or None.
+        smallest_effect_basis: why that effect is the smallest of interest (a sentence).
+        spread: the standard deviation of the per-seed differences to size with (> 0), or None
+            for the quick-scale one.
+        spread_basis: where ``spread`` was measured (a sentence).
 
     Returns:
         dict: ``claim``, ``measure``, ``paper_effect``, ``paper_source``, ``paired``, ``seeds_now``
         (= the independent units), ``quick_effect``, ``quick_sd``, ``quick_se``, ``quick_lo``,
         ``quick_hi``, ``p_for``, ``p_against``, ``detectable_now``, ``verdict_at_quick``,
         ``resolved_at_quick`` (verdict ``"holds"``), ``quick_agrees_with_paper`` (sign; None without
-        a paper effect), ``effect_used``, ``effect_basis``, ``seeds_needed`` (None when the effect
+        a paper effect), ``effect_used``, ``effect_basis``, ``sd_used``, ``sd_basis``, ``seeds_needed`` (None when the effect
         used is 0 or needs more than 100,000 seeds), ``sd_unpaired`` and ``seeds_needed_unpaired``
         (the same sizing ignoring the pairing, for comparison), ``alpha``, ``power``, ``family``,
         ``note``; with ``paper_seeds`` also ``paper_seeds`` and ``detectable_at_paper_seeds``.
@@ -412,8 +425,10 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
         ValueError: naming ``claim``, ``paper_source`` or ``measure`` (not a string), ``a``/``b`` (not
             1-d arrays of numbers, fewer than 2, NaN or infinite, lengths differ when paired),
             ``paper_effect`` (zero or not finite), ``paired`` (not True or False), ``alpha``,
-            ``power``, ``family``, ``paper_seeds``, ``bootstrap_seed`` (not an integer >= 0), or ``a``
-            and ``b`` when the spread is 0 (every seed identical: nothing to size).
+            ``power``, ``family``, ``paper_seeds``, ``bootstrap_seed`` (not an integer >= 0),
+            ``smallest_effect`` or ``spread`` (not a positive finite number), ``smallest_effect_basis``
+            or ``spread_basis`` (not a string, or empty when its number is given), or ``a`` and ``b``
+            when the spread is 0 (every seed identical: nothing to size).
 
     Example:
         >>> r = analyse_claim("B lower than A", [1.0, 2.0, 3.0], [0.5, 1.4, 2.6], paper_effect=0.2,
@@ -426,9 +441,16 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
     from deqlab.lab import stats
 
     where = f"{_WHERE}.analyse_claim"
-    for name, value in (("claim", claim), ("paper_source", paper_source), ("measure", measure)):
+    for name, value in (("claim", claim), ("paper_source", paper_source), ("measure", measure),
+                        ("smallest_effect_basis", smallest_effect_basis), ("spread_basis", spread_basis)):
         if not isinstance(value, str):
             raise checks.fail(name, "a string", value, where)
+    for name, value, basis_name, basis in (("smallest_effect", smallest_effect, "smallest_effect_basis",
+                                            smallest_effect_basis), ("spread", spread, "spread_basis", spread_basis)):
+        if value is not None:
+            checks.number(value, name, where, lower=0.0, lower_open=True)
+            if not basis.strip():
+                raise checks.fail(basis_name, f"a sentence saying why, when `{name}` is given", basis, where)
     paired = _paired(paired, where)
     bootstrap_seed = checks.integer(bootstrap_seed, "bootstrap_seed", where, minimum=0)
     if paper_seeds is not None:
@@ -489,15 +511,20 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
             notes.append(f"the quick study has {100 * power:g} % power for the paper's effect ({abs(paper_effect):.3g} "
                          f">= {detectable:.3g} detectable) but measures {quick_effect:.3g}: the effect is absent at the "
                          "quick scale, which more seeds do not change")
+    elif smallest_effect is not None:
+        effect_used, agrees = float(smallest_effect), None
+        basis = f"smallest effect of interest (no paper number): {smallest_effect_basis}"
     else:
         effect_used, agrees = quick_effect, None
         basis = ("quick (no paper number): a pilot's estimate, not a smallest effect of interest" if quick_effect > 0
                  else "quick, opposite to the claim (no paper number): seeds to resolve the quick effect's sign")
+    sd_used, sd_basis = ((float(spread), spread_basis) if spread is not None
+                         else (quick_sd, "this run's per-seed differences"))
     if effect_used == 0:
         needed = needed_unpaired = None
         notes.append("quick effect exactly 0 and no paper number: nothing to size")
     else:
-        needed = seeds_for_power(effect_used, quick_sd, paired=paired, alpha=level, power=power)
+        needed = seeds_for_power(effect_used, sd_used, paired=paired, alpha=level, power=power)
         needed_unpaired = (seeds_for_power(effect_used, sd_unpaired, paired=False, alpha=level, power=power)
                            if sd_unpaired > 0 else None)
     record = {"claim": claim, "measure": measure, "paper_effect": paper_effect, "paper_source": paper_source,
@@ -505,6 +532,7 @@ def analyse_claim(claim: str, a: Sequence[float], b: Sequence[float], *, paper_e
               "quick_se": quick_se, "quick_lo": lo, "quick_hi": hi, "p_for": p_for, "p_against": p_against,
               "detectable_now": detectable, "verdict_at_quick": verdict, "resolved_at_quick": verdict == "holds",
               "quick_agrees_with_paper": agrees, "effect_used": float(effect_used), "effect_basis": basis,
+              "sd_used": sd_used, "sd_basis": sd_basis,
               "seeds_needed": needed, "sd_unpaired": sd_unpaired, "seeds_needed_unpaired": needed_unpaired,
               "alpha": alpha, "power": power, "family": family, "note": "; ".join(notes)}
     if paper_seeds is not None:
@@ -565,6 +593,30 @@ PAPER_EFFECTS: dict[str, dict[str, Any]] = {
 None), where it is, and the paper's seeds (runs) per condition (for the remedies, which no paper
 tests: the page's ``full`` scale, 8)."""
 
+SMALLEST_EFFECTS: dict[str, dict[str, Any]] = {
+    # chapter 3 page 5 (001 Fig. 5): test error in percentage points on the digits test split (359 images)
+    "001_fig5": {"effect": 2.0, "basis": (
+        "2 percentage points of test error (7 of the 359 digits test images): about 1.3 standard errors of one "
+        "run's test error at the page's 10 % (binomial, sqrt(0.1 x 0.9 / 359) = 1.6 points), so a smaller "
+        "difference between the ensembles could not be told from test-set sampling in any single run a reader "
+        "makes; 001 reads its Fig. 5 as a visible gap, which is larger")},
+    # chapter 3 page 6 (the remedies at sqrt(V) = 2.5, last epoch)
+    "remedies_steps": {"effect": 2.0, "basis": (
+        "2 forward solver steps per solve: about 15 % of the 13 steps the unremedied model takes at sqrt(V) = 2.5 "
+        "(the earlier medium run), the forward pass's cost being proportional to its steps; a remedy that saves "
+        "less than that buys less than its own overhead per training step (the Jacobian penalty's extra "
+        "Jacobian-vector product, the spectral norm's power iteration) or than the run-to-run timing noise "
+        "of the 2-core machine (10-15 %)")},
+    "remedies_radius": {"effect": 0.1, "basis": (
+        "0.1 in the monitored spectral radius: at the unremedied 0.69 (the earlier medium run) a change of 0.1 "
+        "changes the steps a contraction needs to reach the training tolerance 1e-4, log(tol) / log(rho), by "
+        "30 % or more (24 steps at 0.69, 17 at 0.59, 38 at 0.79), twice the steps' smallest effect, and it is "
+        "the resolution at which chapter 3 reads radii against its predictions")},
+}
+"""Per claim family without a paper number: the smallest effect of interest the page states (in the
+record's measure, positive in the claim's direction) and why; the sizing uses it instead of a
+pilot's point estimate (issue 40, item 4)."""
+
 SCALING_ASSUMPTION = (
     "Seeds needed are at the quick setting (the quick width, epochs, data and test-set sizes): the spread is "
     "measured at one setting only and is not extrapolated in width or epochs, so no width or epoch count is "
@@ -582,7 +634,8 @@ def _log_pair(a, b):
     return np.log(a[keep]), np.log(b[keep]), int(np.sum(~keep))
 
 
-def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8) -> list[dict[str, Any]]:
+def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8,
+                    spreads: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every claim's record (:func:`analyse_claim`) from the collected per-seed results ``raw``
     (:func:`deqlab.lab.experiments.power_collect.collect_all`), with Holm's procedure at ``alpha``
     over each page's claims (its family: :func:`deqlab.lab.stats.claims_verdicts`) and the seeds
@@ -595,13 +648,17 @@ def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8
             ``ch4p5``, ``ch3p6``), each as its collector returns it.
         alpha: the family-wise level, in (0, 1).
         power: the power the sizing asks for, in (alpha, 1).
+        spreads: dict claim -> ``{"sd": ..., "basis": ...}``, the spread to size that claim with
+            (:func:`analyse_claim`'s ``spread``; :func:`stored_spreads` reads them from the stored
+            medium runs) where it is sized by a smallest effect of interest
+            (:data:`SMALLEST_EFFECTS`), or None: every claim sized at its own run's spread.
 
     Returns:
         The records of :func:`analyse_claim`, each with its ``page``, in the pages' order.
 
     Raises:
         ValueError: naming ``raw`` (not a dict, an unknown page key, or a page without the entries its
-            collector writes), ``alpha`` or ``power``.
+            collector writes), ``alpha``, ``power`` or ``spreads`` (not a dict of such entries).
     """
     from deqlab.lab import stats
     from deqlab.lab.experiments.power_collect import COLLECTORS
@@ -614,27 +671,38 @@ def claims_from_raw(raw: dict[str, Any], alpha: float = 0.05, power: float = 0.8
     unknown = sorted(map(str, set(raw) - set(COLLECTORS)))
     if unknown:
         raise checks.fail("raw", f"a dict whose keys are among {sorted(COLLECTORS)}", f"unknown {unknown}", where)
+    spreads = {} if spreads is None else spreads
+    if not (isinstance(spreads, dict) and all(isinstance(v, dict) and {"sd", "basis"} <= set(v)
+                                              for v in spreads.values())):
+        raise checks.fail("spreads", 'None or a dict claim -> {"sd": float, "basis": str}', spreads, where)
     try:
-        return _claims_from_raw(raw, alpha, power, stats)
+        return _claims_from_raw(raw, alpha, power, stats, spreads)
     except (KeyError, IndexError, TypeError, AttributeError) as error:
         raise checks.fail("raw", "the per-seed results of power_collect.collect_all, every page with the entries "
                           "its collector writes", f"{type(error).__name__}: {error}", where) from error
 
 
-def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any) -> list[dict[str, Any]]:
+def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any,
+                     spreads: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     pending = []  # (page key, claim arguments) in order, or a finished record
 
-    def add(page, key, claim, a, b, measure, paired=True, dropped=0, extra=None):
+    def add(page, key, claim, a, b, measure, paired=True, dropped=0, extra=None, smallest=None):
         pending.append((page, dict(key=key, claim=claim, a=a, b=b, measure=measure, paired=paired, dropped=dropped,
-                                   extra=extra)))
+                                   extra=extra, smallest=smallest)))
 
-    def analyse(page, key, claim, a, b, measure, paired, dropped, extra, family):
+    def analyse(page, key, claim, a, b, measure, paired, dropped, extra, family, smallest):
         paper = PAPER_EFFECTS[key]
+        sesoi = SMALLEST_EFFECTS.get(smallest, {})
+        # a stored run's spread sizes the claims sized by a smallest effect of interest (their pages' next
+        # runs); a claim sized by a paper's effect keeps the quick spread its stored run was sized with
+        spread = spreads.get(claim, {}) if sesoi and paper["effect"] is None else {}
         try:
             r = analyse_claim(claim, a, b, paper_effect=paper["effect"], paper_source=paper["source"],
                               measure=measure, paired=paired, alpha=alpha, power=power, family=family,
-                              paper_seeds=paper["seeds"])
+                              paper_seeds=paper["seeds"], smallest_effect=sesoi.get("effect"),
+                              smallest_effect_basis=sesoi.get("basis", ""), spread=spread.get("sd"),
+                              spread_basis=spread.get("basis", ""))
         except ValueError as error:  # e.g. every seed of a condition failed: say so in the table
             r = {"claim": claim, "measure": measure, "paper_effect": paper["effect"], "paper_source": paper["source"],
                  "seeds_now": int(np.size(a)), "seeds_needed": None, "resolved_at_quick": False,
@@ -655,7 +723,7 @@ def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any
         for v in raw["ch3p5"]["settings"]["scales"]:
             g, o = 100 * np.asarray(err[f"gaussian@{v:g}"]), 100 * np.asarray(err[f"orthogonal@{v:g}"])
             add("ch3p5", "001_fig5", f"001 Fig. 5: orthogonal test error below Gaussian at sqrt(V) = {v:g}",
-                g, o, "test error, Gaussian minus orthogonal (percentage points)")
+                g, o, "test error, Gaussian minus orthogonal (percentage points)", smallest="001_fig5")
     if "ch5p6" in raw:
         ppl = raw["ch5p6"]["test_perplexity"]
         for key, worse, better, text in [
@@ -706,7 +774,7 @@ def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any
                                 ("radius_last", "monitored radius, last epoch")):
                 add("ch3p6", "remedies", f"ch3 p6 ranking: {remedy} lowers the {what} at sqrt(V) = {high:g}",
                     cells[f"none@{high:g}"][field], cells[f"{remedy}@{high:g}"][field],
-                    f"{what}, no remedy minus {remedy}")
+                    f"{what}, no remedy minus {remedy}", smallest=f"remedies_{field.split('_')[0]}")
     family = {}
     for item in pending:
         if isinstance(item, tuple):
@@ -724,6 +792,46 @@ def _claims_from_raw(raw: dict[str, Any], alpha: float, power: float, stats: Any
     for r in records:
         r.pop("fixed", None)
     return records
+
+
+def stored_spreads(directory: Any = None) -> dict[str, dict[str, Any]]:
+    """The spread of every claim in the stored medium runs, to size the next run with
+    (:func:`claims_from_raw`'s ``spreads``): a stored run has many more seeds than the quick pilot,
+    so its standard deviation of the per-seed differences is the better estimate of that nuisance
+    parameter, and the next run's fresh seeds keep the two independent. Its effects are not used.
+
+    Args:
+        directory: where the stored runs are; default
+            :data:`deqlab.lab.experiments.medium.DEFAULT_DIRECTORY`.
+
+    Returns:
+        dict claim -> ``{"sd": float, "basis": str}`` (the run, its seeds and its commit), for the
+        claims of every stored run with a spread; empty when none is stored.
+
+    Example:
+        >>> from deqlab.lab.experiments import power
+        >>> spreads = power.stored_spreads()
+        >>> all(v["sd"] > 0 for v in spreads.values())
+        True
+    """
+    import json
+
+    from deqlab.lab.experiments import medium
+
+    out = {}
+    for key in medium.EXPERIMENTS:
+        path = medium.path_for(key, directory)
+        if not path.exists():
+            continue
+        record = json.loads(path.read_text())
+        seeds = record["raw"]["settings"]["seeds"]
+        commit = medium.short_commit(record["provenance"]["git_commit"])
+        for c in record["claims"]:
+            if isinstance(c.get("sd"), (int, float)) and c["sd"] > 0:
+                out[c["claim"]] = {"sd": float(c["sd"]), "basis": (
+                    f"the stored medium run {key} ({len(seeds)} seeds, {seeds[0]}-{seeds[-1]}, commit {commit}, "
+                    f"{record['provenance']['date'][:10]}): its sd of the per-seed differences")}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -776,7 +884,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     raw_path = args.raw or os.path.join(root, ".power_raw.json")
     raw = power_collect.collect_all(raw_path, args.only)
-    records = claims_from_raw(raw)
+    records = claims_from_raw(raw, spreads=stored_spreads())
     result = {
         "description": "Power analysis of the claims the experiment pages test (issue 26, item 2): "
                        "deqlab.lab.experiments.power",
@@ -792,8 +900,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                "Holm over each page's claims at alpha = 0.05 (deqlab.lab.stats.claims_verdicts); "
                                "studentised bootstrap intervals; units = seeds",
                    "sizing": "seeds for 80 % power of the two-sided t-test at the page's Bonferroni level alpha / m "
-                             "(power.seeds_for_power), spread = the quick-scale sd of the per-seed differences; the "
-                             "effect is the paper's where it gives one, else the quick estimate (labelled)",
+                             "(power.seeds_for_power); spread = the sd of the per-seed differences in the stored "
+                             "medium run where there is one (more seeds than the quick pilot; its effects unused), "
+                             "else the quick-scale sd; effect = the paper's where it gives one, else the page's "
+                             "stated smallest effect of interest (SMALLEST_EFFECTS), else the quick estimate "
+                             "(labelled a pilot's)",
                    "scaling_assumption": SCALING_ASSUMPTION},
         "settings": {k: {"page": v["page"], "driver": v["driver"], "settings": v["settings"]} for k, v in raw.items()},
         "claims": records,
