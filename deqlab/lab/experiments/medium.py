@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from deqlab import checks
 
-__all__ = ["EXPERIMENTS", "FRESH_SEED", "RESIZED_SEED", "WITHDRAWN", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "config_hash", "path_for", "run",
+__all__ = ["EXPERIMENTS", "FRESH_SEED", "RESIZED_SEED", "WITHDRAWN", "DEFAULT_DIRECTORY", "StoredResultError", "settings", "seed_list", "sizing", "POWER_ANALYSIS", "config_hash", "path_for", "run",
            "load", "short_commit", "show", "main"]
 
 _WHERE = "experiments.medium"
@@ -181,9 +181,28 @@ def settings(key: str) -> dict[str, Any]:
     Example:
         >>> from deqlab.lab.experiments import medium
         >>> medium.settings("ch3p6")
-        {'seeds': 89, 'first_seed': 10000}
+        {'seeds': 62, 'first_seed': 20000}
     """
     return dict(EXPERIMENTS[_key(key)]["options"])
+
+
+def seed_list(key: str) -> list[int]:
+    """The seeds experiment ``key`` runs at medium scale: ``seeds`` consecutive seeds from its
+    ``first_seed`` (0 where it has none). A page run with ``DEQLAB_SCALE=medium`` uses these, so that
+    its grid, like the stored run, stays clear of the quick pages' and pilots' seeds.
+
+    Raises:
+        ValueError: ``key`` is not in :data:`EXPERIMENTS`.
+
+    Example:
+        >>> from deqlab.lab.experiments import medium
+        >>> seeds = medium.seed_list("ch3p6")
+        >>> len(seeds), seeds[0], seeds[-1]
+        (62, 20000, 20061)
+    """
+    options = settings(key)
+    first = options.get("first_seed", 0)
+    return list(range(first, first + options["seeds"]))
 
 
 def config_hash(key: str) -> str:
@@ -225,6 +244,47 @@ def path_for(key: str, directory: Any = None) -> Path:
         'results/ch3p6.json'
     """
     return Path(DEFAULT_DIRECTORY if directory is None else directory) / f"{_key(key)}.json"
+
+
+POWER_ANALYSIS = Path(__file__).resolve().parents[3] / "book" / "_data" / "power_analysis.json"
+"""The power analysis that sizes the medium runs (:mod:`deqlab.lab.experiments.power`), in a checkout."""
+
+_SIZING_FIELDS = ("claim", "effect_used", "effect_basis", "sd_used", "sd_basis", "seeds_needed", "alpha", "power",
+                  "family")
+
+
+def sizing(key: str, analysis: Any = None) -> dict[str, Any] | None:
+    """How experiment ``key``'s medium run was sized: its page's claims in the power analysis (the
+    effect each was sized against and why, the spread and where it was measured, the seeds 80 %
+    power needs), with the analysis's provenance. :func:`run` stores it with the result, so a page
+    shows it from the installed package (on Colab, where ``book/_data`` is absent).
+
+    Args:
+        key: a key of :data:`EXPERIMENTS`.
+        analysis: path of the power analysis's JSON; default :data:`POWER_ANALYSIS`.
+
+    Returns:
+        ``{"source": ..., "commit": ..., "date": ..., "claims": [...]}`` (each claim with
+        ``claim``, ``effect_used``, ``effect_basis``, ``sd_used``, ``sd_basis``, ``seeds_needed``,
+        ``alpha``, ``power``, ``family``), or None outside a checkout (no analysis file).
+
+    Raises:
+        ValueError: ``key`` is not in :data:`EXPERIMENTS`.
+
+    Example:
+        >>> from deqlab.lab.experiments import medium
+        >>> s = medium.sizing("ch3p6")
+        >>> s is None or max(c["seeds_needed"] for c in s["claims"]) == medium.settings("ch3p6")["seeds"]
+        True
+    """
+    page = EXPERIMENTS[_key(key)]["page"]
+    path = Path(analysis) if analysis is not None else POWER_ANALYSIS
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return {"source": "book/_data/power_analysis.json", "commit": data["provenance"].get("git_commit"),
+            "date": data["provenance"].get("date"),
+            "claims": [{k: c.get(k) for k in _SIZING_FIELDS} for c in data["claims"] if c["page"] == page]}
 
 
 def _git_commit() -> str | None:
@@ -284,6 +344,7 @@ def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | No
         },
         "raw": raw,
         "claims": _medium_claims(claims),
+        "sizing": sizing(key),
     }
     target = path_for(key, directory)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -461,6 +522,9 @@ def _per_seed_lists(key: str, raw: dict[str, Any], target: Path) -> dict[str, An
 _PROSE = ("paper_source", "note")
 """Claim fields not compared on load: words, not numbers (a rewording in the code changes no verdict)."""
 
+_LATER_FIELDS = ("sd_used", "sd_basis")
+"""Sizing fields the analysis gained after some runs were stored (issue 40): compared where stored."""
+
 
 def _same(a: Any, b: Any) -> bool:
     # equal, numbers to 1e-9 relative (the same code on another BLAS or NumPy may differ in the last bits)
@@ -481,7 +545,7 @@ def _compare(stored: list[dict], again: list[dict], where: str, target: Path, co
     for i, (s, a) in enumerate(zip(stored, again)):
         if s.get("claim") != a.get("claim"):
             raise _fail(target, f"{where}[{i}] is {s.get('claim')!r}, recomputed {a.get('claim')!r}; {advice}")
-        fields = [k for k in dict.fromkeys([*a, *s]) if k not in skip]
+        fields = [k for k in dict.fromkeys([*a, *s]) if k not in skip and not (k in _LATER_FIELDS and k not in s)]
         differ = [f"{k}: stored {_shown(s[k]) if k in s else '(missing)'}, recomputed "
                   f"{_shown(a[k]) if k in a else '(none)'}"
                   for k in fields if k not in s or k not in a or not _same(s[k], a[k])]
