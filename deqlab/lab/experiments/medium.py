@@ -519,7 +519,7 @@ def _per_seed_lists(key: str, raw: dict[str, Any], target: Path) -> dict[str, An
     return {f"raw.test_perplexity.{name}": v for name, v in raw["test_perplexity"].items()}
 
 
-_PROSE = ("paper_source", "note")
+_PROSE = ("paper_source", "note", "effect_basis", "sd_basis")
 """Claim fields not compared on load: words, not numbers (a rewording in the code changes no verdict)."""
 
 _LATER_FIELDS = ("sd_used", "sd_basis")

@@ -599,7 +599,7 @@ SMALLEST_EFFECTS: dict[str, dict[str, Any]] = {
         "2 percentage points of test error (7 of the 359 digits test images): about 1.3 standard errors of one "
         "run's test error at the page's 10 % (binomial, sqrt(0.1 x 0.9 / 359) = 1.6 points), so a smaller "
         "difference between the ensembles could not be told from test-set sampling in any single run a reader "
-        "makes; 001 reads its Fig. 5 as a visible gap, which is larger")},
+        "makes")},
     # chapter 3 page 6 (the remedies at sqrt(V) = 2.5, last epoch)
     "remedies_steps": {"effect": 2.0, "basis": (
         "2 forward solver steps per solve: about 15 % of the 13 steps the unremedied model takes at sqrt(V) = 2.5 "
