@@ -536,6 +536,54 @@ def sign_test(differences: Any, confidence: float = 0.95) -> dict[str, Any]:
             "lo": 2 * lo - 1, "hi": 2 * hi - 1, "p_value": float(binomtest(pos, m, 0.5).pvalue)}
 
 
+def equivalence_test(differences: Any, margin: float, alpha: float = 0.05) -> dict[str, Any]:
+    """Two one-sided t-tests (TOST; Schuirmann 1987) that the mean of paired differences lies
+    within ``(-margin, margin)``: the test that turns "not resolved" into "smaller than the
+    smallest effect of interest" when the data allow it.
+
+    The null hypothesis is that the mean is at least ``margin`` in size: ``mean <= -margin`` or
+    ``mean >= margin``. Each side is a one-sided one-sample t-test of the differences
+    (``scipy.stats.ttest_1samp``); the TOST p-value is the larger of the two, and the test
+    rejects (the mean is within the margin: ``equivalent``) at level ``alpha`` exactly when the
+    ``1 - 2 alpha`` t-interval of the mean lies inside ``(-margin, margin)``. Over a table of claims
+    adjust the p-values together (:func:`holm`).
+
+    Args:
+        differences: a 1-d array of at least 2 finite numbers (one per independent unit, e.g. per
+            seed), not all equal.
+        margin: the smallest effect of interest, a positive finite number in the differences' units.
+        alpha: the level, in (0, 0.5).
+
+    Returns:
+        dict with ``estimate`` (the mean), ``p_value`` (TOST), ``lo`` and ``hi`` (the
+        ``1 - 2 alpha`` t-interval), ``equivalent`` (``p_value <= alpha``), ``margin`` and ``n``.
+
+    Raises:
+        ValueError: naming ``differences`` (not 1-d, fewer than 2, not finite, no spread),
+            ``margin`` or ``alpha``.
+
+    Example:
+        >>> d = [0.1, -0.2, 0.05, 0.15, -0.1, 0.0, 0.2, -0.05]
+        >>> equivalence_test(d, margin=0.5)["equivalent"], equivalence_test(d, margin=0.05)["equivalent"]
+        (True, False)
+    """
+    from scipy import stats as scipy_stats
+
+    where = "stats.equivalence_test"
+    d = np.asarray(differences, dtype=np.float64) if not isinstance(differences, (str, dict)) else None
+    if d is None or d.ndim != 1 or d.size < 2 or not np.all(np.isfinite(d)) or not np.ptp(d) > 0:
+        raise checks.fail("differences", "a 1-d array of at least 2 finite numbers that are not all equal",
+                          differences, where)
+    margin = checks.number(margin, "margin", where, lower=0.0, lower_open=True)
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=0.5, lower_open=True, upper_open=True)
+    above = scipy_stats.ttest_1samp(d, -margin, alternative="greater")
+    below = scipy_stats.ttest_1samp(d, margin, alternative="less")
+    p = float(max(above.pvalue, below.pvalue))
+    lo, hi = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(1 - 2 * alpha)
+    return {"estimate": float(d.mean()), "p_value": p, "lo": float(lo), "hi": float(hi),
+            "equivalent": p <= alpha, "margin": float(margin), "n": int(d.size)}
+
+
 def paired_bootstrap(table: Any, statistic, *, paired: bool = True, resamples: int = 2000,
                      confidence: float = 0.95, key_or_seed: Any = 0) -> dict[str, Any]:
     """Percentile bootstrap of statistics of a units x conditions table, resampling whole units.

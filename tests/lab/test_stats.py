@@ -499,3 +499,22 @@ def test_studentized_interval_with_a_closed_form_error_matches_the_jackknife_for
     np.testing.assert_allclose(closed, jack, rtol=1e-9)
     with pytest.raises(ValueError, match="standard_error"):
         stats.studentized_interval(t, _mean_difference, standard_error=1.0)
+
+
+def test_equivalence_test_has_its_level_at_the_margin_and_matches_its_interval():
+    # TOST: at a true mean on the margin the rejection rate is alpha (4,000 simulated studies of 30 units: the
+    # standard error of a rate near 0.05 is 0.0034, so 3 of them bound it); the test rejects exactly when the
+    # 1 - 2 alpha t-interval lies inside the margin; far from the margin it has power
+    rng = np.random.default_rng(0)
+    at_margin = [stats.equivalence_test(rng.normal(1.0, 1.0, 30), 1.0) for _ in range(4000)]
+    rate = np.mean([r["equivalent"] for r in at_margin])
+    assert abs(rate - 0.05) < 3 * np.sqrt(0.05 * 0.95 / 4000), rate
+    assert all(r["equivalent"] == (-1.0 < r["lo"] and r["hi"] < 1.0) for r in at_margin)
+    assert stats.equivalence_test(rng.normal(0.0, 1.0, 200), 0.5)["equivalent"]
+    for bad, name in (([1.0], "differences"), ([1.0, 1.0], "differences"), ([1.0, np.nan], "differences")):
+        with pytest.raises(ValueError, match=name):
+            stats.equivalence_test(bad, 1.0)
+    with pytest.raises(ValueError, match="margin"):
+        stats.equivalence_test([0.0, 1.0], 0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        stats.equivalence_test([0.0, 1.0], 1.0, alpha=0.5)
