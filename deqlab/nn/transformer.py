@@ -17,7 +17,7 @@ implements it as 003's released code runs it, with these choices:
   is Khan's (2020) Haiku DEQ transformer, a *pre*-LayerNorm block ``h + Attn(LN(h))``,
   ``h + MLP(LN(h))``: a residual around the attention too, in another place.)
   :class:`TransformerCell` follows the code:
-  ``a = LN(z + Attention(...))``, then ``LN(a + W2 relu(W1 a))``. ``attention_residual=False``
+  ``a = LN(z + Attention(...))``, then ``LN(a + W2 relu(W1 a + b1) + b2)``. ``attention_residual=False``
   gives the printed formula, ``a = LN(Attention(...))`` (book errata). The skip puts the identity
   into the Jacobian: without attention, f(z) = LN(phi(LN(z))) nearly fixes every normalised z,
   and with it ``J_f`` keeps eigenvalues near 1 (a spectral radius of 0.95-1.0 at initialisation
@@ -115,9 +115,14 @@ class TransformerCell(nnx.Module):
         scale: scale sqrt(V) of W1, W2; default half the ensemble's critical scale, the middle of
             001's range sqrt(V) in [0.1, 1] for Gaussian weights.
         attention_ensemble: law of W_Q, W_K, W_V, W_O.
-        attention_scale: their scale; default 0.3 of the ensemble's critical scale. It decides how
-            contractive f is: small attention weights let the plain iteration converge at
-            initialisation (003 §5 asks for "a small operator norm in the weight matrices").
+        attention_scale: their scale; default 0.3 of the ensemble's critical scale. How it moves the
+            contraction of f depends on the layer. With ``attention_residual=False`` small attention
+            weights make f contractive at initialisation (spectral radius about 0.5 at the default),
+            as 003 §5's advice of "a small operator norm in the weight matrices" expects, and larger
+            ones raise the radius. With the residual (the default) the identity term holds the
+            radius near 1 at small attention weights, so the plain iteration barely converges and
+            Broyden's method is needed; larger attention weights dilute that term and lower the
+            radius (chapter 5 page 1, Exercise 2).
         max_distance: number of learned relative-position biases per head (distances beyond
             share the last one), in ``[1, 2**20]``; the longest sequence length is enough.
         attention_residual: True (default): normalise ``z + Attention(...)``, as 003's released
