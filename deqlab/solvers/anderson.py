@@ -63,6 +63,7 @@ class Anderson(Solver):
     ridge: float = 1e-4
     damping: float = 1.0
     name = "anderson"
+    init_is_first_record = True  # init writes the first pair into an empty history, as record does
 
     def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.positive_int(self.m, "m", "solvers.Anderson")

@@ -74,6 +74,8 @@ class Solver(abc.ABC):
     - :attr:`freeze_state`: whether a sample's state stops changing when the sample stops.
     - :attr:`couples_samples`: True for a solver whose methods must see the whole ``(B, D)``
       batch (a step that couples samples on purpose); False (default): one sample.
+    - :attr:`init_is_first_record`: True when ``init(z, fz)`` is ``record`` into the zeroed state,
+      which lets the loop evaluate f(z0) inside itself (f once in the compiled program).
     - ``__post_init__``: validate the subclass's own fields (call ``super().__post_init__()``).
 
     The settings below are the dataclass fields, so the constructor's keyword arguments (a
@@ -182,6 +184,14 @@ class Solver(abc.ABC):
     #: batch and never frozen (:attr:`freeze_state` and unrolled solves freeze the per-sample
     #: leaves only), so they keep counting while any sample iterates.
     couples_samples: ClassVar[bool] = False
+
+    #: False (default): ``init(z, fz)`` starts the state. True: ``init(z, fz)`` equals
+    #: ``record(z, fz, zeros)``, ``zeros`` being ``init``'s state with every leaf zeroed (an
+    #: Anderson history: the first pair written into an empty one). The shared loop then
+    #: evaluates f(z0) in its first iteration instead of before the loop, so f appears once in
+    #: the compiled program, not twice (a stateless solver, such as :class:`Picard`, always
+    #: qualifies). Checked by ``tests/library/test_extension.py`` for deqlab's solvers.
+    init_is_first_record: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -275,6 +275,20 @@ def _checked_hooks(config, init, propose, record, z, fz, init_history):
     return state
 
 
+def _laid_out_like(z, like):
+    """``z`` resharded like the abstract value ``like`` where ``like`` is split over a mesh axis
+    (an explicit mesh) and ``z`` is not split alike; otherwise ``z`` itself."""
+    sharding = getattr(like, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None or all(axis is None for axis in spec):
+        return z
+    try:
+        current = jax.typeof(z).sharding.spec
+    except (AttributeError, TypeError):  # no sharding in the type (no explicit mesh)
+        return z
+    return z if tuple(current) == tuple(spec) else jax.sharding.reshard(z, sharding)
+
+
 def _where_batch(mask, new, old):
     """Per-sample select on pytrees whose leaves have a leading batch axis."""
 
@@ -311,22 +325,45 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     # Which rate estimate the error rule uses (Solver.rate_estimate): residual ratios over a
     # window of RATE_WINDOW steps, or the largest secant quotient of the solve.
     ratios = config.rate_estimate == "residual_ratio"
-    fz0 = func(z0_flat)
-    # Adopt the layout of f's output: z0 is often a fresh, replicated zeros array while the input
-    # (and so f(z0)) is sharded over the batch.
-    z0_flat = z0_flat + jnp.zeros_like(fz0)
-    finite0 = jnp.all(jnp.isfinite(fz0), axis=1)
-    res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), big)
-    abs0 = jnp.where(finite0, row_norm(jax.lax.stop_gradient(fz0 - z0_flat)), big)
-    no_error = jnp.full_like(res0, jnp.inf, dtype=work)  # no error estimate before the first step
-    terminate = _checked_terminate(config, tol, res0, no_error)
-    result0 = jnp.where(
-        ~finite0, Result.NONFINITE, jnp.where(terminate(tol, res0, no_error), Result.SUCCESS,
-                                              Result.MAX_STEPS_REACHED)
-    ).astype(jnp.int32)
-    fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
     every = 1 if unrolled else config.check_every
     auto = every == "auto"
+    # The default loop (a while loop judging every step) evaluates f(z0) in its first iteration,
+    # so that f appears once in the compiled program instead of twice (before the loop and in
+    # it): the carry starts "before step 0" (step = -1), and that iteration judges z0 itself
+    # instead of a proposal, and starts the solver's state with init instead of record. The
+    # other loops (unrolled, check_every > 1 or "auto") evaluate f(z0) before the loop.
+    stateless = not jax.tree_util.tree_leaves(jax.eval_shape(init, z0_flat, z0_flat))
+    folded = not unrolled and every == 1 and (config.init_is_first_record or stateless)
+    if folded:
+        # Adopt the layout of f's output, without evaluating it: z0 is often a fresh, replicated
+        # zeros array while the input (and so f(z0)) is sharded over the batch.
+        z0_flat = _laid_out_like(z0_flat, jax.eval_shape(func, z0_flat))
+        fz0 = z0_flat  # a placeholder, never judged: the first iteration evaluates f(z0)
+        res0 = abs0 = jnp.full(z0_flat.shape[:1], big, work) + jnp.zeros_like(z0_flat[:, 0], dtype=work)
+        finite0 = jnp.ones_like(res0, dtype=bool)
+    else:
+        fz0 = func(z0_flat)
+        # Adopt the layout of f's output: z0 is often a fresh, replicated zeros array while the
+        # input (and so f(z0)) is sharded over the batch.
+        z0_flat = z0_flat + jnp.zeros_like(fz0)
+        finite0 = jnp.all(jnp.isfinite(fz0), axis=1)
+        res0 = jnp.where(finite0, relative_residual(fz0, z0_flat), big)
+        abs0 = jnp.where(finite0, row_norm(jax.lax.stop_gradient(fz0 - z0_flat)), big)
+    no_error = jnp.full_like(res0, jnp.inf, dtype=work)  # no error estimate before the first step
+    terminate = _checked_terminate(config, tol, res0, no_error)
+    if folded:
+        result0 = jnp.full_like(res0, Result.MAX_STEPS_REACHED, dtype=jnp.int32)  # every sample "iterating"
+    else:
+        result0 = jnp.where(
+            ~finite0, Result.NONFINITE, jnp.where(terminate(tol, res0, no_error), Result.SUCCESS,
+                                                  Result.MAX_STEPS_REACHED)
+        ).astype(jnp.int32)
+    fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
+    state0 = _checked_hooks(config, init, propose, record, z0_flat, fz0_safe, init_history)
+    if folded and init_history is None:
+        # init's state with every leaf zeroed: the first iteration records (z0, f(z0)) into it,
+        # which is init's state (Solver.init_is_first_record)
+        state0 = jax.tree_util.tree_map(jnp.zeros_like, state0)
     carry0 = LoopCarry(
         z=z0_flat,
         fz=fz0_safe,
@@ -336,12 +373,12 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         best_abs=abs0,
         result=result0,
         steps=jnp.zeros_like(result0),
-        step=jnp.zeros((), jnp.int32),
-        nfe=jnp.ones((), jnp.int32),
+        step=jnp.full((), -1 if folded else 0, jnp.int32),
+        nfe=jnp.full((), 0 if folded else 1, jnp.int32),
         # One row per step, written with dynamic_update_slice: O(B) per step, and the batch axis
         # (the second) keeps the sharding of the residuals when the batch is split across devices.
         trace=jnp.repeat(res0[None, :], config.max_steps + 1, axis=0),
-        state=_checked_hooks(config, init, propose, record, z0_flat, fz0_safe, init_history),
+        state=state0,
         # stop="error": the last RATE_WINDOW rate estimates (inf: none yet, so the residual rule
         # decides) or their running maximum, the absolute residual of the accepted iterate
         # (Picard's rate is a ratio of two of them) and the error estimate of the value the
@@ -403,8 +440,12 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
 
     def judged(carry, z_in, fz_in, state_in, span):
         """One solver step from (z_in, fz_in, state_in), judged: ``span`` steps after the last
-        judged one (z_in is the carry's iterate when span is 1)."""
+        judged one (z_in is the carry's iterate when span is 1). In the folded loop, the first
+        iteration (step -1) judges z_in = z0 itself and starts the solver's state."""
         z_prop, state_prop = propose(z_in, fz_in, state_in)
+        first = carry.step < 0 if folded else jnp.zeros((), bool)
+        if folded:
+            z_prop = jnp.where(first, z_in, z_prop)
         fz_prop = func(z_prop)
         # A NaN or inf anywhere in z_prop or f(z_prop) makes the norms non-finite (as does an
         # overflow of the norm, which only a diverging iterate reaches). The norms only decide and
@@ -428,7 +469,16 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         res_prop = diff_norm / (f_norm + residual_floor)
         abs_prop = diff_norm
         res = jnp.where(accept, res_prop, carry.res)
-        state = record(z_prop, fz_prop, state_prop)
+        if folded and init_history is not None:
+            # a continued history already holds z0 (the last iterate of the solve it came from)
+            state = jax.tree_util.tree_map(lambda a, b: jnp.where(first, a, b), state_in,
+                                           record(z_prop, fz_prop, state_prop))
+        elif folded:
+            # the first iteration records (z0, f(z0)) into the zeroed state: init's state
+            state = record(z_prop, fz_prop, jax.tree_util.tree_map(lambda a, b: jnp.where(first, a, b),
+                                                                   state_in, state_prop))
+        else:
+            state = record(z_prop, fz_prop, state_prop)
         if unrolled or config.freeze_state:
             # Rejected and frozen samples never become active again, so their solver state is
             # irrelevant to the result; it is kept finite only when differentiating through the
@@ -444,7 +494,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         error = jnp.full_like(res_prop, jnp.inf, dtype=work)
         if error_rule:
             rates, error = rate_and_error(carry, z_in, fz_in, z_prop, fz_prop, diff, abs_prop, finite,
-                                          accept, span)
+                                          accept & ~first, span)
+            if folded:  # the first iteration evaluates z0: no step yet, so no rate and no estimate
+                error = jnp.where(first, jnp.inf, error)
             abs_kept = jnp.where(accept, abs_prop, carry.abs)
             err = jnp.where(accept, error, carry.err)
         # The convergence test is the solver's (Solver.terminate), per sample; it sees big, not
@@ -478,7 +530,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             best_res=jnp.where(improved, res_prop, carry.best_res),
             best_abs=jnp.where(improved, abs_prop, carry.best_abs),
             result=result,
-            steps=carry.steps + span * active.astype(jnp.int32),
+            steps=carry.steps + span * (active & ~first).astype(jnp.int32),
             step=step,
             nfe=carry.nfe + span,
             trace=trace,
