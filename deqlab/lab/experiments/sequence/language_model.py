@@ -44,7 +44,7 @@ __all__ = ["prepare_corpus", "make_model", "learning_rate_schedule", "train_lang
 LOGGED = ("loss", "steps_mean", "converged_fraction", "residual_max")
 """Per-step quantities a run records: training loss and the forward solve's statistics."""
 
-EVALUATED = ("loss", "converged_fraction", "steps_mean", "radius")
+EVALUATED = ("loss", "converged_fraction", "steps_mean", "radius", "radius_converged")
 """What an evaluation on the validation batches records (:func:`evaluate`)."""
 
 RADIUS_SEQUENCES = 8
@@ -161,7 +161,9 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     unrolled L times, the weight-tied network), ``embedding_std`` (:class:`deqlab.nn.LanguageModel`'s; default
     None), ``eval_batches`` (validation batches, default 8), ``eval_every`` (also evaluate on
     the validation batches before training and after every that many training steps; default 0:
-    at the end only),
+    at the end only), ``radius_max_steps`` and ``radius_tol`` (both or neither, default None: at
+    every evaluation the radius sequences are solved again from zero with that Broyden budget and
+    relative tolerance, and the radius is taken at those solves, :func:`evaluate`),
     ``checkpoint_every`` (default ``steps // 4``), ``source`` and ``path`` (of the corpus).
 
     With a ``checkpoint_dir``, the model, the optimiser, the step and the log so far are saved
@@ -175,7 +177,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         ``loss``, ``steps_mean``, ``converged_fraction``, ``residual_max``: one entry per step;
         ``validation_loss`` (nats per token) and ``validation_perplexity``;
         ``validation_steps_mean`` and ``validation_converged_fraction`` (the solve at evaluation);
-        ``validation_radius`` (:func:`evaluate`'s ``radius``);
+        ``validation_radius`` and ``validation_radius_converged`` (:func:`evaluate`'s ``radius`` and
+        ``radius_converged``);
         ``evaluations``: with ``eval_every``, a dict of lists ``step`` and :data:`EVALUATED` (as
         :func:`evaluate` returns them), one entry per evaluation: before training (step 0) and
         after every ``eval_every`` steps (the evaluation at step k sees k updates);
@@ -199,6 +202,8 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
     every = checks.positive_int(config.get("checkpoint_every", max(1, steps // 4)), "config['checkpoint_every']", where)
     eval_batches = checks.positive_int(config.get("eval_batches", 8), "config['eval_batches']", where)
     eval_every = checks.integer(config.get("eval_every", 0), "config['eval_every']", where, minimum=0, maximum=steps)
+    radius_solve = _radius_solve(config.get("radius_max_steps"), config.get("radius_tol"), "config['radius_max_steps']",
+                                 "config['radius_tol']", where)
     if stop_after is not None:
         stop_after = checks.positive_int(stop_after, "stop_after", where)
     if corpus is None:
@@ -242,9 +247,14 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
             ckpt.save(step, {"model": _pure(nnx.state(model, nnx.Param)), "optimizer": _pure(nnx.state(optimizer)),
                              "log": log})
 
+    latest = {}  # the evaluation after the last step, made in this call: the final one too (same model, batches)
+
     def record_evaluation(done):
-        for k, v in evaluate(model, corpus["validation"], batch_size, eval_batches).items():
+        result = evaluate(model, corpus["validation"], batch_size, eval_batches, **radius_solve)
+        for k, v in result.items():
             log[f"eval_{k}"][done // eval_every] = v
+        if done == steps:
+            latest.update(result)
 
     key = jax.random.key(seed)
     epoch_batches, epoch_of = None, None
@@ -284,7 +294,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         if ckpt is not None:
             ckpt.close()
     seconds = time.perf_counter() - began
-    final = evaluate(model, corpus["validation"], batch_size, eval_batches)
+    final = latest or evaluate(model, corpus["validation"], batch_size, eval_batches, **radius_solve)
     validation_loss = final["loss"]
     evaluations = {"step": [eval_every * i for i in range(n_evaluations)],
                    **{k: [float(v) for v in log[f"eval_{k}"][:n_evaluations]] for k in EVALUATED}}
@@ -295,6 +305,7 @@ def train_language_model(config: dict, checkpoint_dir: Any = None, *, progress: 
         "validation_steps_mean": final["steps_mean"],
         "validation_converged_fraction": final["converged_fraction"],
         "validation_radius": final["radius"],
+        "validation_radius_converged": final["radius_converged"],
         "evaluations": evaluations,
         "parameters": parameter_count(model),
         "vocabulary": int(vocab),
@@ -394,29 +405,54 @@ _diagonal_blocks = nnx.jit(_blocks)
 
 
 @nnx.jit
-def _power_radius(model, tokens):
-    from deqlab import stability
+def _solve_radius_sequences(model, tokens):
+    from deqlab.solvers import Result
 
     x = model.embed(tokens)
-    _, _, z_star = model.block(x, return_state=True)
-    cell = model.block.cell
-    return stability.spectral_radius(lambda z, x: cell(z, x), z_star, x, key=jax.random.key(0),
-                                     steps=RADIUS_STEPS, batch_axis=0)
+    z, sol = model.block.deq(x, return_solution=True)  # what model.block(x) solves, with its per-sequence result
+    return z, x, sol.result == Result.SUCCESS
 
 
 @nnx.jit
-def _equilibrium_blocks(model, tokens):
-    x = model.embed(tokens)
-    _, _, z_star = model.block(x, return_state=True)
-    return _blocks(model.block.cell, z_star, x)[1]
+def _power_radius(cell, z, x):
+    from deqlab import stability
+
+    return stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
+                                     batch_axis=0)
 
 
-def _radius(model, tokens) -> np.ndarray:
-    """Per sequence, the spectral radius of ``J_f`` at the solver's last iterate: exact up to
-    :data:`EXACT_RADIUS_WIDTH`, a :data:`RADIUS_STEPS`-step power-iteration estimate above."""
-    if model.block.cell.width <= EXACT_RADIUS_WIDTH:
-        return _initialisation.block_radius(jax.device_get(_equilibrium_blocks(model, tokens)))
-    return np.asarray(jax.device_get(_power_radius(model, tokens)))
+def _radius(model, tokens) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence, the spectral radius of ``J_f`` at the solver's last iterate (exact up to
+    :data:`EXACT_RADIUS_WIDTH`, a :data:`RADIUS_STEPS`-step power-iteration estimate above) and
+    whether that solve met its tolerance."""
+    z, x, converged = _solve_radius_sequences(model, tokens)
+    cell = model.block.cell
+    if cell.width <= EXACT_RADIUS_WIDTH:
+        radius = _initialisation.block_radius(jax.device_get(_diagonal_blocks(cell, z, x)[1]))
+    else:
+        radius = np.asarray(jax.device_get(_power_radius(cell, z, x)))
+    return radius, np.asarray(jax.device_get(converged), bool)
+
+
+def _radius_solve(max_steps, tol, steps_name, tol_name, where) -> dict:
+    """The re-solve's settings, checked: both None (no re-solve) or a budget and a tolerance."""
+    if (max_steps is None) != (tol is None):
+        given, missing = (steps_name, tol_name) if tol is None else (tol_name, steps_name)
+        raise checks.fail(missing, f"given together with {given} (the re-solve's budget and tolerance)", None, where)
+    if max_steps is None:
+        return {}
+    return {"radius_max_steps": checks.positive_int(max_steps, steps_name, where),
+            "radius_tol": checks.positive_number(tol, tol_name, where)}
+
+
+def _resolver(model, max_steps, tol):
+    """A copy of ``model`` (same parameters) whose forward solve, in either mode, is its Broyden
+    solver with ``max_steps`` and ``tol``."""
+    twin = nnx.clone(model)
+    deq = twin.block.deq
+    deq.solver = deq.solver.replace(max_steps=max_steps, tol=tol)
+    deq.eval_max_steps, deq.eval_tol = None, None
+    return twin
 
 
 def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
@@ -437,6 +473,8 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         :data:`RADIUS_STEPS`-step power-iteration estimate (:func:`deqlab.stability.spectral_radius`)
         at the same point, for comparison;
         ``f_norm``: per sequence, ``||f(z)||`` (``sqrt(T d)`` for a LayerNorm output without gain);
+        ``residual``: per sequence, the relative residual ``||f(z) - z|| / ||f(z)||`` at z (at most
+        the model's tolerance where ``converged``);
         ``inject_std``: the standard deviation of the injection's entries ``x W_x`` and
         ``state_std`` that of the state's contribution to the queries ``z W_Q``.
 
@@ -446,11 +484,14 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
 
     Example:
         >>> import jax.numpy as jnp
+        >>> import numpy as np
         >>> from deqlab.lab.experiments.sequence import language_model as lm
         >>> model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=30, tol=1e-2, embedding_std=1.0)
         >>> out = lm.equilibrium_statistics(model, jnp.array([[1, 2, 3, 4], [5, 6, 7, 8]]))
         >>> out["radius"].shape, out["converged"].shape, round(out["f_norm"][0] ** 2)
         ((2,), (2,), 32)
+        >>> bool(np.all(out["residual"][out["converged"]] <= 1e-2))
+        True
     """
     from deqlab.nn.lm import _token_ids
     from deqlab.nn.transformer import TransformerCell
@@ -460,8 +501,9 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         raise checks.fail("model", "a make_model language model in equilibrium mode (a TransformerCell, depth None)",
                           type(model.block.cell).__name__, where)
     tokens = _token_ids(jnp.asarray(tokens), model.vocab_size, "tokens", where)
-    (stats, converged, power, f_norm, inject, state), z, x = _equilibrium_statistics(model, tokens)
-    stats, converged, power, f_norm, inject, state = jax.device_get((stats, converged, power, f_norm, inject, state))
+    (stats, converged, power, f_norm, residual, inject, state), z, x = _equilibrium_statistics(model, tokens)
+    stats, converged, power, f_norm, residual, inject, state = jax.device_get(
+        (stats, converged, power, f_norm, residual, inject, state))
     if model.block.cell.width <= EXACT_RADIUS_WIDTH:  # exact, at the same iterate z (one solve, not two)
         radius = _initialisation.block_radius(jax.device_get(_diagonal_blocks(model.block.cell, z, x)[1]))
     else:  # the power-iteration estimate, as _radius gives it
@@ -469,6 +511,7 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
     return {"converged_fraction": float(stats["converged_fraction"]), "steps_mean": float(stats["steps_mean"]),
             "converged": np.asarray(converged, bool),
             "radius": radius, "radius_power": np.asarray(power), "f_norm": np.asarray(f_norm),
+            "residual": np.asarray(residual),
             "inject_std": float(inject), "state_std": float(state)}
 
 
@@ -484,11 +527,14 @@ def _equilibrium_statistics(model, tokens):
     cell = model.block.cell
     power = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
                                       batch_axis=0)
-    f_norm = jnp.sqrt(jnp.sum(cell(z, x) ** 2, axis=(-2, -1)))
-    return (stats, converged, power, f_norm, jnp.std(cell.inject(x)), jnp.std(cell.query(z))), z, x
+    fz = cell(z, x)
+    f_norm = jnp.sqrt(jnp.sum(fz ** 2, axis=(-2, -1)))
+    residual = jnp.sqrt(jnp.sum((fz - z) ** 2, axis=(-2, -1))) / f_norm
+    return (stats, converged, power, f_norm, residual, jnp.std(cell.inject(x)), jnp.std(cell.query(z))), z, x
 
 
-def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int) -> dict[str, float]:
+def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batches: int, *,
+             radius_max_steps: int | None = None, radius_tol: float | None = None) -> dict[str, float]:
     """Validation loss and solver statistics of ``model`` on the first ``eval_batches`` batches of
     ``windows``, in evaluation mode (the model is left in training mode).
 
@@ -497,23 +543,47 @@ def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batch
         windows: int windows ``(n, context + 1)`` (inputs ``[:, :-1]``, targets ``[:, 1:]``).
         batch_size: sequences per batch.
         eval_batches: number of batches (fewer if ``windows`` holds fewer).
+        radius_max_steps, radius_tol: both None (default): the radius is taken where the model's
+            own solve of the radius sequences stops; both given: those sequences are solved again
+            from zero by a copy of the model whose Broyden solver has this budget and relative
+            tolerance (chapter 5 page 4 uses 300 steps to 1e-5, as chapter 5 page 6's probe), and the
+            radius is taken at those solves.
 
     Returns:
         ``loss`` (nats per token), ``converged_fraction`` and ``steps_mean`` of the forward solve,
-        each the mean over the batches; ``radius``: the median over the first
-        :data:`RADIUS_SEQUENCES` sequences of the spectral radius of the cell's Jacobian at the
-        solver's last iterate z (exact from the diagonal blocks, :func:`diagonal_blocks`, up to
-        width :data:`EXACT_RADIUS_WIDTH`; above, :func:`deqlab.stability.spectral_radius` with
-        :data:`RADIUS_STEPS` steps), NaN for an unrolled model. It is the radius at the equilibrium z* only where the
-        solve converged (``converged_fraction`` 1): quote it as such only there. Above 1 at z*, the
-        equilibrium repels the plain iteration z <- f(z), and only a root finder such as Broyden's
-        method can find it.
+        each the mean over the batches; ``radius``: over the first :data:`RADIUS_SEQUENCES`
+        sequences, the median spectral radius of the cell's Jacobian at the solver's last iterate
+        (exact from the diagonal blocks, :func:`diagonal_blocks`, up to width
+        :data:`EXACT_RADIUS_WIDTH`; above, :func:`deqlab.stability.spectral_radius` with
+        :data:`RADIUS_STEPS` steps): without the re-solve the median over all of them, at the
+        model's own solve; with it, the median over the sequences whose re-solve converged (NaN if
+        none did); NaN for an unrolled model; ``radius_converged``: the fraction of those
+        sequences whose solve (the re-solve, if asked for) met its tolerance (NaN for an unrolled
+        model). The radius is that of an equilibrium z* only at a converged solve, and only to that
+        solve's tolerance: near a radius of 1 a loose residual leaves z far from z*. Above 1 at z*,
+        the equilibrium repels the plain iteration z <- f(z), and only a root finder such as
+        Broyden's method can find it.
+
+    Raises:
+        ValueError: only one of ``radius_max_steps`` and ``radius_tol`` is given, or one is not
+            positive.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.lab.experiments.sequence import language_model as lm
+        >>> model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=3, tol=1e-2, embedding_std=1.0)
+        >>> windows = np.arange(2 * 9).reshape(2, 9) % 16
+        >>> out = lm.evaluate(model, windows, 2, 1, radius_max_steps=300, radius_tol=1e-5)
+        >>> sorted(out) == sorted(lm.EVALUATED), bool(np.isfinite(out["radius"])), out["radius_converged"]
+        (True, True, 1.0)
     """
     from deqlab.nn import lm
 
+    radius_solve = _radius_solve(radius_max_steps, radius_tol, "radius_max_steps", "radius_tol",
+                                 "sequence.language_model.evaluate")
     n_eval = min(eval_batches, max(1, len(windows) // batch_size))
     eval_size = min(batch_size, len(windows))
-    totals = {k: [] for k in EVALUATED if k != "radius"}
+    totals = {k: [] for k in EVALUATED if k not in ("radius", "radius_converged")}
     model.eval()
     try:
         for i in range(n_eval):
@@ -521,12 +591,20 @@ def evaluate(model: nnx.Module, windows: np.ndarray, batch_size: int, eval_batch
             metrics = jax.device_get(lm.eval_step(model, jnp.asarray(batch[:, :-1]), jnp.asarray(batch[:, 1:])))
             for k in totals:
                 totals[k].append(float(metrics[k]))
-        radius = np.nan
+        radius = radius_converged = np.nan
         if model.block.depth is None:
-            radius = float(np.median(_radius(model, jnp.asarray(windows[:RADIUS_SEQUENCES, :-1]))))
+            tokens = jnp.asarray(windows[:RADIUS_SEQUENCES, :-1])
+            if radius_solve:
+                radii, converged = _radius(_resolver(model, radius_max_steps, radius_tol), tokens)
+                radius = float(np.median(radii[converged])) if converged.any() else np.nan
+            else:
+                radii, converged = _radius(model, tokens)
+                radius = float(np.median(radii))
+            radius_converged = float(np.mean(converged))
     finally:
         model.train()
-    return {**{k: float(np.mean(v)) for k, v in totals.items()}, "radius": radius}
+    return {**{k: float(np.mean(v)) for k, v in totals.items()}, "radius": radius,
+            "radius_converged": radius_converged}
 
 
 def run_language_model(directory: Any, configs: Sequence[dict], *, progress: bool = False) -> list[dict]:
