@@ -330,8 +330,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     # The default loop (a while loop judging every step) evaluates f(z0) in its first iteration,
     # so that f appears once in the compiled program instead of twice (before the loop and in
     # it): the carry starts "before step 0" (step = -1), and that iteration judges z0 itself
-    # instead of a proposal, and starts the solver's state with init instead of record. The
-    # other loops (unrolled, check_every > 1 or "auto") evaluate f(z0) before the loop.
+    # instead of a proposal and records (z0, f(z0)) into the zeroed state, which is init's state
+    # for a solver that keeps none or declares Solver.init_is_first_record. The other loops
+    # (unrolled, check_every > 1 or "auto") and other solvers evaluate f(z0) before the loop.
     stateless = not jax.tree_util.tree_leaves(jax.eval_shape(init, z0_flat, z0_flat))
     folded = not unrolled and every == 1 and (config.init_is_first_record or stateless)
     if folded:
