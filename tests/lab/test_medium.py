@@ -350,3 +350,26 @@ def test_load_names_the_file_and_what_was_expected(tmp_path, change, message):
     with pytest.raises(medium.StoredResultError) as error:
         medium.load("ch3p6", tmp_path)
     assert str(error.value).startswith(f"experiments.medium.load: {path}: ") and message in str(error.value), error.value
+
+
+def test_provenance_is_dirty_for_code_changes_not_for_stored_results(tmp_path):
+    # a command that runs several experiments writes one result before the next starts: that output must not
+    # mark the next run "+dirty", while any other change to a tracked file must
+    import subprocess
+
+    from deqlab.lab.experiments import power
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "results" / "a.json").write_text('{"new": 1}')
+    assert not power._git_commit(str(tmp_path), outputs=("results",)).endswith("+dirty")
+    assert power._git_commit(str(tmp_path)).endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert power._git_commit(str(tmp_path), outputs=("results",)).endswith("+dirty")

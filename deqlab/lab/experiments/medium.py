@@ -288,10 +288,11 @@ def sizing(key: str, analysis: Any = None) -> dict[str, Any] | None:
 
 
 def _git_commit() -> str | None:
-    # the commit, with "+dirty" when tracked files differ from it; None outside a git checkout
+    # the commit, with "+dirty" when tracked files differ from it, the stored results aside (outputs: a
+    # command that runs several experiments writes one before the next starts); None outside a git checkout
     from deqlab.lab.experiments import power
 
-    return power._git_commit(str(Path(__file__).resolve().parent))
+    return power._git_commit(str(Path(__file__).resolve().parent), outputs=("deqlab/lab/medium_results",))
 
 
 def run(key: str, directory: Any = None, *, collect: Callable[[dict], dict] | None = None) -> dict[str, Any]:
