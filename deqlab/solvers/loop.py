@@ -333,7 +333,10 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     # instead of a proposal and records (z0, f(z0)) into the zeroed state, which is init's state
     # for a solver that keeps none or declares Solver.init_is_first_record. The other loops
     # (unrolled, check_every > 1 or "auto") and other solvers evaluate f(z0) before the loop.
-    stateless = not jax.tree_util.tree_leaves(jax.eval_shape(init, z0_flat, z0_flat))
+    # The hooks' contract checked first (a mistake is named with the hook), with z0 standing in for
+    # f(z0): the shapes are what matter, and the fold needs to know whether the solver keeps a state.
+    checked_state = _checked_hooks(config, init, propose, record, z0_flat, z0_flat, init_history)
+    stateless = not jax.tree_util.tree_leaves(checked_state)
     folded = not unrolled and every == 1 and (config.init_is_first_record or stateless)
     if folded:
         # Adopt the layout of f's output, without evaluating it: z0 is often a fresh, replicated
@@ -360,11 +363,14 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
                                                   Result.MAX_STEPS_REACHED)
         ).astype(jnp.int32)
     fz0_safe = jnp.where(finite0[:, None], fz0, z0_flat)
-    state0 = _checked_hooks(config, init, propose, record, z0_flat, fz0_safe, init_history)
-    if folded and init_history is None:
+    if init_history is not None:
+        state0 = init_history
+    elif folded:
         # init's state with every leaf zeroed: the first iteration records (z0, f(z0)) into it,
         # which is init's state (Solver.init_is_first_record)
-        state0 = jax.tree_util.tree_map(jnp.zeros_like, state0)
+        state0 = jax.tree_util.tree_map(jnp.zeros_like, checked_state)
+    else:
+        state0 = init(z0_flat, fz0_safe)
     carry0 = LoopCarry(
         z=z0_flat,
         fz=fz0_safe,
