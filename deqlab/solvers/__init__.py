@@ -19,10 +19,11 @@ Writing a solver
     ``init_state`` warm starts, ``stop="error"``). The loop has no special case for any solver:
     what differs between them is declared by hooks on :class:`Solver` (``terminate``,
     ``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``, ``freeze_state``,
-    ``couples_samples``, ``init_is_first_record``). In the default loop (every step judged, not
-    unrolled) f(z0) is evaluated in the loop's first iteration, so f appears once in the
-    compiled program, when the solver keeps no state or declares ``init_is_first_record``
-    (Picard, Anderson); otherwise (Broyden, a solver of yours by default) before the loop. Solver objects are pytrees: their real-number settings (``tol``,
+    ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``). In the default
+    loop (every step judged, not unrolled) f(z0) is evaluated in the loop's first iteration, so
+    f appears once in the compiled program, when the solver keeps no state or declares
+    ``init_is_first_record`` (Picard, Anderson); otherwise (Broyden, a stateful solver of yours
+    by default) before the loop. Solver objects are pytrees: their real-number settings (``tol``,
     ``damping``, ``ridge``, ``step``, ``safety``, ``divergence_factor``) are leaves, so they can be
     swept with ``jax.vmap``, differentiated, or changed without compiling again when passed as
     arrays; the settings that set shapes or the program's structure (``max_steps``, ``m``,

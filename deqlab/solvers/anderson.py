@@ -64,6 +64,7 @@ class Anderson(Solver):
     damping: float = 1.0
     name = "anderson"
     init_is_first_record = True  # init writes the first pair into an empty history, as record does
+    stays_at_fixed_points = True  # an empty history or zero residuals: a plain step
 
     def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.positive_int(self.m, "m", "solvers.Anderson")
@@ -103,19 +104,19 @@ class Anderson(Solver):
         else:  # LAPACK's LU: its per-sample calls cost less than m rounds of the elimination loop
             y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[:, None])[:, 0]
         total = jnp.sum(y)
-        # All residuals zero: the sample sits on its fixed point; mix nothing but the newest f.
-        # Likewise when the solve gave inf or NaN (an exactly zero pivot: ridge = 0 and exactly
-        # dependent residuals): that step is a plain one. A nearly singular system (ridge 0) gives
+        # All residuals zero (the sample sits on its fixed point, or the history is empty): the
+        # step is a plain (damped) one from (z, fz), which leaves a fixed point where it is
+        # (stays_at_fixed_points). Likewise when the solve gave inf or NaN (an exactly zero pivot:
+        # ridge = 0 and exactly dependent residuals). A nearly singular system (ridge 0) gives
         # large finite weights instead, which is why the ridge is positive by default.
-        newest = jax.nn.one_hot((count - 1) % m, m, dtype=work)
         has_weight = (total != 0) & jnp.isfinite(total)
-        alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), newest)
+        alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), 0.0)
         mixed_f = exact_einsum("i,id->d", alpha, fs).astype(z.dtype)
         if isinstance(self.damping, (int, float)) and self.damping == 1.0:  # one pass over the history instead of two
-            return mixed_f, state
+            return jnp.where(has_weight, mixed_f, fz), state
         # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
         mixed_g = exact_einsum("i,id->d", alpha, gs).astype(z.dtype)
-        return mixed_f - (1.0 - self.damping) * mixed_g, state
+        return jnp.where(has_weight, mixed_f - (1.0 - self.damping) * mixed_g, z + self.damping * (fz - z)), state
 
     def record(self, z, fz, state):
         fs, gs, gram, count = state

@@ -76,6 +76,8 @@ class Solver(abc.ABC):
       batch (a step that couples samples on purpose); False (default): one sample.
     - :attr:`init_is_first_record`: True when ``init(z, fz)`` is ``record`` into the zeroed state,
       which lets the loop evaluate f(z0) inside itself (f once in the compiled program).
+    - :attr:`stays_at_fixed_points`: True when ``propose(z, z, zeros)`` returns ``z`` (a smaller
+      first iteration in that loop).
     - ``__post_init__``: validate the subclass's own fields (call ``super().__post_init__()``).
 
     The settings below are the dataclass fields, so the constructor's keyword arguments (a
@@ -193,12 +195,23 @@ class Solver(abc.ABC):
     #: qualifies). Checked by ``tests/library/test_extension.py`` for deqlab's solvers.
     init_is_first_record: ClassVar[bool] = False
 
+    #: False (default). True: ``propose(z, z, zeros)`` returns ``z`` exactly, ``zeros`` being
+    #: ``init``'s state with every leaf zeroed (``()`` for a stateless solver): a point that f
+    #: leaves in place stays in place, as it does for every fixed-point method whose step is a
+    #: multiple of the residual f(z) - z. The loop that evaluates f(z0) in its first iteration
+    #: (above) then evaluates f at that proposal directly, instead of selecting z0 over it: a
+    #: smaller program (and, for :class:`Picard`, whose converged value is f(z), one iterate
+    #: fewer in the loop's carry). Checked by ``tests/library/test_solvers.py`` for deqlab's
+    #: solvers.
+    stays_at_fixed_points: ClassVar[bool] = False
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         where = f"solvers.{cls.__name__}"
         if cls.rate_estimate not in RATE_ESTIMATES:
             raise checks.fail("rate_estimate", f"one of {list(RATE_ESTIMATES)}", cls.rate_estimate, where)
-        for flag in ("steps_past_convergence", "freeze_state", "couples_samples"):
+        for flag in ("steps_past_convergence", "freeze_state", "couples_samples", "init_is_first_record",
+                     "stays_at_fixed_points"):
             if not isinstance(getattr(cls, flag), bool):
                 raise checks.fail(flag, "True or False", getattr(cls, flag), where)
         _configuration_class(cls)

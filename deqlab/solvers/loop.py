@@ -451,7 +451,9 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         iteration (step -1) judges z_in = z0 itself and starts the solver's state."""
         z_prop, state_prop = propose(z_in, fz_in, state_in)
         first = carry.step < 0 if folded else jnp.zeros((), bool)
-        if folded:
+        if folded and (init_history is not None or not config.stays_at_fixed_points):
+            # The carry's fz is a placeholder equal to z0, so a solver that stays at fixed points
+            # proposes z0 itself (Solver.stays_at_fixed_points); any other needs the select.
             z_prop = jnp.where(first, z_in, z_prop)
         fz_prop = func(z_prop)
         # A NaN or inf anywhere in z_prop or f(z_prop) makes the norms non-finite (as does an
@@ -625,11 +627,13 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     # last z); any other sample returns its finite iterate of smallest absolute residual. In
     # unrolled mode both selections are where()s, so the value stays differentiable.
     success = final.result == Result.SUCCESS
-    value = jnp.where(success[:, None], final.z, final.best_z)
+    converged_value = final.z
     if config.steps_past_convergence:
         # f(z) of the converged iterate is in fz already: one more step costs nothing.
-        stepped, _ = propose(final.z, final.fz, final.state)
-        value = jnp.where(success[:, None], stepped, value)
+        converged_value, _ = propose(final.z, final.fz, final.state)
+    # One select (XLA does not merge two selects on the same predicate): for Picard the
+    # converged value is f(z), so z itself is then dead in the compiled program.
+    value = jnp.where(success[:, None], converged_value, final.best_z)
     stats = dict(
         steps=final.steps,
         nfe=final.nfe,

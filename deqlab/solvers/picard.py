@@ -41,6 +41,7 @@ class Picard(Solver):
     name = "picard"
     rate_estimate = "residual_ratio"
     steps_past_convergence = True
+    stays_at_fixed_points = True  # z + damping (z - z) = z
 
     def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.unit_interval(self.damping, "damping", "solvers.Picard", allow_traced=True)

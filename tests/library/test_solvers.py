@@ -769,6 +769,14 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
     started = anderson.init(z, fz)
     for a, b in zip(started, anderson.record(z, fz, jax.tree_util.tree_map(jnp.zeros_like, started))):
         np.testing.assert_array_equal(a, b)
+    # Solver.stays_at_fixed_points: propose(z, z, zeroed state) is z exactly (damped too), which lets the
+    # folded first iteration evaluate f at the proposal without selecting z0 over it
+    zeroed = jax.tree_util.tree_map(jnp.zeros_like, started)
+    for solver, state in ((deqlab.Picard(damping=0.7), ()), (anderson, zeroed),
+                          (deqlab.Anderson(m=3, damping=0.6), zeroed)):
+        assert solver.stays_at_fixed_points
+        np.testing.assert_array_equal(solver.propose(fz, fz, state)[0], fz)
+    assert not deqlab.Solver.stays_at_fixed_points and not deqlab.Broyden.stays_at_fixed_points
     # a sample converged at z0 takes no step and one evaluation, the others count theirs
     sol = deqlab.solve(f, jnp.zeros((2, 4)), jnp.stack([jnp.zeros(4), jnp.ones(4)]), solver=deqlab.Anderson(),
                        batch_axis=0)
