@@ -101,3 +101,22 @@ def test_chapter_4_page_5_glues_the_stored_seed_count_and_effect():
     prose = re.sub(r"\s+", " ", _markdown(CH4P5))
     assert re.search(r"needs \{glue:text\}`ch4p5_medium_seeds` seeds to resolve\b.*?\ban epoch-5 effect of "
                      r"\{glue:text\}`ch4p5_medium_proxy", prose)
+
+
+def test_a_rerun_of_the_analysis_keeps_the_spreads_the_stored_runs_were_sized_with():
+    # power.main sizes with power.frozen_spreads(out) unless --resize: after the medium runs are stored,
+    # stored_spreads() returns *their* spreads (for the next runs), and a plain rerun must still reproduce the
+    # seeds the stored runs were run at. The frozen spread and stated effect give back every SESOI-sized claim's
+    # seeds_needed at its Bonferroni level, and the stored runs' spreads would size them differently.
+    from deqlab.lab.experiments import power
+
+    frozen = power.frozen_spreads(ANALYSIS)
+    sized = [c for c in json.loads(ANALYSIS.read_text())["claims"] if c["claim"] in frozen]
+    assert {c["page"] for c in sized} == {CH3P5, CH3P6}, "the SESOI-sized pages' claims are frozen"
+    for c in sized:
+        assert frozen[c["claim"]]["sd"] == c["sd_used"]
+        needed = power.seeds_for_power(c["effect_used"], frozen[c["claim"]]["sd"], paired=c["paired"],
+                                       alpha=c["alpha"] / c["family"], power=c["power"])
+        assert needed == c["seeds_needed"], c["claim"]
+    now = power.stored_spreads()
+    assert any(now[claim]["sd"] != frozen[claim]["sd"] for claim in frozen), "the stored runs have spreads of their own"

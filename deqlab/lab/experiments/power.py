@@ -38,7 +38,8 @@ from deqlab import checks
 
 __all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "t_test_power", "seeds_for_power",
            "effect_for_power", "power_of_z_test", "sign_test_seeds", "analyse_claim",
-           "PAPER_EFFECTS", "SMALLEST_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "stored_spreads", "main"]
+           "PAPER_EFFECTS", "SMALLEST_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "stored_spreads",
+           "frozen_spreads", "main"]
 
 _WHERE = "experiments.power"
 
@@ -587,7 +588,7 @@ PAPER_EFFECTS: dict[str, dict[str, Any]] = {
         "sized with the quick net share of seeds")},
     "remedies": {"effect": None, "seeds": 8, "source": (
         "no paper of /work/shared/papers (000-004) ranks the remedies (Jacobian regularisation is Bai, Koltun "
-        "& Kolter 2021, not stored): sized with the quick effect")},
+        "& Kolter 2021, not stored): sized with the page's smallest effects of interest (SMALLEST_EFFECTS)")},
 }
 """Per claim: the paper's effect (in the record's measure, positive in the paper's direction, or
 None), where it is, and the paper's seeds (runs) per condition (for the remedies, which no paper
@@ -604,8 +605,7 @@ SMALLEST_EFFECTS: dict[str, dict[str, Any]] = {
         "2 forward solver steps per solve: about 15 % of the 13 steps the unremedied model takes at sqrt(V) = 2.5 "
         "(the earlier medium run), the forward pass's cost being proportional to its steps; a remedy that saves "
         "less than that buys less than its own overhead per training step (the Jacobian penalty's extra "
-        "Jacobian-vector product, the spectral norm's power iteration) or than the run-to-run timing noise "
-        "of the 2-core machine (10-15 %)")},
+        "Jacobian-vector product, the spectral norm's power iteration)")},
     "remedies_radius": {"effect": 0.1, "basis": (
         "0.1 in the monitored spectral radius: the unremedied model sits at 0.69 (the earlier medium run), 0.31 "
         "below the stability edge at 1; a remedy that moves the radius by less than 0.1 changes that margin by "
@@ -832,6 +832,36 @@ def stored_spreads(directory: Any = None) -> dict[str, dict[str, Any]]:
     return out
 
 
+def frozen_spreads(path: Any) -> dict[str, dict[str, Any]]:
+    """The spreads an existing power analysis was sized with (each claim's ``sd_used`` and
+    ``sd_basis`` where they came from a stored run), so that rerunning the analysis reproduces the
+    sizes the stored medium runs were run at: after a run is stored, :func:`stored_spreads` would
+    return *its* spreads, which size the next run, not the one already made.
+
+    Args:
+        path: a JSON written by :func:`main` (``book/_data/power_analysis.json``).
+
+    Returns:
+        dict claim -> ``{"sd": float, "basis": str}``; empty when the file is missing or holds
+        none.
+
+    Example:
+        >>> from deqlab.lab.experiments import medium, power
+        >>> frozen = power.frozen_spreads(medium.POWER_ANALYSIS)
+        >>> all(v["sd"] > 0 and v["basis"].startswith("the stored medium run") for v in frozen.values())
+        True
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        return {}
+    return {c["claim"]: {"sd": float(c["sd_used"]), "basis": c["sd_basis"]}
+            for c in json.loads(path.read_text()).get("claims", [])
+            if isinstance(c.get("sd_used"), (int, float)) and str(c.get("sd_basis", "")).startswith("the stored")}
+
+
 # ---------------------------------------------------------------------------------------------
 # The script
 # ---------------------------------------------------------------------------------------------
@@ -881,11 +911,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--raw", default=None, help="JSON of collected per-seed results: reused, extended")
     parser.add_argument("--out", default=os.path.join(root, "book", "_data", "power_analysis.json"))
     parser.add_argument("--only", nargs="*", default=None, choices=sorted(power_collect.COLLECTORS))
+    parser.add_argument("--resize", action="store_true",
+                        help="size with the spreads of the medium runs stored now (for the next runs); by default a "
+                             "rerun keeps the spreads the existing --out was sized with, so it reproduces the sizes "
+                             "the stored runs were run at")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     raw_path = args.raw or os.path.join(root, ".power_raw.json")
     raw = power_collect.collect_all(raw_path, args.only)
-    records = claims_from_raw(raw, spreads=stored_spreads())
+    spreads = stored_spreads() if args.resize else frozen_spreads(args.out)
+    records = claims_from_raw(raw, spreads=spreads or stored_spreads())
     result = {
         "description": "Power analysis of the claims the experiment pages test (issue 26, item 2): "
                        "deqlab.lab.experiments.power",
