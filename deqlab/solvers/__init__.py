@@ -22,7 +22,7 @@ Writing a solver
     ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``). In the default
     loop (every step judged, not unrolled) f(z0) is evaluated in the loop's first iteration, so
     f appears once in the compiled program, when the solver keeps no state or declares
-    ``init_is_first_record`` (Picard, Anderson); otherwise (Broyden, a stateful solver of yours
+    ``init_is_first_record`` (Picard, Anderson, Broyden); otherwise (a stateful solver of yours
     by default) before the loop. Solver objects are pytrees: their real-number settings (``tol``,
     ``damping``, ``ridge``, ``step``, ``safety``, ``divergence_factor``) are leaves, so they can be
     swept with ``jax.vmap``, differentiated, or changed without compiling again when passed as

@@ -93,6 +93,8 @@ class Broyden(Solver):
     step: float = 1.0
     name = "broyden"
     freeze_state = True
+    init_is_first_record = True  # record into the zeroed state only starts it (see record)
+    stays_at_fixed_points = True  # the zeroed state's direction is 0
 
     def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
         checks.positive_int(self.m, "m", "solvers.Broyden")
@@ -173,6 +175,11 @@ class Broyden(Solver):
 
     def record(self, z, fz, state):
         us, vs, count, z_prev, g_prev, direction = state
+        # The zeroed state (the loop evaluating f(z0) in its first iteration:
+        # Solver.init_is_first_record) holds no previous iterate, so its record adds no pair and
+        # only starts the state, exactly as init does. A started state has g_prev = direction = 0
+        # only at an exact fixed point, where its sample has stopped.
+        started = jnp.any(direction != 0) | jnp.any(g_prev != 0)
         # A full history restarts from B = -I: dropping only the oldest pair would leave the others
         # (each built on top of it) inconsistent, which diverges in practice.
         full = count >= self.m
@@ -187,11 +194,11 @@ class Broyden(Solver):
         denom = exact_einsum("d,d->", dz, b_dg)
         # The skip test only decides; differentiating the norms of a zero step would give NaN.
         size = jax.lax.stop_gradient(row_norm(dz) * row_norm(b_dg))
-        ok = (jnp.abs(jax.lax.stop_gradient(denom)) > jnp.finfo(z.dtype).eps * size) & (size > 0)
+        ok = (jnp.abs(jax.lax.stop_gradient(denom)) > jnp.finfo(z.dtype).eps * size) & (size > 0) & started
         safe = jnp.where(ok, denom, 1.0)
         u = jnp.where(ok, (dz - b_dg) / safe.astype(z.dtype), 0.0).astype(z.dtype)
         v = jnp.where(ok, self._apply_transpose(us, vs, used, dz), 0.0).astype(z.dtype)
         us = write_slot(us, count, u)
         vs = write_slot(vs, count, v)
         direction = b_g + u * exact_einsum("d,d->", v, g).astype(z.dtype)
-        return BroydenState(us, vs, count + 1, z, g, direction)
+        return BroydenState(us, vs, jnp.where(started, count + 1, count), z, g, direction)

@@ -749,9 +749,9 @@ def test_settings_that_set_shapes_stay_static_and_validation_runs_at_every_level
 
 def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
     # issue 38: the judged-every-step loop evaluates f(z0) in its first iteration (Solver.init_is_first_record, or a
-    # stateless solver), so f appears once in the optimised program: one tanh for Picard and Anderson, where
-    # Broyden (whose init is not a record) evaluates f(z0) before the loop as well. Anderson's init must then be
-    # its record into a zeroed history, or the folded first iteration would start it wrongly.
+    # stateless solver), so f appears once in the optimised program: one tanh for each of deqlab's solvers, where a
+    # stateful solver that does not declare it evaluates f(z0) before the loop as well. Anderson's and Broyden's
+    # init must then be their record into a zeroed state, or the folded first iteration would start them wrongly.
     import re
 
     f = lambda z, x: jnp.tanh(0.5 * z + x)  # noqa: E731
@@ -762,13 +762,26 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
                                                  on_failure="ignore").value).lower(x).compile().as_text()
         return len(re.findall(r"\btanh\(", program))
 
-    assert deqlab.Anderson.init_is_first_record and not deqlab.Broyden.init_is_first_record
-    assert [tanh_count(s) for s in (deqlab.Picard(), deqlab.Anderson(), deqlab.Broyden())] == [1, 1, 2]
+    assert deqlab.Anderson.init_is_first_record and deqlab.Broyden.init_is_first_record
+    assert not deqlab.Solver.init_is_first_record
+    assert [tanh_count(s) for s in (deqlab.Picard(), deqlab.Anderson(), deqlab.Broyden())] == [1, 1, 1]
+    # ... and a solver that keeps a state and does not declare it evaluates f(z0) before the loop
+
+    class Counting(deqlab.Solver):
+        def init(self, z, fz):
+            return jnp.zeros((), jnp.int32)
+
+        def propose(self, z, fz, state):
+            return fz, state + 1
+
+    assert tanh_count(Counting()) == 2
     anderson = deqlab.Anderson(m=3)
     z, fz = jnp.arange(4.0), jnp.arange(4.0) ** 2
     started = anderson.init(z, fz)
-    for a, b in zip(started, anderson.record(z, fz, jax.tree_util.tree_map(jnp.zeros_like, started))):
-        np.testing.assert_array_equal(a, b)
+    for solver in (anderson, deqlab.Broyden(m=3)):  # init is the record into the zeroed state, exactly
+        initial = solver.init(z, fz)
+        for a, b in zip(initial, solver.record(z, fz, jax.tree_util.tree_map(jnp.zeros_like, initial))):
+            np.testing.assert_array_equal(a, b)
     # Solver.stays_at_fixed_points: propose(z, z, zeroed state) is z exactly (damped too), which lets the
     # folded first iteration evaluate f at the proposal without selecting z0 over it
     zeroed = jax.tree_util.tree_map(jnp.zeros_like, started)
@@ -776,7 +789,10 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
                           (deqlab.Anderson(m=3, damping=0.6), zeroed)):
         assert solver.stays_at_fixed_points
         np.testing.assert_array_equal(solver.propose(fz, fz, state)[0], fz)
-    assert not deqlab.Solver.stays_at_fixed_points and not deqlab.Broyden.stays_at_fixed_points
+    broyden = deqlab.Broyden(m=3, step=0.5)
+    np.testing.assert_array_equal(
+        broyden.propose(fz, fz, jax.tree_util.tree_map(jnp.zeros_like, broyden.init(z, fz)))[0], fz)
+    assert not deqlab.Solver.stays_at_fixed_points
     # a sample converged at z0 takes no step and one evaluation, the others count theirs
     sol = deqlab.solve(f, jnp.zeros((2, 4)), jnp.stack([jnp.zeros(4), jnp.ones(4)]), solver=deqlab.Anderson(),
                        batch_axis=0)
