@@ -55,24 +55,37 @@ def collect_training(seeds: int = 5, first_seed: int = 0) -> dict[str, Any]:
             "seconds": seconds, "test_error": errors}
 
 
-def collect_ensemble_study(seeds: int = 10) -> dict[str, Any]:
+def collect_ensemble_study(seeds: int = 10, first_seed: int = 0) -> dict[str, Any]:
     """ch5 p6 (book/ch5_transformers/06_ensemble_study.ipynb): the quick study, ``seeds`` seeds (the
-    page's 10 by default, more at :mod:`deqlab.lab.experiments.medium`) x 9 configurations."""
+    page's 10 by default, more at :mod:`deqlab.lab.experiments.medium`; numbered from ``first_seed``,
+    0 by default, the page's) x 9 configurations, with the page's own tests of 001 (its "low test
+    loss" at the unigram model's loss, as the page).
+
+    Raises:
+        ValueError: ``seeds`` is not an integer >= 3, or ``first_seed`` not an integer >= 0 (named).
+    """
     from deqlab import checks
     from deqlab.lab.experiments.sequence import ensemble_study as es
 
+    where = "power_collect.collect_ensemble_study"
     config = es.study_config("quick")
-    seeds = list(range(checks.integer(seeds, "seeds", "power_collect.collect_ensemble_study", minimum=2)))
+    count = checks.integer(seeds, "seeds", where, minimum=3)  # check_claims needs three seeds
+    first = checks.integer(first_seed, "first_seed", where, minimum=0)
+    seeds = list(range(first, first + count))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="deqlab-power-ch5p6-") as d:
         units = es.run_study(d, config, seeds=seeds, progress=False)
-    return ensemble_study_record(es.per_seed_rows(units), config, time.perf_counter() - start)
+    return ensemble_study_record(es.per_seed_rows(units), config, time.perf_counter() - start,
+                                 low_loss=es.unigram_loss(config))
 
 
-def ensemble_study_record(rows: list[dict[str, Any]], config: dict, seconds: float) -> dict[str, Any]:
+def ensemble_study_record(rows: list[dict[str, Any]], config: dict, seconds: float,
+                          low_loss: float | None = None) -> dict[str, Any]:
     """The raw record of ch5 p6 (:func:`collect_ensemble_study`) from a study's per-seed rows
     (:func:`deqlab.lab.experiments.sequence.ensemble_study.per_seed_rows`), so that the page can
-    analyse its own run the way the power analysis does (:func:`deqlab.lab.experiments.power.claims_from_raw`)."""
+    analyse its own run the way the power analysis does (:func:`deqlab.lab.experiments.power.claims_from_raw`).
+    ``low_loss`` (stored in ``settings``) is passed to
+    :func:`~deqlab.lab.experiments.sequence.ensemble_study.check_claims`, as the page does."""
     from deqlab.lab.experiments.sequence import ensemble_study as es
 
     seeds = sorted({r["seed"] for r in rows})
@@ -88,9 +101,10 @@ def ensemble_study_record(rows: list[dict[str, Any]], config: dict, seconds: flo
     # the page's own tests of 001 §4.3 (count claims on Fig. 6's trajectories among them)
     keys = ("claim", "source", "kind", "method", "measure", "estimate", "lo", "hi", "interval", "p_for", "p_against",
             "p_adjusted", "family_size", "n_seeds", "detail", "verdict")
-    claims = [{k: c.get(k, math.nan) for k in keys} for c in es.check_claims(rows)]
+    claims = [{k: c.get(k, math.nan) for k in keys} for c in es.check_claims(rows, low_loss=low_loss)]
     return {"page": "book/ch5_transformers/06_ensemble_study.ipynb", "driver": "sequence.ensemble_study.run_study",
-            "settings": {**{k: v for k, v in config.items()}, "seeds": seeds}, "seconds": seconds,
+            "settings": {**{k: v for k, v in config.items()}, "seeds": seeds, "low_loss": low_loss},
+            "seconds": seconds,
             "test_perplexity": ppl, "runs": runs, "page_claims": claims}
 
 

@@ -123,7 +123,8 @@ from deqlab.lab import data
 
 __all__ = ["ENSEMBLES", "SQRT_V", "QUICK", "FULL", "PAPER_TABLE", "study_config", "train_seeds", "run_study",
            "summarize", "per_seed_rows", "INIT_BUDGET", "INIT_TOL", "EXACT_RADIUS_SIZE", "RADIUS_STEPS",
-           "unigram_loss", "PLATEAU_TOLERANCE", "plateau", "SCOPE", "check_claims", "main"]
+           "unigram_loss", "PLATEAU_TOLERANCE", "plateau", "SCOPE", "check_claims", "TESTABLE_CLAIMS",
+           "means_sizing", "main"]
 
 ENSEMBLES = ("gaussian", "orthogonal", "goe")
 """001 §4.3's matrix families (its "random" is deqlab's ``"gaussian"``)."""
@@ -159,6 +160,69 @@ FULL = dict(corpus="wikitext-103", tokenizer="sentencepiece", vocab_size=32000, 
 """001 App. D: width 700 (feed-forward 2800, GOE 700), batch 512, context 128, 20 Broyden steps,
 lr 1e-3 with 2e3 warm-up steps then cosine decay over 5e4. The vocabulary (32000), the heads (10)
 and the tolerance are not in the paper: ours."""
+
+TESTABLE_CLAIMS = 14
+"""The claims of 001 that :func:`check_claims` can test at some scale (all but the two universal
+ones): four about means, six about best seeds, the ratio of mean to best seed, and three "more
+often" counts. Holm's first step divides the level by this many (:func:`means_sizing`); chapter 5
+page 6 checks the number against its own table of claims."""
+
+
+def means_sizing(alpha: float = 0.05, power: float = 0.8, family: int = TESTABLE_CLAIMS) -> dict[str, Any]:
+    """Seeds for 80 % power on 001's smallest ordering of means, at the spreads 001's Table 1 allows.
+
+    The smallest effect of interest (SESOI) of the mean claims is the smallest gap between two means on
+    which 001 rests an ordering of means (:data:`PAPER_TABLE`): the GOE's 68.3 against orthogonal's 112.1
+    at sqrt(V) = 1. Table 1 gives only the minimum ``lo`` and mean ``mu`` of n = 10 seeds, which bound
+    the seeds' standard deviation (ddof 1): least, ``(mu - lo) sqrt(n) / (n - 1)``, with one seed at
+    ``lo`` and nine equal; greatest, ``(mu - lo) sqrt(n)``, with nine at ``lo`` and one failed seed
+    carrying the rest (the variance is convex in the seeds, so its maximum is at a vertex). Taking
+    orthogonal's standard deviation as that of the per-seed difference, the paired t-test at the
+    two-sided level ``alpha / family`` (Holm's first step) needs the seeds returned here to reject in
+    the claim's direction with probability ``power`` (noncentral t, ``scipy.stats.nct``). The design
+    is scale free: it detects a mean difference of ``standardised_gap`` standard deviations of the
+    per-seed difference, whatever that deviation is at the scale a study runs.
+
+    Args:
+        alpha: two-sided family-wise level, in (0, 1).
+        power: the power wanted, in (0, 1).
+        family: the claims Holm's first step divides ``alpha`` by (>= 1).
+
+    Returns:
+        ``gap`` (perplexity), ``sd_bounds`` (least, greatest), ``standardised_gap`` (least, greatest:
+        gap / sd) and ``seeds_needed`` (at the least and at the greatest spread, the order of
+        ``sd_bounds``), with ``alpha``, ``power`` and ``family``.
+
+    Raises:
+        ValueError: ``alpha`` or ``power`` outside (0, 1), or ``family`` not an integer >= 1 (named).
+
+    Example:
+        >>> from deqlab.lab.experiments.sequence import ensemble_study as es
+        >>> plan = es.means_sizing()
+        >>> round(plan["gap"], 1), plan["seeds_needed"]
+        (43.8, [7, 225])
+    """
+    from scipy import stats
+
+    where = "ensemble_study.means_sizing"
+    alpha = checks.number(alpha, "alpha", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    power = checks.number(power, "power", where, lower=0.0, upper=1.0, lower_open=True, upper_open=True)
+    family = checks.integer(family, "family", where, minimum=1)
+    lo, mu = PAPER_TABLE["orthogonal", 1.0]
+    gap = mu - PAPER_TABLE["goe", 1.0][1]
+    n_paper = 10
+    sd_bounds = ((mu - lo) * math.sqrt(n_paper) / (n_paper - 1), (mu - lo) * math.sqrt(n_paper))
+    n_grid = np.arange(2, 20001)  # a paired t-test needs two seeds
+    crit = stats.t.ppf(1 - alpha / (2 * family), n_grid - 1)
+    needed = []
+    for sd in sd_bounds:
+        reached = stats.nct.sf(crit, n_grid - 1, gap / sd * np.sqrt(n_grid)) >= power
+        if not reached.any():  # pragma: no cover - a tiny power would need more than the grid
+            raise checks.fail("power", f"a power reached with at most {n_grid[-1]} seeds", power, where)
+        needed.append(int(n_grid[np.argmax(reached)]))
+    return {"gap": gap, "sd_bounds": sd_bounds, "standardised_gap": tuple(gap / sd for sd in sd_bounds),
+            "seeds_needed": needed, "alpha": alpha, "power": power, "family": family}
+
 
 _INT_KEYS = ("vocab_size", "context", "width", "heads", "batch_size", "steps", "max_steps", "eval_every",
              "eval_batches", "log_every")
