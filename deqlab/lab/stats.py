@@ -905,6 +905,57 @@ def _jackknife_se(statistic, x: np.ndarray) -> np.ndarray:
         return np.sqrt((n - 1) / n * np.nansum((theta - np.nanmean(theta, 1, keepdims=True)) ** 2, axis=1))
 
 
+def jackknife_se_of_means(statistic):
+    """The jackknife standard error of a statistic of the conditions' means, in O(units) per table.
+
+    For a ``statistic`` that depends on a ``(b, units, conditions)`` batch only through the
+    means over units of its conditions (``np.nanmean(x, axis=1)``, NaN left out), every
+    leave-one-out table has the means ``(sum - x_i) / (count - 1)``, so the jackknife needs no
+    ``(units - 1)``-row copies: the statistic is evaluated on one-row tables of those means. The
+    numbers are the generic jackknife's of :func:`studentized_interval` (to rounding), which
+    copies ``units`` leave-one-out tables per resample, O(units^2) work: 80 s instead of 2 s for
+    the four intervals of a 225-seed ensemble study.
+
+    Args:
+        statistic: a vectorised function of a ``(b, units, conditions)`` batch giving ``(b,)``, a
+            function of the conditions' ``nanmean`` over units only (e.g. a difference of means).
+            Anything else (a median, a minimum over units) gets wrong errors: use the default.
+
+    Returns:
+        A function of a ``(b, units, conditions)`` batch giving ``(b,)`` jackknife standard errors,
+        for ``studentized_interval(..., standard_error=...)``.
+
+    Raises:
+        ValueError: ``statistic`` is not callable (named).
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(1, 12, 2))
+        >>> difference = lambda t: np.nanmean(t[..., 1], -1) - np.nanmean(t[..., 0], -1)
+        >>> fast = jackknife_se_of_means(difference)(x)[0]
+        >>> bool(np.isclose(fast, _jackknife_se(difference, x)[0], rtol=1e-12))
+        True
+    """
+    if not callable(statistic):
+        raise checks.fail("statistic", "a vectorised function of a (b, units, conditions) batch", statistic,
+                          "stats.jackknife_se_of_means")
+
+    def standard_error(batch):
+        batch = np.asarray(batch, np.float64)
+        b, n, k = batch.shape
+        finite = np.isfinite(batch)
+        values = np.where(finite, batch, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a condition left with no finite value: NaN, as nanmean
+            means = (values.sum(1, keepdims=True) - values) / (finite.sum(1, keepdims=True) - finite)
+        means = np.where(finite.sum(1, keepdims=True) - finite > 0, means, np.nan)
+        theta = np.asarray(statistic(means.reshape(b * n, 1, k)), np.float64).reshape(b, n)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.sqrt((n - 1) / n * np.nansum((theta - np.nanmean(theta, 1, keepdims=True)) ** 2, axis=1))
+
+    return standard_error
+
+
 def studentized_interval(table: Any, statistic, *, confidence: float = 0.95, resamples: int = 1999,
                          key_or_seed: Any = 0, standard_error=None) -> tuple[float, float]:
     """Studentised (bootstrap-t) interval of a statistic of a units x conditions table, resampling
@@ -1111,4 +1162,5 @@ def _claim_checked(claim: Any, i: int, name: str, where: str) -> dict[str, Any]:
     return c
 
 
-__all__ += ["VERDICTS", "holm", "paired_permutation_test", "studentized_interval", "claims_verdicts"]
+__all__ += ["VERDICTS", "holm", "paired_permutation_test", "studentized_interval", "jackknife_se_of_means",
+            "claims_verdicts"]

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from deqlab import checks
 from deqlab.solvers.base import Solver
 from deqlab.solvers.history import empty_history, exact_einsum, write_gram, write_slot
 
 __all__ = ["Anderson"]
-
-
-#: The largest history size whose mixing problem is solved by :func:`_solve_positive_definite`
-#: (a rolled loop of m eliminations); larger ones use ``jnp.linalg.solve``. Measured on the tanh
-#: problem of ``benchmarks/step_cost.py`` (N = 384, batch 96, ``benchmarks/results/step_cost_quick.txt``):
-#: at m = 5 a step costs 1.54x a plain one with the elimination and 1.68x with LU; at m = 10, 2.74x
-#: with the elimination (one run, not stored) and 2.06-2.08x with LU.
-ELIMINATION_MAX_M = 6
 
 
 class Anderson(Solver):
@@ -28,18 +21,21 @@ class Anderson(Solver):
     min_alpha ||G alpha||^2 subject to sum(alpha) = 1, where the columns of G are the last ``m``
     residuals g_i = f(z_i) - z_i, then mixes
     z <- damping * sum_i alpha_i f(z_i) + (1 - damping) * sum_i alpha_i z_i.
-    The solution alpha = H^-1 1 / (1^T H^-1 1), H = G^T G (the residuals' Gram matrix; the code
-    stores them as the rows of an (m, D) array, so it computes it as G G^T), is computed from the
-    Jacobi-scaled matrix D^-1/2 H D^-1/2 + ridge I (D = diag H): the ridge acts on each residual
-    relative to its own norm, so it stays scale free while the residuals shrink by orders of
-    magnitude. H is kept up to date one row per step, in at least float32 (half-precision iterates
-    work: the m x m system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample
+    The solution alpha = y / (1^T y), y = (H + ridge D)^-1 1, H = G^T G (the residuals' Gram
+    matrix; the code stores them as the rows of an (m, D) array, so it computes it as G G^T) and
+    D = diag H, is the Jacobi-scaled problem's: (H + ridge D)^-1 = D^-1/2 (D^-1/2 H D^-1/2 +
+    ridge I)^-1 D^-1/2, so the ridge acts on each residual relative to its own norm and stays
+    scale free while the residuals shrink by orders of magnitude (the elimination that solves it,
+    without pivoting on a positive definite matrix, is as accurate unscaled as scaled). H is kept
+    up to date one row per step, in at least float32 (half-precision iterates work: the m x m
+    system is never solved in 16 bits). Memory is fixed: 2 m vectors per sample
     (f(z_i) and g_i) and the m x m matrix H, whatever ``max_steps`` is. Each sample's mixing is its
     own (the loop applies the step to every sample with ``jax.vmap``).
 
     Attributes:
         m: history size (>= 1; m = 1 is damped Picard).
-        ridge: Tikhonov regularisation of the scaled mixing problem (>= 0).
+        ridge: Tikhonov regularisation of the mixing problem, relative to each residual's
+            squared norm (>= 0).
         damping: mixing parameter beta in (0, 1].
         tol, max_steps, divergence_factor, stop, safety, check_every: as for :class:`Picard`.
 
@@ -86,31 +82,31 @@ class Anderson(Solver):
         fs, gs, gram, count = state
         m = self.m
         work = gram.dtype
-        # min a^T H a subject to sum(a) = 1 has a = H^-1 1 / (1^T H^-1 1) (H the Gram matrix). H is
-        # solved in Jacobi-scaled form D^-1/2 H D^-1/2 + ridge I (D = diag H): the residuals of a
-        # converging iteration span orders of magnitude, and a ridge relative to their mean norm
-        # would swamp the newest (smallest) ones and stall the acceleration.
-        diag = jnp.diagonal(gram)
-        # Columns with a zero residual (an exact fixed point) get weight zero. The double where
-        # keeps rsqrt away from 0, whose derivative is infinite: unrolled differentiation through
-        # a sample that has converged exactly would otherwise return NaN gradients.
-        usable = (jnp.arange(m) < jnp.minimum(count, m)) & (diag > jnp.finfo(work).tiny)
-        inv_sqrt = jnp.where(usable, jax.lax.rsqrt(jnp.where(usable, diag, 1.0)), 0.0)
-        scaled = gram * inv_sqrt[:, None] * inv_sqrt[None, :]
-        # Unused slots get a unit diagonal and a zero right-hand side, which makes their a_i = 0.
-        hessian = scaled + jnp.diag(jnp.where(usable, self.ridge, 1.0).astype(work))
-        if m <= ELIMINATION_MAX_M:
-            y = inv_sqrt * _solve_positive_definite(hessian, inv_sqrt)
-        else:  # LAPACK's LU: its per-sample calls cost less than m rounds of the elimination loop
-            y = inv_sqrt * jnp.linalg.solve(hessian, inv_sqrt[:, None])[:, 0]
+        eye = np.eye(m, dtype=bool)  # a constant of the program (jnp.eye would compute it)
+        # min a^T H a subject to sum(a) = 1 has a = y / sum(y), y = H^-1 1 (H the Gram matrix). The
+        # ridge is relative to each residual's squared norm D = diag H (H + ridge D is the
+        # Jacobi-scaled D^-1/2 H D^-1/2 + ridge I, unscaled): the residuals of a converging
+        # iteration span orders of magnitude, and a ridge relative to their mean norm would swamp
+        # the newest (smallest) ones and stall the acceleration. The diagonal is read with a mask
+        # and a sum, not jnp.diagonal (a gather under the loop's vmap).
+        diag = jnp.sum(jnp.where(eye, gram, 0.0), axis=1)
+        # Columns with a zero residual (an exact fixed point) and the slots not written yet get a
+        # unit diagonal and a zero right-hand side: their row and column of H are zero, so their
+        # y_i = 0, and nothing is divided by their zero norm (no NaN gradients under unrolled
+        # differentiation through a sample that has converged exactly).
+        usable = diag > jnp.finfo(work).tiny
+        hessian = jnp.where(eye, jnp.where(usable, diag * (1.0 + self.ridge), 1.0).astype(work), gram)
+        y = _solve_positive_definite(hessian, usable.astype(work))
         total = jnp.sum(y)
         # All residuals zero (the sample sits on its fixed point, or the history is empty): the
         # step is a plain (damped) one from (z, fz), which leaves a fixed point where it is
         # (stays_at_fixed_points). Likewise when the solve gave inf or NaN (an exactly zero pivot:
         # ridge = 0 and exactly dependent residuals). A nearly singular system (ridge 0) gives
-        # large finite weights instead, which is why the ridge is positive by default.
+        # large finite weights instead, which is why the ridge is positive by default. (The
+        # unselected weights are finite for a zero total, whose y is zero: the guarded divisor
+        # keeps NaN out of the gradient.)
         has_weight = (total != 0) & jnp.isfinite(total)
-        alpha = jnp.where(has_weight, y / jnp.where(has_weight, total, 1.0), 0.0)
+        alpha = y / jnp.where(has_weight, total, 1.0)
         mixed_f = exact_einsum("i,id->d", alpha, fs).astype(z.dtype)
         if isinstance(self.damping, (int, float)) and self.damping == 1.0:  # one pass over the history instead of two
             return jnp.where(has_weight, mixed_f, fz), state
@@ -120,7 +116,7 @@ class Anderson(Solver):
 
     def record(self, z, fz, state):
         fs, gs, gram, count = state
-        slot = count % self.m
+        slot = jax.lax.rem(count, jnp.asarray(self.m, count.dtype))  # count >= 0: no sign correction (jnp's % has one)
         g = fz - z
         fs = write_slot(fs, slot, fz)
         gs = write_slot(gs, slot, g)
@@ -130,28 +126,25 @@ class Anderson(Solver):
 
 def _solve_positive_definite(a, b):
     """``a^-1 b`` for one small symmetric positive definite ``a`` (m x m): Gauss-Jordan
-    elimination without pivoting, one column per iteration of a rolled loop.
+    elimination without pivoting on ``[a | b]``, one column per iteration of a rolled loop.
 
-    The scaled Gram matrix plus a positive ridge is positive definite, so no pivoting is needed.
-    Written in array operations rather than a LAPACK call (``jnp.linalg.solve``: LU with pivots
-    and a permutation loop; ``cho_solve``: three calls), because the loop's ``vmap`` turns a LAPACK
-    call into one call per sample on CPU: this form runs the whole batch at once, in a program
-    smaller than LU's, but takes m rounds of a loop, so it is used up to
-    :data:`ELIMINATION_MAX_M` only. An exactly zero pivot gives inf or NaN, which
+    A Gram matrix plus a positive ridge on its diagonal is positive definite, so no pivoting is
+    needed. Written in array operations rather than a LAPACK call (``jnp.linalg.solve``: LU with
+    pivots and a permutation loop; ``cho_factor`` and ``cho_solve``: three calls), because the
+    loop's ``vmap`` turns a LAPACK call into one call per sample on CPU: this form runs the whole
+    batch at once, in a smaller program. Row and column j are read with dynamic slices at the
+    loop's index (the same for every sample, so they stay slices under ``vmap``), and ``b`` rides
+    along as the last column of one carried array. An exactly zero pivot gives inf or NaN, which
     :meth:`Anderson.propose` turns into a plain step.
     """
     m = a.shape[0]
     at = jnp.arange(m)
 
     def eliminate(j, ab):
-        a, b = ab
         here = at == j
-        row = jnp.sum(jnp.where(here[:, None], a, 0.0), axis=0)
-        pivot = jnp.sum(jnp.where(here, row, 0.0))
-        row, rhs = row / pivot, jnp.sum(jnp.where(here, b, 0.0)) / pivot
-        col = jnp.where(here, 0.0, jnp.sum(jnp.where(here[None, :], a, 0.0), axis=1))
-        a = jnp.where(here[:, None], row[None, :], a - col[:, None] * row[None, :])
-        b = jnp.where(here, rhs, b - col * rhs)
-        return a, b
+        row = jax.lax.dynamic_slice_in_dim(ab, j, 1, 0, allow_negative_indices=False)[0]
+        row = row / jax.lax.dynamic_slice_in_dim(row, j, 1, 0, allow_negative_indices=False)[0]
+        col = jnp.where(here, 0.0, jax.lax.dynamic_slice_in_dim(ab, j, 1, 1, allow_negative_indices=False)[:, 0])
+        return jnp.where(here[:, None], row[None, :], ab - col[:, None] * row[None, :])
 
-    return jax.lax.fori_loop(0, m, eliminate, (a, b))[1]
+    return jax.lax.fori_loop(0, m, eliminate, jnp.concatenate([a, b[:, None]], axis=1))[:, m]

@@ -8,6 +8,7 @@ standard errors of the counted fraction.
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -499,6 +500,32 @@ def test_studentized_interval_with_a_closed_form_error_matches_the_jackknife_for
     np.testing.assert_allclose(closed, jack, rtol=1e-9)
     with pytest.raises(ValueError, match="standard_error"):
         stats.studentized_interval(t, _mean_difference, standard_error=1.0)
+
+
+def test_the_jackknife_of_means_is_the_generic_jackknife_for_a_statistic_of_means():
+    """The O(units) jackknife (leave-one-out means) gives the generic jackknife's errors, and so its
+    interval, for a non-linear statistic of means (a minimum of two means minus a third, as ch5 p6's
+    "GOE has the best mean") with missing values, including a condition whose only finite value is
+    left out (NaN, as nanmean)."""
+    rng = np.random.default_rng(RNG_SEED + 5)
+    t = rng.normal(0, 1, (12, 3)) + np.array([0.0, 0.3, 0.5])
+    t[[2, 7], 1] = np.nan
+    margin = lambda x: np.minimum(np.nanmean(x[..., 1], -1), np.nanmean(x[..., 2], -1)) - np.nanmean(x[..., 0], -1)  # noqa: E731
+    boot = t[rng.integers(0, 12, (40, 12))]
+    fast = stats.jackknife_se_of_means(margin)
+    np.testing.assert_allclose(fast(boot), stats._jackknife_se(margin, boot), rtol=1e-10)
+    lonely = np.full((1, 4, 2), np.nan)
+    lonely[0, :, 0], lonely[0, 0, 1] = [1.0, 2.0, 3.0, 5.0], 4.0
+    difference = lambda x: np.nanmean(x[..., 1], -1) - np.nanmean(x[..., 0], -1)  # noqa: E731
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of the empty column: NaN, left out of the error
+        np.testing.assert_allclose(stats.jackknife_se_of_means(difference)(lonely),
+                                   stats._jackknife_se(difference, lonely), rtol=1e-10)
+    generic = stats.studentized_interval(t, margin, resamples=299, key_or_seed=2)
+    np.testing.assert_allclose(stats.studentized_interval(t, margin, resamples=299, key_or_seed=2, standard_error=fast),
+                               generic, rtol=1e-9)
+    with pytest.raises(ValueError, match="statistic"):
+        stats.jackknife_se_of_means(1.0)
 
 
 def test_equivalence_test_has_its_level_at_the_margin_and_matches_its_interval():
