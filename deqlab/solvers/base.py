@@ -192,7 +192,7 @@ class Solver(abc.ABC):
     #: Anderson history: the first pair written into an empty one). The shared loop then
     #: evaluates f(z0) in its first iteration instead of before the loop, so f appears once in
     #: the compiled program, not twice (a stateless solver, such as :class:`Picard`, always
-    #: qualifies). Checked by ``tests/library/test_extension.py`` for deqlab's solvers.
+    #: qualifies). Checked by ``tests/library/test_solvers.py`` for deqlab's solvers.
     init_is_first_record: ClassVar[bool] = False
 
     #: False (default). True: ``propose(z, z, zeros)`` returns ``z`` exactly, ``zeros`` being
