@@ -124,8 +124,9 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         # sized for 80 % power by the page's own rule (ensemble_study.means_sizing, below), not by the power
         # analysis's rows, which take each Table 1 gap at the quick run's spread (3 seeds): the paired t-test
         # at the two-sided level 0.05/14 against the means' smallest effect of interest (001's smallest
-        # ordering of means, 43.8 in perplexity) at the largest spread 001's Table 1 allows (one failed seed
-        # in ten carrying the whole gap: 0.25 standard deviations of the per-seed difference), 225 seeds; at
+        # ordering of means, 43.8 in perplexity) at the greatest sample standard deviation 001's Table 1 allows
+        # (nine seeds at the minimum, one failed seed carrying the whole excess of the mean over it: the gap is
+        # 0.25 of that deviation, taken as the per-seed difference's), 225 seeds; at
         # this scale's own spread 3 to 4 would do (the page). Fresh seeds from RESIZED_SEED, past every seed
         # the quick page and the power analysis's pilot (0-9), the withdrawn run (0-39) and the full scale
         # (0-9) used
