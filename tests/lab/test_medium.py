@@ -377,3 +377,26 @@ def test_provenance_is_dirty_for_code_changes_not_for_stored_results(tmp_path):
     assert power._git_commit(str(tmp_path)).endswith("+dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert power._git_commit(str(tmp_path), outputs=("results",)).endswith("+dirty")
+
+
+def test_the_ch3p6_margins_quote_the_earlier_run_they_name():
+    # the reasons of ch3 p6's smallest effects of interest quote the unremedied model of the earlier stored run (13
+    # steps, radius 0.685); that run is in the repository's history only (power.EARLIER_CH3P6_RUN), so this reads it
+    # with git, and is skipped where there is no history (an installed package, a shallow clone)
+    import pathlib
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        text = subprocess.run(["git", "show", power.EARLIER_CH3P6_RUN], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"the earlier ch3p6 run is not in this checkout's history ({type(error).__name__})")
+    earlier = json.loads(text)
+    baseline = earlier["raw"]["cells"]["none@2.5"]
+    assert earlier["raw"]["settings"]["seeds"] == list(range(medium.FRESH_SEED, medium.FRESH_SEED + 89))
+    steps = re.search(r"of the (\d+) steps the unremedied model", power.SMALLEST_EFFECTS["remedies_steps"]["basis"])
+    radius = re.search(r"unremedied model sits at ([0-9.]+)", power.SMALLEST_EFFECTS["remedies_radius"]["basis"])
+    assert steps and radius
+    assert int(steps.group(1)) == round(float(np.mean(baseline["steps_last"])))
+    assert float(radius.group(1)) == round(float(np.mean(baseline["radius_last"])), 3)

@@ -38,7 +38,7 @@ from deqlab import checks
 
 __all__ = ["standard_error", "seeds_to_resolve", "detectable_effect", "t_test_power", "seeds_for_power",
            "effect_for_power", "power_of_z_test", "sign_test_seeds", "analyse_claim",
-           "PAPER_EFFECTS", "SMALLEST_EFFECTS", "SCALING_ASSUMPTION", "claims_from_raw", "stored_spreads",
+           "PAPER_EFFECTS", "SMALLEST_EFFECTS", "EARLIER_CH3P6_RUN", "SCALING_ASSUMPTION", "claims_from_raw", "stored_spreads",
            "frozen_spreads", "main"]
 
 _WHERE = "experiments.power"
@@ -607,13 +607,20 @@ SMALLEST_EFFECTS: dict[str, dict[str, Any]] = {
         "less than that buys less than its own overhead per training step (the Jacobian penalty's extra "
         "Jacobian-vector product, the spectral norm's power iteration)")},
     "remedies_radius": {"effect": 0.1, "basis": (
-        "0.1 in the monitored spectral radius: the unremedied model sits at 0.69 (the earlier medium run), 0.31 "
+        "0.1 in the monitored spectral radius: the unremedied model sits at 0.685 (the earlier medium run's mean), 0.315 "
         "below the stability edge at 1; a remedy that moves the radius by less than 0.1 changes that margin by "
         "less than a third, too little to call the model more (or less) stable")},
 }
 """Per claim family without a paper number: the smallest effect of interest the page states (in the
 record's measure, positive in the claim's direction) and why; the sizing uses it instead of a
-pilot's point estimate (issue 40, item 4)."""
+pilot's point estimate (issue 40, item 4). "The earlier medium run" in the reasons of chapter 3 page 6
+is :data:`EARLIER_CH3P6_RUN`."""
+
+EARLIER_CH3P6_RUN = "e41bb99:deqlab/lab/medium_results/ch3p6.json"
+"""Where the reasons of ``remedies_steps`` and ``remedies_radius`` read their numbers (the unremedied
+model's last-epoch forward steps and monitored radius at sqrt(V) = 2.5, means over its 89 seeds from
+10,000): the stored ch3 p6 run that the current one replaced, in the repository's history
+(``git show`` it); ``tests/lab/test_medium.py`` checks the numbers against it."""
 
 SCALING_ASSUMPTION = (
     "Seeds needed are at the quick setting (the quick width, epochs, data and test-set sizes): the spread is "
