@@ -170,10 +170,12 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
 }
 """Medium experiments by page key: the page, what it settles, the driver's options at medium scale
 (``seeds``: 80 % power by :func:`deqlab.lab.experiments.power.seeds_for_power`, from
-``book/_data/power_analysis.json``; ``first_seed``: :data:`FRESH_SEED`, where the collector takes it),
-the collector that runs it (a function of the options returning the power analysis's raw
-per-seed record) and, where the collector takes the driver's own configuration rather than
-spelling it out, ``driver_config`` (a function returning that configuration, hashed by
+``book/_data/power_analysis.json``, or by the page's own rule where ``sizing`` names it;
+``first_seed``: :data:`FRESH_SEED` or :data:`RESIZED_SEED`, where the collector takes it), the
+collector that runs it (a function of the options returning the power analysis's raw per-seed
+record), ``sizing`` where the page sizes the run itself (a function returning the sizing's claims
+in the fields :func:`sizing` gives) and, where the collector takes the driver's own configuration
+rather than spelling it out, ``driver_config`` (a function returning that configuration, hashed by
 :func:`config_hash`)."""
 
 
@@ -285,7 +287,9 @@ def sizing(key: str, analysis: Any = None) -> dict[str, Any] | None:
     Returns:
         ``{"source": ..., "commit": ..., "date": ..., "claims": [...]}`` (each claim with
         ``claim``, ``effect_used``, ``effect_basis``, ``sd_used``, ``sd_basis``, ``seeds_needed``,
-        ``alpha``, ``power``, ``family``), or None outside a checkout (no analysis file).
+        ``alpha``, ``power``, ``family``), or None outside a checkout (no analysis file). An
+        experiment with its own ``sizing`` rule (ch5p6: ``ensemble_study.means_sizing``) gives
+        that rule's claims, its name as ``source``, and the commit and date of the call.
 
     Raises:
         ValueError: ``key`` is not in :data:`EXPERIMENTS`.
