@@ -221,12 +221,18 @@ def test_make_targets_in_readme_and_help_exist():
 
 def test_ci_runs_the_readme_test_command_after_install_and_lint():
     ci = _ci()
-    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "book", "colab-edition", "site-check",
-                                                                   "pdf"]
-    phases = re.findall(r"^begin (\S+)", ci, re.MULTILINE)
-    assert phases == ["install", "core", "browser", "tex", "lint", "test", "book", "colab", "site", "pdf",
-                      "floor-install",
-                      "floor-test"]
+    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "book", "colab-edition", "pdf"]
+    assert re.search(r"^phase_site\(\) \{\n  make site-check ", ci, re.MULTILINE)  # run by `background`
+    # the phases in the order they start: `begin PHASE` in the foreground, `background JOB PHASE...`
+    # beside the others (each job awaited, with the same phases, before anything that needs them)
+    phases = [p for begun, job in re.findall(r"^(?:begin (\S+)|background (.+))$", ci, re.MULTILINE)
+              for p in ([begun] if begun else job.split()[1:])]
+    assert phases == ["install", "browser", "tex", "lint", "core", "floor-install", "test", "book", "colab", "site",
+                      "pdf", "floor-test"]
+    jobs = re.findall(r"^background (.+)$", ci, re.MULTILINE)
+    assert sorted(jobs) == sorted(re.findall(r"^await (.+)$", ci, re.MULTILINE)), jobs
+    assert ci.index("await environments") < ci.index("begin floor-test")  # the floors' environment first
+    assert ci.index("background environments") > ci.index("begin install")
     # the numbered list in the header comment of .ci/run names the same phases in the same order
     assert re.findall(r"^#\s+\d+\.\s+(\S+)", ci, re.MULTILINE) == phases
     # README.md's set-up says `make test` is `pytest -n 2 tests book -m "not float64" --nbmake
