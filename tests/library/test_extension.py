@@ -58,6 +58,8 @@ def tanh_map(z, x):
 
 
 def test_damped_solves_a_batch_in_float32():
+    """A user's damped solver solves a float32 batch to a fixed point, with Picard(damping=0.5)'s steps.
+    (The fixed-point check is NumPy: no eager programs besides the solves.)"""
     assert W.dtype == jnp.float32
     x = jax.random.normal(jax.random.key(1), (4, N), jnp.float32)
     z0 = jnp.zeros((4, N), jnp.float32)
@@ -65,9 +67,10 @@ def test_damped_solves_a_batch_in_float32():
     assert sol.value.dtype == jnp.float32
     np.testing.assert_array_equal(sol.result, Result.SUCCESS)
     assert np.all(np.asarray(sol.stats.best_residual) <= 1e-6)
-    np.testing.assert_allclose(tanh_map(sol.value, x), sol.value, atol=1e-5)
+    value = np.asarray(sol.value)
+    np.testing.assert_allclose(np.tanh(value @ np.asarray(W).T + np.asarray(x)), value, atol=1e-5)
     # Damped returns its last accepted iterate (steps_past_convergence is False by default)
-    assert sol.stats.steps.shape == (4,) and int(sol.stats.nfe) == int(jnp.max(sol.stats.steps)) + 1
+    assert sol.stats.steps.shape == (4,) and int(sol.stats.nfe) == int(np.max(np.asarray(sol.stats.steps))) + 1
     # it is a half-damped Picard: the same iterates as Picard(damping=0.5), one step behind
     picard = deqlab.solve(tanh_map, z0, x, solver=deqlab.Picard(damping=0.5, tol=1e-6, max_steps=500), batch_axis=0)
     np.testing.assert_array_equal(sol.stats.steps, picard.stats.steps)
@@ -141,8 +144,8 @@ def test_terminate_decides_from_the_start_and_its_mistakes_are_named():
     x = jnp.ones((2, 3))
     f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
     near = deqlab.solve(f, jnp.zeros((2, 3)), x, solver=deqlab.Picard(tol=1e-5), batch_axis=0)
-    start = near.value * (1 + 1e-6)  # relative residual ~1e-7..1e-6: within tol, not tol / 100
-    assert int(deqlab.solve(f, start, x, solver=deqlab.Picard(tol=1e-5), batch_axis=0).stats.steps.max()) == 0
+    start = jnp.asarray(np.asarray(near.value) * np.float32(1 + 1e-6))  # relative residual ~1e-7..1e-6: within tol, not tol / 100
+    assert int(np.max(np.asarray(deqlab.solve(f, start, x, solver=deqlab.Picard(tol=1e-5), batch_axis=0).stats.steps))) == 0
     strict = deqlab.solve(f, start, x, solver=Strict(tol=1e-5), batch_axis=0, on_failure="ignore")
     assert np.all(np.asarray(strict.stats.steps) >= 1)
     with pytest.raises(TypeError, match=r"ReturnsResidual.terminate.*one boolean scalar per sample.*float32"):
@@ -166,14 +169,18 @@ def test_a_hard_neighbour_changes_nothing_for_a_sample():
         return rate[:, None] * jnp.tanh(z) + x
 
     x = jax.random.normal(jax.random.key(4), (2, N), jnp.float32)
-    alone = deqlab.solve(f, jnp.zeros((1, N)), jnp.array([0.5]), x[:1], solver=solver, batch_axis=0)
-    paired = deqlab.solve(f, jnp.zeros((2, N)), jnp.array([0.5, 0.995]), x, solver=solver, batch_axis=0)
-    assert int(paired.stats.steps[1]) > int(paired.stats.steps[0])  # the loop runs on past sample 0
-    assert int(alone.stats.steps[0]) == int(paired.stats.steps[0])
-    np.testing.assert_allclose(paired.value[0], alone.value[0], rtol=1e-6, atol=1e-7)
+    # (inputs sliced and results compared in NumPy: no eager programs besides the two solves)
+    alone = deqlab.solve(f, jnp.zeros((1, N)), np.array([0.5], np.float32), np.asarray(x)[:1], solver=solver,
+                         batch_axis=0)
+    paired = deqlab.solve(f, jnp.zeros((2, N)), np.array([0.5, 0.995], np.float32), x, solver=solver, batch_axis=0)
+    paired_steps, alone_steps = np.asarray(paired.stats.steps), np.asarray(alone.stats.steps)
+    assert paired_steps[1] > paired_steps[0]  # the loop runs on past sample 0
+    assert alone_steps[0] == paired_steps[0]
+    np.testing.assert_allclose(np.asarray(paired.value)[0], np.asarray(alone.value)[0], rtol=1e-6, atol=1e-7)
 
 
 def test_per_sample_result_codes_and_statistics():
+    """Per-sample result codes and step counts of a user's solver; the raise policy names the sample."""
     # sample 1 is z -> 2 z + 1 (no attracting fixed point for the damped map: 1.5 z + 0.5 grows)
     slope = jnp.array([0.5, 2.0, 0.3], jnp.float32)[:, None]
 
@@ -183,10 +190,10 @@ def test_per_sample_result_codes_and_statistics():
     sol = deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope,
                        solver=Damped(tol=1e-5, max_steps=40, divergence_factor=1e30), batch_axis=0)
     assert list(np.asarray(sol.result)) == [Result.SUCCESS, Result.MAX_STEPS_REACHED, Result.SUCCESS]
-    steps = np.asarray(sol.stats.steps)
+    steps, value = np.asarray(sol.stats.steps), np.asarray(sol.value)
     assert steps[1] == 40 and steps[0] < 40 and steps[2] < steps[0]  # faster contraction, fewer steps
-    np.testing.assert_allclose(sol.value[0], 2.0, rtol=1e-4)
-    np.testing.assert_allclose(sol.value[2], 1 / 0.7, rtol=1e-4)
+    np.testing.assert_allclose(value[0], 2.0, rtol=1e-4)
+    np.testing.assert_allclose(value[2], 1 / 0.7, rtol=1e-4)
     with pytest.raises(deqlab.SolverError, match="sample 1: max_steps_reached"):
         deqlab.solve(f, jnp.zeros((3, 2), jnp.float32), slope, solver=Damped(tol=1e-5, max_steps=40,
                      divergence_factor=1e30), batch_axis=0, on_failure="raise")
@@ -197,14 +204,23 @@ def test_per_sample_result_codes_and_statistics():
 
 @pytest.mark.filterwarnings("ignore::deqlab.precision.PrecisionWarning")
 def test_custom_state_fields_and_warm_start():
+    """A user's solver state counts its proposals and carries a warm start: 10 + 10 steps equal 20.
+    The step limits are traced budgets under one cap (max_steps=20): the first and the whole solve
+    share one compiled program."""
     x = jax.random.normal(jax.random.key(2), (3, N), jnp.float32)
     z0 = jnp.zeros((3, N), jnp.float32)
-    solver = Counting(beta=0.7, tol=1e-30, max_steps=10)  # tol never met: exactly 10 steps
-    first = deqlab.solve(tanh_map, z0, x, solver=solver, batch_axis=0)
+    solver = Counting(beta=0.7, tol=1e-30, max_steps=20)  # tol never met: exactly the budget's steps
+
+    def run(steps, init_state=None):
+        return deqlab.solve(tanh_map, z0, x, solver=solver, batch_axis=0, init_state=init_state, on_failure="ignore",
+                            budget=deqlab.solvers.Budget(np.int32(steps), np.float32(1e-30)))
+
+    first = run(10)
     assert isinstance(first.state, SolverState)
     np.testing.assert_array_equal(first.state.history, 10)  # the state counted the proposals
-    second = deqlab.solve(tanh_map, z0, x, solver=solver, batch_axis=0, init_state=first.state)
-    whole = deqlab.solve(tanh_map, z0, x, solver=dataclasses.replace(solver, max_steps=20), batch_axis=0)
+    np.testing.assert_array_equal(first.stats.steps, 10)
+    second = run(10, first.state)
+    whole = run(20)
     np.testing.assert_array_equal(second.state.history, 20)
     np.testing.assert_allclose(second.state.z, whole.state.z, rtol=1e-6)
     with pytest.raises(ValueError, match="`beta`.*<= 1"):
@@ -221,18 +237,19 @@ def test_stop_error_with_a_custom_solver():
         return a * z + b
 
     b = jnp.array([[1.0, -2.0], [0.5, 3.0]], jnp.float32)
-    exact = b / (1 - a)
+    exact = np.asarray(b) / (1 - np.float32(0.9))
+    # The tolerances are arrays (traced leaves of the solver): one program per rule for both.
     for tol in (1e-2, 1e-4):
-        sol = deqlab.solve(f, jnp.zeros((2, 2), jnp.float32), b, solver=Damped(tol=tol, max_steps=2000, stop="error"),
-                           batch_axis=0)
+        sol = deqlab.solve(f, jnp.zeros((2, 2), jnp.float32), b,
+                           solver=Damped(tol=jnp.float32(tol), max_steps=2000, stop="error"), batch_axis=0)
         np.testing.assert_array_equal(sol.result, Result.SUCCESS)
         assert sol.stats.error_estimate is not None and np.all(np.isfinite(sol.stats.error_estimate))
-        error = np.max(np.abs(np.asarray(sol.value - exact)), axis=1) / np.maximum(1, np.max(np.abs(np.asarray(exact)), 1))
+        error = np.max(np.abs(np.asarray(sol.value) - exact), axis=1) / np.maximum(1, np.max(np.abs(exact), 1))
         assert np.all(error <= tol), (tol, error)
         # the residual rule with the same tol would stop far from z* (|z*| = 30, rate 0.95)
-        loose = deqlab.solve(f, jnp.zeros((2, 2), jnp.float32), b, solver=Damped(tol=tol, max_steps=2000),
+        loose = deqlab.solve(f, jnp.zeros((2, 2), jnp.float32), b, solver=Damped(tol=jnp.float32(tol), max_steps=2000),
                              batch_axis=0)
-        assert np.all(sol.stats.steps > loose.stats.steps)
+        assert np.all(np.asarray(sol.stats.steps) > np.asarray(loose.stats.steps))
 
 
 class MyPicard(deqlab.Solver):
@@ -312,6 +329,7 @@ def test_fixed_point_gradient_on_a_tanh_map_matches_finite_differences():
 
 
 def test_nn_deq_with_a_custom_solver():
+    """nn.DEQ with a user's solver: a fixed point, Anderson's value, finite gradients, and nnx.jit."""
     cell = TanhCell(8, 3, rngs=nnx.Rngs(0))
     layer = DEQ(cell, solver=Damped(tol=1e-5, max_steps=300))
     x = jax.random.normal(jax.random.key(8), (5, 3), jnp.float32)
@@ -322,7 +340,7 @@ def test_nn_deq_with_a_custom_solver():
     reference = DEQ(cell, solver=deqlab.Anderson(tol=1e-6, max_steps=300))(x)
     np.testing.assert_allclose(z, reference, atol=1e-4)
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
-    leaves = jax.tree_util.tree_leaves(nnx.state(grads, nnx.Param))
+    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(nnx.state(grads, nnx.Param))]  # checked in NumPy
     assert leaves and all(np.all(np.isfinite(leaf)) for leaf in leaves)
     assert any(np.any(leaf != 0) for leaf in leaves)
     # the layer goes through nnx.jit with the solver as part of its (static) graph
@@ -452,22 +470,24 @@ class Neumann(ImplicitRule):
 
 
 def test_a_users_backward_mode_works_under_jit_vmap_and_grad():
+    """A user's ImplicitRule (a Neumann series) matches Phantom's gradient under jit, vmap, grad and jvp."""
     xs = jax.random.normal(jax.random.key(11), (3, N), jnp.float32)
     solver = deqlab.Anderson(tol=1e-6, max_steps=200)
 
     def loss(x, backward):
         return jnp.sum(deqlab.fixed_point(tanh_map, jnp.zeros(N), x, solver=solver, backward=backward).value ** 2)
 
-    ours = jax.jit(jax.vmap(jax.grad(lambda x: loss(x, Neumann(terms=4)))))(xs)
-    phantom = jax.vmap(jax.grad(lambda x: loss(x, Phantom(steps=4, damping=1.0))))(xs)
+    ours = np.asarray(jax.jit(jax.vmap(jax.grad(lambda x: loss(x, Neumann(terms=4)))))(xs))
+    phantom = np.asarray(jax.vmap(jax.grad(lambda x: loss(x, Phantom(steps=4, damping=1.0))))(xs))
     np.testing.assert_allclose(ours, phantom, rtol=1e-4, atol=1e-6)
-    exact = jax.vmap(jax.grad(lambda x: loss(x, "implicit")))(xs)
+    exact = np.asarray(jax.vmap(jax.grad(lambda x: loss(x, "implicit")))(xs))
     # four terms of a series contracting at about 0.5 (W's scale): close to, not equal to, exact
-    assert 0 < float(jnp.max(jnp.abs(ours - exact))) < 0.1 * float(jnp.max(jnp.abs(exact)))
+    # (compared in NumPy: no eager programs besides the derivatives)
+    assert 0 < float(np.max(np.abs(ours - exact))) < 0.1 * float(np.max(np.abs(exact)))
     # forward mode through the same rule: the tangent is the transposed series, which
     # differentiating Phantom's four steps in forward mode also gives
-    direction = jnp.ones(N)
-    tangent = jax.jvp(lambda x: loss(x, Neumann(terms=4)), (xs[0],), (direction,))[1]
+    direction = np.ones(N, np.float32)
+    tangent = jax.jvp(lambda x: loss(x, Neumann(terms=4)), (jnp.asarray(np.asarray(xs)[0]),), (jnp.asarray(direction),))[1]
     np.testing.assert_allclose(tangent, phantom[0] @ direction, rtol=1e-4)
 
 
