@@ -1,32 +1,23 @@
-"""Write tests/slow.json (and, asked, tests/durations.json) from the JUnit reports of a full
-`make test`.
+"""Write tests/slow.json from the JUnit reports of a full `make test`.
 
-* ``tests/durations.json`` (file -> seconds, summed over its items in every report):
-  tests/conftest.py orders the collected items by it, longest file first, so that with
-  `pytest -n 2` the long notebooks start at once instead of last.
-* ``tests/slow.json`` (the node ids of the unit tests that took at least ``SLOW_SECONDS`` in a
-  report): tests/conftest.py marks them ``slow``, so that `make unit`, the quick inner loop, leaves
-  them out (`make test`, `make unit-all` and CI run them). A test can also be marked slow in its
-  file (``@pytest.mark.slow``, with the reason), which holds whatever was measured.
+``tests/slow.json`` holds the node ids of the unit tests that took at least ``SLOW_SECONDS`` in a
+report: tests/conftest.py marks them ``slow``, so that `make unit`, the quick inner loop, leaves
+them out (`make test`, `make unit-all` and CI run them). A test can also be marked slow in its
+file (``@pytest.mark.slow``, with the reason), which holds whatever was measured. (The script also
+wrote tests/durations.json, a test order by measured file time; pytest-xdist's `--dist worksteal`
+with the notebooks first replaced it: see tests/conftest.py.)
 
-Both are generated, never edited. After a `make test` (which writes both passes' reports), from
-the repository root:
+It is generated, never edited. After a `make test` (which writes both passes' reports), from the
+repository root:
 
     python .ci/test_durations.py               # slow.json from _build/reports/tests{,-float64}.xml
-    python .ci/test_durations.py --durations   # durations.json too
-
-durations.json only on request: it sets the order in which every CI run hands tests to the workers,
-and on the floor's jaxlib (0.7.2) XLA's CPU compiler has segfaulted depending on what a worker
-compiled before (issue 24: the first table summed over both passes crashed a worker in
-`tests/lab/test_dry_run.py`'s fixture, in the float32 pass of the floor phase). After writing it, run
-the floor phase of `.ci/run` before committing it.
 
 The times must be those of `make test` on the 2-core machine from a cold compilation cache: two
 workers, the notebooks running beside the unit tests, every program compiled (compilation is most
 of a small test's time, and the first test of a file pays for the programs the next ones reuse).
-A fresh clone is cold (`.ci/run` there, or `make test` with JAX_COMPILATION_CACHE_DIR pointing at
-an empty folder); the GitHub workflow restores `.jax_cache`, so its reports are warm: do not use
-them, since on a warm cache tests that compile a lot look fast.
+A fresh clone is cold (`.ci/run` there with ``DEQLAB_CI_COLD=1``, or `make test` with
+JAX_COMPILATION_CACHE_DIR pointing at an empty folder); the GitHub workflow restores `.jax_cache`,
+so its reports are warm: do not use them, since on a warm cache tests that compile a lot look fast.
 """
 
 import argparse
@@ -63,8 +54,9 @@ def file_of(classname: str) -> tuple[str, list[str]] | None:
 
 
 def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict[str, float], list[str]]:
-    """(file -> seconds summed over every report, files under 0.05 s left out; the sorted node
-    ids of the unit tests that took at least ``slow_seconds``) from JUnit XML reports.
+    """(file -> seconds summed over every report, files under 0.05 s left out: the summary the
+    script prints; the sorted node ids of the unit tests that took at least ``slow_seconds``) from
+    JUnit XML reports.
 
     Raises:
         ValueError: a report that is not JUnit XML, holds no test case (a run that stopped at
@@ -115,9 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                                                            ("tests.xml", "tests-float64.xml")],
                         help="JUnit XML reports of one full `make test`, both passes (default: the two "
                              "that `make test` writes into _build/reports)")
-    parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of durations.json and slow.json")
-    parser.add_argument("--durations", action="store_true",
-                        help="write durations.json (the test order) too; see the module's docstring first")
+    parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of slow.json")
     args = parser.parse_args(argv)
     missing = [r for r in args.reports if not Path(r).is_file()]
     if missing:
@@ -125,8 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     if not out.is_dir():
         parser.error(f"--out: no such folder: {out}")
-    outputs = [out / "slow.json", *([out / "durations.json"] if args.durations else [])]
-    own = [r for r in args.reports if any(Path(r).resolve() == o.resolve() for o in outputs)]
+    own = [r for r in args.reports if Path(r).resolve() == (out / "slow.json").resolve()]
     if own:
         parser.error(f"{', '.join(own)} is this script's output: refusing to overwrite its own input")
     try:
@@ -136,11 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     if not slow:  # never [] over the stored table: every unit test would go back into `make unit` unmarked
         parser.error(f"no unit test took at least {SLOW_SECONDS:g} s in {', '.join(args.reports)}: not the reports "
                      "of a full cold `make test` (see the docstring); slow.json left as it was")
-    if args.durations:
-        _write(out / "durations.json", table)
     _write(out / "slow.json", slow)
-    print(f"{len(table)} files, {sum(table.values()):.0f} s{' (durations.json written)' if args.durations else ''}; "
-          f"{len(slow)} tests of at least {SLOW_SECONDS:g} s marked slow", file=sys.stderr)
+    print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "
+          "marked slow", file=sys.stderr)
 
 
 if __name__ == "__main__":

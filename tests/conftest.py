@@ -69,26 +69,25 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-# --- Longest first; slow by measurement ----------------------------------------------------------
-# `make test` runs ~2,400 items on two xdist workers; the notebooks take minutes each and were
-# collected last, so the run ended with one worker finishing a long notebook while the other idled.
-# Items are ordered by the measured duration of their file, longest first (files keep their
-# internal order, so module fixtures are not rebuilt); xdist's `load` scheduling hands out the
-# ordered items round-robin, then on demand. Unit tests that took at least 3 s there are marked
-# `slow`, so that `make unit` (the quick inner loop) leaves them out; `make test`, `make unit-all`
-# and CI run every test. Both tables (tests/durations.json: file -> seconds summed over its items;
-# tests/slow.json: node ids) are generated from the JUnit reports of a `make test` on a cold
-# compilation cache, never edited by hand: `python .ci/test_durations.py [--durations]` (the script
-# says why cold, and why the order is rewritten only on request). Without them nothing is
-# reordered and only the tests marked in their files are slow; new files count as 0 s and keep
-# their collected order.
+# --- Notebooks first; slow by measurement --------------------------------------------------------
+# `make test` runs ~2,500 items on two xdist workers with `--dist worksteal` (pyproject.toml): each
+# worker starts on a contiguous part of the collected order and an idle worker takes the end of the
+# other's queue. The notebooks take 10-90 s each and were collected last, so the run ended with one
+# worker finishing a long notebook while the other idled; they are moved to the front (in their
+# collected order), so the run ends on short unit tests. No stored table of durations is needed
+# for that (tests/durations.json, which ordered every file by its measured time, is retired).
+# Unit tests that took at least 3 s in the last measured `make test` are marked `slow`, so that
+# `make unit` (the quick inner loop) leaves them out; `make test`, `make unit-all` and CI run every
+# test. Their node ids (tests/slow.json) are generated from the JUnit reports of a `make test` on a
+# cold compilation cache, never edited by hand: `python .ci/test_durations.py` (the script says why
+# cold). Without the table only the tests marked in their files are slow.
 
 HERE = os.path.dirname(__file__)
 
 
 def _load(name: str, default):
     """A generated table, or ``default`` when it is missing, not JSON or of another type (a broken
-    table must not stop the tests; tests/book/test_test_durations.py checks the stored ones)."""
+    table must not stop the tests; tests/book/test_test_durations.py checks the stored one)."""
     try:
         with open(os.path.join(HERE, name), encoding="utf-8") as fh:
             table = json.load(fh)
@@ -97,8 +96,8 @@ def _load(name: str, default):
     return table if isinstance(table, type(default)) else default
 
 
-def _file_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
+def _is_notebook(item) -> bool:
+    return item.nodeid.split("::", 1)[0].endswith(".ipynb")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the measured `slow` marks must be on the items
@@ -107,6 +106,6 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
-    seconds = {file: s for file, s in _load("durations.json", {}).items() if isinstance(s, (int, float))}
-    # list.sort is stable: within a file, and among unmeasured files, the collected order stays.
-    items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), 0.0))
+    # list.sort is stable: the notebooks keep their order, and so do the unit tests (a file's tests
+    # stay together, so its module fixtures are built once per worker).
+    items.sort(key=lambda item: not _is_notebook(item))

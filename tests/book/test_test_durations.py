@@ -1,6 +1,6 @@
-"""The generated test tables (.ci/test_durations.py -> tests/durations.json, tests/slow.json) and
-how tests/conftest.py uses them: items ordered longest file first, measured slow tests marked
-`slow` so that `make unit` leaves them out."""
+"""The generated table of slow tests (.ci/test_durations.py -> tests/slow.json) and how
+tests/conftest.py uses it: measured slow tests marked `slow` so that `make unit` leaves them out;
+the notebooks collected first, with no stored table of durations."""
 
 import importlib.util
 import json
@@ -60,15 +60,13 @@ def test_tables_sum_files_over_both_passes_and_list_tests_at_the_threshold(repos
                     "tests/test_b.py::TestModes::test_in_a_class"]
 
 
-def test_main_writes_both_tables_and_refuses_bad_reports(repository, capsys):
+def test_main_writes_the_slow_table_and_refuses_bad_reports(repository, capsys):
     out = repository / "out"
     out.mkdir()
     durations.main([str(repository / "tests.xml"), str(repository / "tests-float64.xml"), "--out", str(out)])
     assert len(json.loads((out / "slow.json").read_text())) == 4
-    assert not (out / "durations.json").exists()  # the test order only on request (the docstring says why)
-    durations.main([str(repository / "tests.xml"), str(repository / "tests-float64.xml"), "--out", str(out),
-                    "--durations"])
-    assert json.loads((out / "durations.json").read_text())["tests/test_b.py"] == 11.5
+    assert sorted(p.name for p in out.iterdir()) == ["slow.json"]  # no test order is written any more
+    assert "4 files, 63 s; 4 tests of at least 3 s marked slow" in capsys.readouterr().err
     (repository / "broken.xml").write_text("<testsuites><testcase")
     (repository / "odd.xml").write_text('<testsuites><testcase classname="tests.test_a" name="t" time="x"/>'
                                         "</testsuites>")
@@ -107,8 +105,7 @@ def test_main_never_overwrites_the_tables_with_an_empty_one(repository, capsys):
     out = repository / "out"
     out.mkdir()
     (out / "slow.json").write_text('["tests/test_a.py::test_kept"]\n')
-    (out / "durations.json").write_text('{"tests/test_a.py": 1.0}\n')
-    kept = {name: (out / name).read_text() for name in ("slow.json", "durations.json")}
+    kept = {"slow.json": (out / "slow.json").read_text()}
     (repository / "foreign.xml").write_text(FOREIGN)
     (repository / "fast.xml").write_text(FAST)
     for argv, message in (
@@ -116,12 +113,11 @@ def test_main_never_overwrites_the_tables_with_an_empty_one(repository, capsys):
         (["tests.xml", "foreign.xml"], r"foreign.xml`: none of its 2 test cases"),
         (["fast.xml"], r"no unit test took at least 3 s in .*fast.xml.*slow.json left as it was"),
     ):
-        for durations_flag in ([], ["--durations"]):
-            with pytest.raises(SystemExit) as exit_info:
-                durations.main([*(str(repository / a) for a in argv), "--out", str(out), *durations_flag])
-            assert exit_info.value.code == 2
-            assert re.search(message, capsys.readouterr().err), message
-            assert {name: (out / name).read_text() for name in kept} == kept
+        with pytest.raises(SystemExit) as exit_info:
+            durations.main([*(str(repository / a) for a in argv), "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert re.search(message, capsys.readouterr().err), message
+        assert {name: (out / name).read_text() for name in kept} == kept
 
 
 def test_main_refuses_to_overwrite_its_own_input(repository, capsys):
@@ -129,17 +125,16 @@ def test_main_refuses_to_overwrite_its_own_input(repository, capsys):
     out = repository / "out"
     out.mkdir()
     (out / "slow.json").write_text(PASS_1)
-    (out / "durations.json").write_text(PASS_1)
-    for argv in ([str(out / "slow.json")], [str(repository / "tests.xml"), str(out / ".." / "out" / "slow.json")],
-                 [str(out / "durations.json"), "--durations"]):
+    for argv in ([str(out / "slow.json")], [str(repository / "tests.xml"), str(out / ".." / "out" / "slow.json")]):
         with pytest.raises(SystemExit) as exit_info:
             durations.main([*argv, "--out", str(out)])
         assert exit_info.value.code == 2
         assert "this script's output: refusing to overwrite its own input" in capsys.readouterr().err
-        assert (out / "slow.json").read_text() == PASS_1 and (out / "durations.json").read_text() == PASS_1
-    # durations.json is read, not written, without --durations: a report like any other
-    durations.main([str(out / "durations.json"), "--out", str(out)])
-    assert (out / "durations.json").read_text() == PASS_1 and len(json.loads((out / "slow.json").read_text())) == 4
+        assert (out / "slow.json").read_text() == PASS_1
+    # a report stored beside it is read like any other
+    (out / "copy.xml").write_text(PASS_1)
+    durations.main([str(out / "copy.xml"), "--out", str(out)])
+    assert len(json.loads((out / "slow.json").read_text())) == 4
 
 
 def test_script_exits_non_zero_on_a_report_of_no_file(tmp_path):
@@ -153,10 +148,9 @@ def test_script_exits_non_zero_on_a_report_of_no_file(tmp_path):
         "foreign.xml", "slow.json"]
 
 
-def test_stored_tables_name_existing_tests():
-    table = json.loads((ROOT / "tests" / "durations.json").read_text())
+def test_stored_table_names_existing_tests():
     slow = json.loads((ROOT / "tests" / "slow.json").read_text())
-    assert table and all((ROOT / path).is_file() for path in table), "durations.json names a missing file"
+    assert not (ROOT / "tests" / "durations.json").exists(), "retired: the order is worksteal's, notebooks first"
     assert slow == sorted(set(slow)) and all("::test" in node for node in slow)
     for node in slow:  # a renamed test would silently go back into `make unit`: regenerate the tables
         path, *_, name = node.split("::")
@@ -181,3 +175,27 @@ def test_conftest_marks_the_measured_slow_tests_so_make_unit_leaves_them_out():
         listed[selection] = {line.strip() for line in res.stdout.splitlines() if "::" in line}
     assert node in listed["slow"] and node not in listed["not slow"]
     assert listed["not slow"], "every test of test_eager.py deselected"
+
+
+def test_conftest_puts_the_notebooks_first_and_keeps_every_other_order(monkeypatch):
+    # with --dist worksteal an idle worker takes the end of the other's queue: long notebooks at the
+    # end of the collected order made the run end on one of them (the reason for the old table)
+    import conftest
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid, self.marks = nodeid, []
+
+        def add_marker(self, mark):
+            self.marks.append(mark.name)
+
+    slow_node = "tests/library/test_b.py::test_slow"
+    monkeypatch.setattr(conftest, "_load", lambda name, default: [slow_node] if name == "slow.json" else default)
+    collected = ["tests/library/test_a.py::test_1", slow_node, "tests/library/test_a.py::test_2",
+                 "book/ch1/02_page.ipynb::", "tests/book/test_c.py::test_3", "book/ch0/01_page.ipynb::"]
+    items = [Item(nodeid) for nodeid in collected]
+    conftest.pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == [collected[3], collected[5], collected[0], collected[1], collected[2],
+                                         collected[4]]
+    assert [i.nodeid for i in items if i.marks] == [slow_node] and items[3].marks == ["slow"]
+    assert "--dist=worksteal" in (ROOT / "pyproject.toml").read_text()
