@@ -129,6 +129,17 @@ def test_default_solver_benchmark_tiny():
     assert all(rows[f"{name} oracle"]["error"] <= default_solver.TOL for name in default_solver.SOLVERS)
     assert rows["default"]["steps"] > 0 and np.isfinite(rows["default"]["error"])
     assert result["compile_solve_s"] > 0 and result["compile_grad_s"] > 0
+    assert all(row["scaled_error"] <= row["error"] for row in rows.values())  # the scale is at least 1
+
+
+def test_scaled_error_is_each_samples_error_over_its_own_scale_worst_sample():
+    # the measure stop="error" bounds: sample 0's states reach 3 (3e-5 absolute is 1e-5 scaled),
+    # sample 1's stay below 1 (scale 1: 2e-5 stays 2e-5), a NaN is infinitely wrong
+    reference = np.array([[3.0, -1.0], [0.5, 0.2]])
+    value = reference + np.array([[3e-5, 0.0], [0.0, -2e-5]])
+    assert np.isclose(default_solver.scaled_error(value, reference), 2e-5, rtol=1e-9)
+    assert np.isclose(default_solver.scaled_error(value[:1], reference[:1]), 1e-5, rtol=1e-9)
+    assert default_solver.scaled_error(np.full_like(reference, np.nan), reference) == float("inf")
 
 
 @pytest.mark.slow
