@@ -94,9 +94,9 @@ test: install
 	@mkdir -p $(REPORTS)
 	@printf '{"scale": "%s", "started": "%s", "workers": %s, "deqlab": "%s"}\n' "$${DEQLAB_SCALE:-quick}" \
 	  "$$(date -u +'%Y-%m-%d %H:%M UTC')" "$(JOBS)" "$$($(BIN)/python -c 'import deqlab; print(deqlab.__version__)')" > $(REPORTS)/run.json
-	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests book -m "not float64" --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
+	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests book -m "not float64" --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
 	status=$$?; $(BIN)/python book/_ext/executed_notebooks.py stamp $(NOTEBOOKS) > /dev/null; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m float64 --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m float64 --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 # The quick inner loop: tests marked slow are deselected, those marked in their files and those
@@ -105,15 +105,15 @@ test: install
 # `make unit-all` run every test. Both run in the two passes of `make test`, so that no worker
 # switches JAX's x64 mode (see above).
 unit: install
-	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m "not slow and not float64" --durations=10; \
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not slow and not float64" --durations=10; \
 	status=$$?; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m "float64 and not slow" --durations=5; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "float64 and not slow" --durations=5; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 unit-all: install
-	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m "not float64" --durations=25; \
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not float64" --durations=25; \
 	status=$$?; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m float64 --durations=15; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m float64 --durations=15; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 # Where the unit tests' compile work goes (issue 39): every unit test, both precisions, on an empty
@@ -125,8 +125,8 @@ test-profile: install
 	@mkdir -p $(REPORTS)
 	rm -rf $(PROFILE_CACHE) $(REPORTS)/compiles.jsonl
 	export JAX_COMPILATION_CACHE_DIR=$(PROFILE_CACHE) DEQLAB_COMPILE_REPORT=$(CURDIR)/$(REPORTS)/compiles.jsonl; \
-	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m "not float64" -q; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) tests -m float64 -q; \
+	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not float64" -q; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m float64 -q; \
 	$(BIN)/python .ci/test_profile.py $(REPORTS)/compiles.jsonl
 
 lint: install

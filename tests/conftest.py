@@ -18,6 +18,17 @@
 * Matplotlib uses the non-interactive Agg backend in this process only: the variable
   MPLBACKEND is deliberately not set, because the notebook kernels that nbmake starts inherit the
   environment, and under Agg their figures would silently not be rendered.
+* **Unit tests compile without LLVM's optimisations.** Compiling is most of a unit test's time
+  (``make test-profile``), and XLA's CPU backend spends much of it in LLVM's optimisation passes,
+  which speed up the program's run, not its result's meaning. This process appends
+  ``--xla_backend_optimization_level=0`` to ``XLA_FLAGS`` before JAX starts its backend (the
+  persistent cache keys programs by ``XLA_FLAGS``, so they never mix with optimised ones); a unit
+  test's run is shorter by about a quarter on the 2-core machine. The generated code may round
+  differently (no fused multiply-adds): a test comparing two different programs states a
+  tolerance for that, not bit equality. The notebooks are not unit tests: readers run them with
+  JAX's defaults, so nbmake's kernels start with the ``XLA_FLAGS`` this process was given (the
+  hook below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps XLA's
+  defaults everywhere (to check a rounding-level failure against what users run).
 * Hypothesis: no per-example deadline (the first example of a jitted function pays the
   compilation); on CI (``CI`` set) examples are derandomised so runs are reproducible.
 """
@@ -25,6 +36,13 @@
 import contextlib
 import json
 import os
+
+#: XLA_FLAGS as this process was started with (None: unset), restored for the notebooks' kernels.
+GIVEN_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+UNIT_TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+if not os.environ.get("DEQLAB_TEST_XLA_DEFAULTS") and "xla_backend_optimization_level" not in (GIVEN_XLA_FLAGS or ""):
+    # before anything starts JAX's backend, which reads XLA_FLAGS once (see the docstring)
+    os.environ["XLA_FLAGS"] = f"{GIVEN_XLA_FLAGS or ''} {UNIT_TEST_XLA_FLAG}".strip()
 
 import matplotlib  # noqa: E402
 
@@ -59,9 +77,33 @@ def float64_enabled():
         jax.config.update("jax_enable_x64", previous)
 
 
+@contextlib.contextmanager
+def given_xla_flags():
+    """``XLA_FLAGS`` as this process was given it inside the block (a notebook's kernel starts with
+    JAX's defaults, not the unit tests' flag), the unit tests' value restored after."""
+    unit_tests = os.environ.get("XLA_FLAGS")
+    _set_env("XLA_FLAGS", GIVEN_XLA_FLAGS)
+    try:
+        yield
+    finally:
+        _set_env("XLA_FLAGS", unit_tests)
+
+
+def _set_env(name, value):
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Tests marked ``float64`` run (set-up, call, teardown) with x64 enabled; see the docstring."""
+    """Tests marked ``float64`` run (set-up, call, teardown) with x64 enabled, and notebooks with
+    the ``XLA_FLAGS`` this process was given; see the docstring."""
+    if _is_notebook(item):
+        with given_xla_flags():
+            yield
+        return
     if item.get_closest_marker("float64") is None:
         yield
         return
@@ -70,7 +112,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # --- Notebooks first; slow by measurement --------------------------------------------------------
-# `make test` runs ~2,500 items on two xdist workers with `--dist worksteal` (pyproject.toml): each
+# `make test` runs ~2,500 items on two xdist workers with `--dist worksteal` (Makefile): each
 # worker starts on a contiguous part of the collected order and an idle worker takes the end of the
 # other's queue. The notebooks take 10-90 s each and were collected last, so the run ended with one
 # worker finishing a long notebook while the other idled; they are moved to the front (in their

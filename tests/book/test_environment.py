@@ -235,14 +235,14 @@ def test_ci_runs_the_readme_test_command_after_install_and_lint():
     assert ci.index("background environments") > ci.index("begin install")
     # the numbered list in the header comment of .ci/run names the same phases in the same order
     assert re.findall(r"^#\s+\d+\.\s+(\S+)", ci, re.MULTILINE) == phases
-    # README.md's set-up says `make test` is `pytest -n 2 tests book -m "not float64" --nbmake
-    # --overwrite`, then the float64 pass
+    # README.md's set-up says `make test` is `pytest -n 2 --dist worksteal tests book -m "not float64"
+    # --nbmake --overwrite`, then the float64 pass
     readme = " ".join(_readme().split())
-    assert '`pytest -n 2 tests book -m "not float64" --nbmake --overwrite`' in readme
-    assert "`JAX_ENABLE_X64=1 pytest -n 2 tests -m float64`" in readme
+    assert '`pytest -n 2 --dist worksteal tests book -m "not float64" --nbmake --overwrite`' in readme
+    assert "`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal tests -m float64`" in readme
     assert _make_variable("JOBS") == "2"
     test = _make_recipes()["test"]
-    assert re.search(r'-m pytest -n \$\(JOBS\) tests book -m "not float64" --nbmake\b', test), test
+    assert re.search(r'-m pytest -n \$\(JOBS\) --dist worksteal tests book -m "not float64" --nbmake\b', test), test
     assert "--overwrite" in test
     assert "make lint" in readme and "`.ci/run`" in readme
 
@@ -256,7 +256,7 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     for target, expected in (("unit", [['"not slow and not float64"'], ['"float64 and not slow"']]),
                              ("unit-all", [['"not float64"'], ["float64"]])):
         runs = [line for line in recipes[target].splitlines() if "python -m pytest" in line]
-        assert all(re.search(r"-m pytest -n \$\(JOBS\) tests\b", line) for line in runs), runs
+        assert all(re.search(r"-m pytest -n \$\(JOBS\) --dist worksteal tests\b", line) for line in runs), runs
         chosen = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in runs]
         assert chosen == expected, (target, chosen)
         assert runs[1].lstrip().startswith("JAX_ENABLE_X64=1 "), runs
@@ -281,8 +281,8 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     assert selections == [['"not float64 and not slow"'], ['"float64 and not slow"']], selections
     assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
     readme = " ".join(_readme().split())
-    assert '`pytest -n 2 tests -m "not slow and not float64"`' in readme
-    assert '`JAX_ENABLE_X64=1 pytest -n 2 tests -m "float64 and not slow"`' in readme
+    assert '`pytest -n 2 --dist worksteal tests -m "not slow and not float64"`' in readme
+    assert '`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal tests -m "float64 and not slow"`' in readme
 
 
 def test_lint_is_ruff_with_the_pyproject_configuration():

@@ -198,4 +198,25 @@ def test_conftest_puts_the_notebooks_first_and_keeps_every_other_order(monkeypat
     assert [i.nodeid for i in items] == [collected[3], collected[5], collected[0], collected[1], collected[2],
                                          collected[4]]
     assert [i.nodeid for i in items if i.marks] == [slow_node] and items[3].marks == ["slow"]
-    assert "--dist=worksteal" in (ROOT / "pyproject.toml").read_text()
+    # every parallel run of the Makefile and of CI's floor phase shares the tests by worksteal
+    for path in ("Makefile", ".ci/run"):
+        runs = re.findall(r"pytest -n \S+( --dist worksteal)?", (ROOT / path).read_text())
+        assert runs and all(runs), f"{path}: a `pytest -n` without `--dist worksteal`"
+
+
+def test_unit_tests_compile_at_llvm_level_0_and_notebooks_with_the_given_flags():
+    # conftest appends the flag before JAX's backend starts (a flag set after `import jax` is still
+    # read: the subprocess below fails on an unknown one); notebooks get the flags the run was given
+    import conftest
+
+    if os.environ.get("DEQLAB_TEST_XLA_DEFAULTS"):
+        pytest.skip("DEQLAB_TEST_XLA_DEFAULTS=1 keeps XLA's defaults in the unit tests")
+    assert conftest.UNIT_TEST_XLA_FLAG in os.environ["XLA_FLAGS"].split()
+    with conftest.given_xla_flags():
+        assert os.environ.get("XLA_FLAGS") == conftest.GIVEN_XLA_FLAGS
+    assert conftest.UNIT_TEST_XLA_FLAG in os.environ["XLA_FLAGS"].split()
+    res = subprocess.run([sys.executable, "-c", "import os, jax; os.environ['XLA_FLAGS'] = "
+                          "'--xla_no_such_flag_for_deqlab=1'; jax.devices()"],
+                         capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
+                                                                           if k != "XLA_FLAGS"})
+    assert res.returncode != 0 and "xla_no_such_flag_for_deqlab" in res.stderr, res.stderr[-2000:]
