@@ -26,8 +26,8 @@
   test's run is shorter by about a quarter on the 2-core machine. The generated code may round
   differently (no fused multiply-adds): a test comparing two different programs states a
   tolerance for that, not bit equality. The notebooks are not unit tests: readers run them with
-  JAX's defaults, so nbmake's kernels start with the ``XLA_FLAGS`` this process was given (the
-  hook below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps XLA's
+  JAX's defaults, so nbmake's kernels start with the ``XLA_FLAGS`` this process was given (a
+  plugin registered below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps XLA's
   defaults everywhere (to check a rounding-level failure against what users run).
 * Hypothesis: no per-example deadline (the first example of a jitted function pays the
   compilation); on CI (``CI`` set) examples are derandomised so runs are reproducible.
@@ -37,8 +37,12 @@ import contextlib
 import json
 import os
 
-#: XLA_FLAGS as this process was started with (None: unset), restored for the notebooks' kernels.
-GIVEN_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+# XLA_FLAGS as the run was started with, kept in the environment: pytest-xdist's workers inherit
+# the controller's environment, where this file has already added the unit tests' flag.
+if "DEQLAB_GIVEN_XLA_FLAGS" not in os.environ:
+    os.environ["DEQLAB_GIVEN_XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "<unset>")
+#: XLA_FLAGS as the run was started with (None: unset), restored for the notebooks' kernels.
+GIVEN_XLA_FLAGS = None if os.environ["DEQLAB_GIVEN_XLA_FLAGS"] == "<unset>" else os.environ["DEQLAB_GIVEN_XLA_FLAGS"]
 UNIT_TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
 if not os.environ.get("DEQLAB_TEST_XLA_DEFAULTS") and "xla_backend_optimization_level" not in (GIVEN_XLA_FLAGS or ""):
     # before anything starts JAX's backend, which reads XLA_FLAGS once (see the docstring)
@@ -96,14 +100,28 @@ def _set_env(name, value):
         os.environ[name] = value
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Tests marked ``float64`` run (set-up, call, teardown) with x64 enabled, and notebooks with
-    the ``XLA_FLAGS`` this process was given; see the docstring."""
-    if _is_notebook(item):
+class NotebooksWithGivenXlaFlags:
+    """A plugin, not a hook of this file: a conftest's item hooks only see the items under its
+    folder (tests/), and the notebooks are collected from book/."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        if not _is_notebook(item):
+            yield
+            return
         with given_xla_flags():
             yield
-        return
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(NotebooksWithGivenXlaFlags(), "deqlab-notebooks-with-given-xla-flags")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tests marked ``float64`` run (set-up, call, teardown) with x64 enabled (the notebooks run
+    with the ``XLA_FLAGS`` this process was given: :class:`NotebooksWithGivenXlaFlags`); see the
+    docstring."""
     if item.get_closest_marker("float64") is None:
         yield
         return
@@ -139,7 +157,8 @@ def _load(name: str, default):
 
 
 def _is_notebook(item) -> bool:
-    return item.nodeid.split("::", 1)[0].endswith(".ipynb")
+    # by the file, not the node id (a notebook outside the root directory has none before "::")
+    return str(getattr(item, "path", "")).endswith(".ipynb")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the measured `slow` marks must be on the items

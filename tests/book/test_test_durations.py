@@ -184,7 +184,7 @@ def test_conftest_puts_the_notebooks_first_and_keeps_every_other_order(monkeypat
 
     class Item:
         def __init__(self, nodeid):
-            self.nodeid, self.marks = nodeid, []
+            self.nodeid, self.path, self.marks = nodeid, ROOT / nodeid.split("::")[0], []
 
         def add_marker(self, mark):
             self.marks.append(mark.name)
@@ -220,3 +220,27 @@ def test_unit_tests_compile_at_llvm_level_0_and_notebooks_with_the_given_flags()
                          capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
                                                                            if k != "XLA_FLAGS"})
     assert res.returncode != 0 and "xla_no_such_flag_for_deqlab" in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.slow  # a pytest run on two workers that starts a notebook kernel (about 10 s)
+def test_a_notebook_kernel_starts_without_the_unit_tests_flag(tmp_path):
+    # the notebooks are collected from book/, outside tests/, where this folder's conftest hooks do
+    # not reach: the restore is a plugin (a first version was a conftest hook, and CI's notebooks
+    # ran at level 0). The probe notebook fails if its kernel sees the flag.
+    pytest.importorskip("nbmake")
+    probe = tmp_path / "probe.ipynb"
+    probe.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "id": "probe", "metadata": {}, "outputs": [],
+                   "source": ["import os\n", "flags = os.environ.get('XLA_FLAGS') or ''\n",
+                              "assert 'xla_backend_optimization_level' not in flags, flags\n"]}],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DEQLAB_GIVEN_XLA_FLAGS",
+                                                             "DEQLAB_TEST_XLA_DEFAULTS", "PYTEST_ADDOPTS")}
+    # two xdist workers, as `make test` runs (the workers inherit the controller's environment)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--rootdir", str(ROOT), "-c",
+         str(ROOT / "pyproject.toml"), "--nbmake", str(probe),
+         "tests/book/test_test_durations.py::test_stored_table_names_existing_tests"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
