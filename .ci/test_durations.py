@@ -1,21 +1,24 @@
-"""Write tests/slow.json from the JUnit reports of a full `make test`.
+"""Write tests/slow.json from the JUnit reports of a full `make test` and `make test-slow`.
 
 ``tests/slow.json`` holds the node ids of the unit tests that took at least ``SLOW_SECONDS`` in a
-report: tests/conftest.py marks them ``slow``, so that `make unit`, the quick inner loop, leaves
-them out (`make test`, `make unit-all` and CI run them). A test can also be marked slow in its
+report: tests/conftest.py marks them ``slow``, so that `make unit` and `make test` leave them out
+(`make test-slow`, `make unit-all` and CI run them). The reports of both `make test` and
+`make test-slow` are read: a slow test is in the second only, and slow.json made from the first
+alone would drop it. A test can also be marked slow in its
 file (``@pytest.mark.slow``, with the reason), which holds whatever was measured. (The script also
 wrote tests/durations.json, a test order by measured file time; pytest-xdist's `--dist worksteal`
 with the notebooks first replaced it: see tests/conftest.py.)
 
-It is generated, never edited. After a `make test` (which writes both passes' reports), from the
-repository root:
+It is generated, never edited. After a `make test` and a `make test-slow` (which write their two
+passes' reports), from the repository root:
 
-    python .ci/test_durations.py               # slow.json from _build/reports/tests{,-float64}.xml
+    python .ci/test_durations.py      # slow.json from _build/reports/tests{,-float64,-slow,-slow-float64}.xml
 
-The times must be those of `make test` on the 2-core machine from a cold compilation cache: two
-workers, the notebooks running beside the unit tests, every program compiled (compilation is most
+The times must be those of `make test` and `make test-slow` on the 2-core machine from a cold
+compilation cache: two workers, in `make test` the notebooks running beside the unit tests (the slow
+tier runs without them, so its times are lower bounds of what they would be there), every program compiled (compilation is most
 of a small test's time, and the first test of a file pays for the programs the next ones reuse).
-A fresh clone is cold (`.ci/run` there with ``DEQLAB_CI_COLD=1``, or `make test` with
+A fresh clone is cold (`.ci/run` there with ``DEQLAB_CI_COLD=1``, or the two targets with
 JAX_COMPILATION_CACHE_DIR pointing at an empty folder); the GitHub workflow restores `.jax_cache`,
 so its reports are warm: do not use them, since on a warm cache tests that compile a lot look fast.
 """
@@ -33,6 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: `make unit` ran 2,056 of 2,382 unit tests in 311 s from a cold cache (125 s warm), against 668 s
 #: for the 2,204 of the previous `make unit` (marks in the files only, one pass).
 SLOW_SECONDS = 3.0
+
+#: The JUnit reports of `make test` (the quick tier and the notebooks, then its float64 pass) and of
+#: `make test-slow` (the slow tier, both passes), in _build/reports.
+REPORTS = ("tests.xml", "tests-float64.xml", "tests-slow.xml", "tests-slow-float64.xml")
 
 
 def file_of(classname: str) -> tuple[str, list[str]] | None:
@@ -104,14 +111,14 @@ def _write(path: Path, value) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", nargs="*", default=[str(ROOT / "_build" / "reports" / name) for name in
-                                                           ("tests.xml", "tests-float64.xml")],
-                        help="JUnit XML reports of one full `make test`, both passes (default: the two "
-                             "that `make test` writes into _build/reports)")
+                                                           REPORTS],
+                        help="JUnit XML reports of one `make test` and one `make test-slow`, both passes of "
+                             "each (default: the four they write into _build/reports)")
     parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of slow.json")
     args = parser.parse_args(argv)
     missing = [r for r in args.reports if not Path(r).is_file()]
     if missing:
-        parser.error(f"no such report: {', '.join(missing)} (run `make test` first)")
+        parser.error(f"no such report: {', '.join(missing)} (run `make test` and `make test-slow` first)")
     out = Path(args.out)
     if not out.is_dir():
         parser.error(f"--out: no such folder: {out}")
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if not slow:  # never [] over the stored table: every unit test would go back into `make unit` unmarked
         parser.error(f"no unit test took at least {SLOW_SECONDS:g} s in {', '.join(args.reports)}: not the reports "
-                     "of a full cold `make test` (see the docstring); slow.json left as it was")
+                     "of a full cold `make test` and `make test-slow` (see the docstring); slow.json left as it was")
     _write(out / "slow.json", slow)
     print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "
           "marked slow", file=sys.stderr)
