@@ -23,6 +23,13 @@ notebook is
 - left to ``auto`` otherwise (notebooks as committed have no outputs, so a build of a fresh clone
   executes every notebook exactly once).
 
+Why not myst-nb's own ``execute_notebooks: cache`` (issue 39 item 7 asked): it does a different
+job. Its store, jupyter-cache (1.0.1 with myst-nb 1.4.0), keys a notebook by its code cells and
+metadata alone (``create_hashable_nb``), so an edit of ``deqlab`` or another ``DEQLAB_SCALE`` would
+render stale outputs; and it executes into its own database, so it cannot take the outputs that
+``make test`` (nbmake) has just produced: ``make book`` would execute all 31 notebooks a second
+time (1,249 worker-seconds in the last cold ``make test``, about 10 minutes of CI on two cores).
+
 Cells tagged ``skip-execution`` are ignored. A notebook that chose its own execution mode, or a
 build with another mode than ``auto``, is left alone. The extension also sets
 ``DEQLAB_BOOK_BUILD=1`` (see :func:`deqlab.lab.experiments.config.glue`) for the kernels it starts.
