@@ -3,7 +3,7 @@
 #
 #   make book   # create .venv, install deqlab[book,test], build the book (executing notebooks)
 #   make test   # create .venv if needed, run the quick tier of the unit tests + every notebook under book/
-#   make test-slow  # the slow tier of the unit tests (CI runs it after make test)
+#               # (make test TIER=all: every unit test, slow ones included, as CI runs it)
 #   make unit   # quick unit tests (not slow: see tests/slow.json; ~6 min on 2 cores cold, 3 warm), no notebooks
 #   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
 #   make student-edition  # the notebooks without solutions, reader's code stubbed, into _build/student
@@ -12,7 +12,8 @@
 #
 # Variables: PYTHON (interpreter used to create the venv, default python3), VENV (default .venv;
 # point it at an existing environment with `make test VENV=/path/to/venv`), JOBS (pytest-xdist
-# workers, default 2). DEQLAB_SCALE (quick|medium|full, default quick) is passed through to notebooks.
+# workers, default 2), TIER (quick or all: the unit tests `make test` runs, default quick).
+# DEQLAB_SCALE (quick|medium|full, default quick) is passed through to notebooks.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -34,13 +35,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 STAMP := $(VENV)/.deqlab-installed
 BLAS1 := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install test test-slow unit unit-all test-profile lint book pdf tex-check site-check student-edition instructor-key colab-edition clean distclean strip dry-runs power-analysis medium help
+.PHONY: install test unit unit-all test-profile lint book pdf tex-check site-check student-edition instructor-key colab-edition clean distclean strip dry-runs power-analysis medium help
 
 help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
-	@echo "make test     the quick tier of the unit tests (not slow) + every notebook in book/ (outputs written back)"
-	@echo "make test-slow  the slow tier of the unit tests (CI runs it after make test; make test + make test-slow"
-	@echo "              run every test)"
+	@echo "make test     the quick tier of the unit tests (not slow) + every notebook in book/ (outputs written back);"
+	@echo "              make test TIER=all: every unit test, slow ones included (what CI runs)"
 	@echo "make unit     quick unit tests: tests/ without the slow ones (about 6 min cold, 3 warm)"
 	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
 	@echo "make test-profile  every unit test on an empty compilation cache; the programs each compiles,"
@@ -75,8 +75,10 @@ $(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 	@touch $@
 
 # The quick tier of the unit tests (those `make unit` runs: not marked slow) and nbmake over every
-# notebook in book/: the README's test command (issue 39's decision; `make test-slow` below runs the
-# rest, and CI runs both). --overwrite writes the executed notebooks
+# notebook in book/: the README's test command (issue 39's decision). TIER=all selects every unit
+# test instead, slow ones included, in the same session as the notebooks: CI runs it so (the long
+# slow tests then run beside the notebooks; as a second session after `make test` they added 116 s
+# to CI's test phase, measured on 8cf23de). --overwrite writes the executed notebooks
 # back, so a following `make book` renders them without executing them again. Outputs stay in the
 # working tree: run `make strip` before committing (tests/book/test_notebooks_clean.py checks git).
 # One BLAS thread per pytest worker: with JOBS workers on as many cores, multithreaded OpenBLAS
@@ -95,29 +97,29 @@ NOTEBOOKS = $(shell find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*
 # The execution report of the book (book/execution.md, book/_ext/execution_report.py) is made from
 # this run: pytest's JUnit XML (a time and status per notebook) and run.json (scale, start, workers).
 REPORTS := _build/reports
+TIER ?= quick
+ifeq ($(TIER),quick)
+TEST_SELECTION := not slow and not float64
+TEST_SELECTION_64 := float64 and not slow
+else ifeq ($(TIER),all)
+TEST_SELECTION := not float64
+TEST_SELECTION_64 := float64
+else
+$(error TIER must be quick (the unit tests not marked slow, the default) or all (every unit test), got '$(TIER)')
+endif
 test: install
 	@mkdir -p $(REPORTS)
 	@printf '{"scale": "%s", "started": "%s", "workers": %s, "deqlab": "%s"}\n' "$${DEQLAB_SCALE:-quick}" \
 	  "$$(date -u +'%Y-%m-%d %H:%M UTC')" "$(JOBS)" "$$($(BIN)/python -c 'import deqlab; print(deqlab.__version__)')" > $(REPORTS)/run.json
-	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests book -m "not slow and not float64" --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
+	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests book -m "$(TEST_SELECTION)" --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
 	status=$$?; $(BIN)/python book/_ext/executed_notebooks.py stamp $(NOTEBOOKS) > /dev/null; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "float64 and not slow" --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \
-	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
-
-# The slow tier (issue 39): the unit tests that `make test` and `make unit` leave out, in the same two
-# passes, each with its JUnit report (.ci/test_durations.py reads them beside make test's).
-# `make test` then `make test-slow` run every test, as CI does.
-test-slow: install
-	@mkdir -p $(REPORTS)
-	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "slow and not float64" --durations=25 --junitxml=$(REPORTS)/tests-slow.xml; \
-	status=$$?; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "float64 and slow" --durations=15 --junitxml=$(REPORTS)/tests-slow-float64.xml; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "$(TEST_SELECTION_64)" --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 # The quick inner loop: tests marked slow are deselected, those marked in their files and those
-# that took 3 s or more in the last measured `make test` and `make test-slow` (tests/slow.json, generated by
-# .ci/test_durations.py; tests/conftest.py adds the mark). `make test-slow` runs them (after
-# `make test` in CI), and `make unit-all` runs every unit test. Both run in the two passes of `make test`, so that no worker
+# that took 3 s or more in the last measured `make test TIER=all` (tests/slow.json, generated by
+# .ci/test_durations.py; tests/conftest.py adds the mark). `make test TIER=all` (and so CI) and
+# `make unit-all` run every test. Both run in the two passes of `make test`, so that no worker
 # switches JAX's x64 mode (see above).
 unit: install
 	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not slow and not float64" --durations=10; \

@@ -1,24 +1,22 @@
-"""Write tests/slow.json from the JUnit reports of a full `make test` and `make test-slow`.
+"""Write tests/slow.json from the JUnit reports of a `make test TIER=all` (every unit test).
 
 ``tests/slow.json`` holds the node ids of the unit tests that took at least ``SLOW_SECONDS`` in a
-report: tests/conftest.py marks them ``slow``, so that `make unit` and `make test` leave them out
-(`make test-slow`, `make unit-all` and CI run them). The reports of both `make test` and
-`make test-slow` are read: a slow test is in the second only, and slow.json made from the first
-alone would drop it. A test can also be marked slow in its
+report: tests/conftest.py marks them ``slow``, so that `make unit`, the quick inner loop, leaves
+them out, as does `make test` (`make test TIER=all`, `make unit-all` and CI run them). A test can also be marked slow in its
 file (``@pytest.mark.slow``, with the reason), which holds whatever was measured. (The script also
 wrote tests/durations.json, a test order by measured file time; pytest-xdist's `--dist worksteal`
 with the notebooks first replaced it: see tests/conftest.py.)
 
-It is generated, never edited. After a `make test` and a `make test-slow` (which write their two
-passes' reports), from the repository root:
+It is generated, never edited. After a `make test TIER=all` (which writes both passes' reports; a
+plain `make test` leaves the slow tests out, and a table made from its reports would drop them), from the
+repository root:
 
-    python .ci/test_durations.py      # slow.json from _build/reports/tests{,-float64,-slow,-slow-float64}.xml
+    python .ci/test_durations.py               # slow.json from _build/reports/tests{,-float64}.xml
 
-The times must be those of `make test` and `make test-slow` on the 2-core machine from a cold
-compilation cache: two workers, in `make test` the notebooks running beside the unit tests (the slow
-tier runs without them, so its times are lower bounds of what they would be there), every program compiled (compilation is most
+The times must be those of `make test TIER=all` on the 2-core machine from a cold compilation cache: two
+workers, the notebooks running beside the unit tests, every program compiled (compilation is most
 of a small test's time, and the first test of a file pays for the programs the next ones reuse).
-A fresh clone is cold (`.ci/run` there with ``DEQLAB_CI_COLD=1``, or the two targets with
+A fresh clone is cold (`.ci/run` there with ``DEQLAB_CI_COLD=1``, or `make test TIER=all` with
 JAX_COMPILATION_CACHE_DIR pointing at an empty folder); the GitHub workflow restores `.jax_cache`,
 so its reports are warm: do not use them, since on a warm cache tests that compile a lot look fast.
 """
@@ -31,23 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: A unit test that took at least this long in `make test` (two workers beside the notebooks,
+#: A unit test that took at least this long in `make test TIER=all` (two workers beside the notebooks,
 #: cold cache) is slow. Measured on the 2-core machine (issue 24; counts at the time): with it,
 #: `make unit` ran 2,056 of 2,382 unit tests in 311 s from a cold cache (125 s warm), against 668 s
 #: for the 2,204 of the previous `make unit` (marks in the files only, one pass).
 SLOW_SECONDS = 3.0
-
-#: A test in a report of the slow tier (a file named ``tests-slow*.xml``, what `make test-slow`
-#: writes) stays slow at half the threshold: that tier runs without the notebooks beside it, so its
-#: times are lower bounds of the times the threshold was set on (`make test`, two workers with the
-#: notebooks), and a test that took 1.5-3 s there would move back and forth between the tiers from
-#: one measurement to the next. Measured at 7a7ac53's regeneration: of the 220 tests slow before, 95
-#: took under 3 s alone (9 under 1 s, 14 from 1 to 1.5 s, 71 from 1.5 to 3 s; one no longer exists).
-SLOW_TIER_FRACTION = 0.5
-
-#: The JUnit reports of `make test` (the quick tier and the notebooks, then its float64 pass) and of
-#: `make test-slow` (the slow tier, both passes), in _build/reports.
-REPORTS = ("tests.xml", "tests-float64.xml", "tests-slow.xml", "tests-slow-float64.xml")
 
 
 def file_of(classname: str) -> tuple[str, list[str]] | None:
@@ -71,8 +57,7 @@ def file_of(classname: str) -> tuple[str, list[str]] | None:
 def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict[str, float], list[str]]:
     """(file -> seconds summed over every report, files under 0.05 s left out: the summary the
     script prints; the sorted node ids of the unit tests that took at least ``slow_seconds``) from
-    JUnit XML reports. In a report of the slow tier (file name ``tests-slow*.xml``) the threshold is
-    ``SLOW_TIER_FRACTION * slow_seconds`` (see there).
+    JUnit XML reports.
 
     Raises:
         ValueError: a report that is not JUnit XML, holds no test case (a run that stopped at
@@ -89,7 +74,6 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
         if not cases:
             raise ValueError(f"`{report}` holds no test case: not the report of a run")
         mapped = 0
-        threshold = slow_seconds * (SLOW_TIER_FRACTION if Path(report).name.startswith("tests-slow") else 1.0)
         for case in cases:
             found = file_of(case.get("classname", ""))
             if found is None:
@@ -101,7 +85,7 @@ def tables(reports: list[str], slow_seconds: float = SLOW_SECONDS) -> tuple[dict
             except ValueError as error:
                 raise ValueError(f"`{report}`: test time {case.get('time')!r} is not a number") from error
             seconds[path] = seconds.get(path, 0.0) + took
-            if path.endswith(".py") and took >= threshold:
+            if path.endswith(".py") and took >= slow_seconds:
                 slow.add("::".join([path, *classes, case.get("name", "")]))
         if not mapped:
             raise ValueError(f"`{report}`: none of its {len(cases)} test cases names a file under {ROOT} (first "
@@ -121,14 +105,14 @@ def _write(path: Path, value) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", nargs="*", default=[str(ROOT / "_build" / "reports" / name) for name in
-                                                           REPORTS],
-                        help="JUnit XML reports of one `make test` and one `make test-slow`, both passes of "
-                             "each (default: the four they write into _build/reports)")
+                                                           ("tests.xml", "tests-float64.xml")],
+                        help="JUnit XML reports of one `make test TIER=all`, both passes (default: the two "
+                             "that `make test` writes into _build/reports)")
     parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of slow.json")
     args = parser.parse_args(argv)
     missing = [r for r in args.reports if not Path(r).is_file()]
     if missing:
-        parser.error(f"no such report: {', '.join(missing)} (run `make test` and `make test-slow` first)")
+        parser.error(f"no such report: {', '.join(missing)} (run `make test TIER=all` first)")
     out = Path(args.out)
     if not out.is_dir():
         parser.error(f"--out: no such folder: {out}")
@@ -141,10 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if not slow:  # never [] over the stored table: every unit test would go back into `make unit` unmarked
         parser.error(f"no unit test took at least {SLOW_SECONDS:g} s in {', '.join(args.reports)}: not the reports "
-                     "of a full cold `make test` and `make test-slow` (see the docstring); slow.json left as it was")
+                     "of a cold `make test TIER=all` (see the docstring); slow.json left as it was")
     _write(out / "slow.json", slow)
     print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "
-          f"({SLOW_TIER_FRACTION * SLOW_SECONDS:g} s in the slow tier's reports) marked slow", file=sys.stderr)
+          "marked slow", file=sys.stderr)
 
 
 if __name__ == "__main__":

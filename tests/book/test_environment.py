@@ -193,6 +193,20 @@ def _make_recipes() -> dict[str, str]:
     return {name: "\n".join(lines) for name, lines in recipes.items()}
 
 
+def _make_dry_run(*arguments: str) -> list[str]:
+    """The pytest command lines `make -n ARGUMENTS` prints, variables expanded. The environment of an
+    enclosing make (CI runs these tests inside `make test TIER=all`, whose command-line variables
+    reach sub-makes through MAKEFLAGS) is left out, so only ARGUMENTS choose."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "TIER")}
+    out = subprocess.run(["make", "-n", *arguments], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [line for line in out.stdout.splitlines() if "python -m pytest" in line]
+
+
+def _selections(lines: list[str]) -> list[list[str]]:
+    return [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in lines]
+
+
 def _make_variable(name: str) -> str:
     m = re.search(rf"^{name}\s*[?:]?=\s*(.*)$", _makefile(), re.MULTILINE)
     assert m, f"Makefile does not set {name}"
@@ -221,15 +235,16 @@ def test_make_targets_in_readme_and_help_exist():
 
 def test_ci_runs_the_readme_test_command_after_install_and_lint():
     ci = _ci()
-    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "test-slow", "book",
-                                                                "colab-edition", "pdf"]
+    assert re.findall(r"^make (\w[\w-]*)", ci, re.MULTILINE) == ["install", "lint", "test", "book", "colab-edition", "pdf"]
+    # CI's test phase is the README's command with every unit test (TIER=all), in one session
+    assert re.search(r'^make test TIER=all PYTHON="\$PYTHON" JOBS="\$JOBS" ', ci, re.MULTILINE)
     assert re.search(r"^phase_site\(\) \{\n  make site-check ", ci, re.MULTILINE)  # run by `background`
     # the phases in the order they start: `begin PHASE` in the foreground, `background JOB PHASE...`
     # beside the others (each job awaited, with the same phases, before anything that needs them)
     phases = [p for begun, job in re.findall(r"^(?:begin (\S+)|background (.+))$", ci, re.MULTILINE)
               for p in ([begun] if begun else job.split()[1:])]
-    assert phases == ["install", "browser", "tex", "lint", "core", "floor-install", "test", "test-slow", "book", "colab",
-                      "site", "pdf", "floor-test"]
+    assert phases == ["install", "browser", "tex", "lint", "core", "floor-install", "test", "book", "colab", "site",
+                      "pdf", "floor-test"]
     jobs = re.findall(r"^background (.+)$", ci, re.MULTILINE)
     assert sorted(jobs) == sorted(re.findall(r"^await (.+)$", ci, re.MULTILINE)), jobs
     assert ci.index("await environments") < ci.index("begin floor-test")  # the floors' environment first
@@ -237,15 +252,14 @@ def test_ci_runs_the_readme_test_command_after_install_and_lint():
     # the numbered list in the header comment of .ci/run names the same phases in the same order
     assert re.findall(r"^#\s+\d+\.\s+(\S+)", ci, re.MULTILINE) == phases
     # README.md's set-up says `make test` is `pytest -n 2 --dist worksteal tests book -m "not slow and not
-    # float64" --nbmake --overwrite`, then the float64 pass, and that CI runs `make test-slow` after it
+    # float64" --nbmake --overwrite`, then the float64 pass, and what TIER=all (CI) selects instead
     readme = " ".join(_readme().split())
     assert '`pytest -n 2 --dist worksteal tests book -m "not slow and not float64" --nbmake --overwrite`' in readme
     assert '`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal tests -m "float64 and not slow"`' in readme
-    assert "`make test-slow`" in readme
-    assert _make_variable("JOBS") == "2"
-    test = _make_recipes()["test"]
-    assert re.search(r'-m pytest -n \$\(JOBS\) --dist worksteal tests book -m "not slow and not float64" --nbmake\b',
-                     test), test
+    assert "`make test TIER=all`" in readme and '`-m "not float64"` and `-m float64`' in readme
+    assert _make_variable("JOBS") == "2" and _make_variable("TIER") == "quick"
+    test = _make_dry_run("test", "TIER=quick")[0]
+    assert re.search(r'-m pytest -n 2 --dist worksteal tests book -m "not slow and not float64" --nbmake\b', test), test
     assert "--overwrite" in test
     assert "make lint" in readme and "`.ci/run`" in readme
 
@@ -264,22 +278,24 @@ def test_slow_tests_are_left_out_of_make_unit_only():
         assert chosen == expected, (target, chosen)
         assert runs[1].lstrip().startswith("JAX_ENABLE_X64=1 "), runs
         assert "$$status -eq 0" in recipes[target] and "$$status64 -eq 0" in recipes[target], target
-    # `make test` (the README's command, CI's test phase) runs the quick tier in two passes, `-m "not
-    # slow and not float64"` (with the notebooks), then `-m "float64 and not slow"` with x64 on from the
-    # start; `make test-slow` (CI's next phase) the slow tier in the same two passes; together they
-    # select every test (issue 39's decision), and each fails when either of its passes fails. The
-    # floor phase runs the quick tier (the selections of `make unit`) and every notebook's blank
-    # student edition, written just before (issue 41): the slow tests run once, in the main phase.
-    for target, expected in (("test", [['"not slow and not float64"'], ['"float64 and not slow"']]),
-                             ("test-slow", [['"slow and not float64"'], ['"float64 and slow"']])):
-        passes = [line for line in recipes[target].splitlines() if "python -m pytest" in line]
+    # `make test` (the README's command) runs the quick tier in two passes, `-m "not slow and not
+    # float64"` (with the notebooks), then `-m "float64 and not slow"` with x64 on from the start;
+    # `make test TIER=all` (CI's test phase) every test in the same two passes, which together select
+    # everything (issue 39's decision); another TIER is an error naming the valid ones; `make test`
+    # fails when either pass fails. The floor phase runs the quick tier (the selections of `make
+    # unit`) and every notebook's blank student edition, written just before (issue 41): the slow
+    # tests run once, in the main phase.
+    for tier, expected in (("quick", [['"not slow and not float64"'], ['"float64 and not slow"']]),
+                           ("all", [['"not float64"'], ['"float64"']])):
+        passes = _make_dry_run("test", f"TIER={tier}")
         assert len(passes) == 2, passes
-        chosen = [re.findall(r" -m (\"[^\"]*\"|\S+)", line.replace("python -m pytest", "")) for line in passes]
-        assert chosen == expected, (target, chosen)
-        assert ("--nbmake" in passes[0]) == (target == "test"), passes
+        assert _selections(passes) == expected, (tier, passes)
+        assert "--nbmake" in passes[0] and "--nbmake" not in passes[1], passes
         assert passes[1].lstrip().startswith("JAX_ENABLE_X64=1 "), passes
-        assert "$$status -eq 0" in recipes[target] and "$$status64 -eq 0" in recipes[target], target
-        assert all(re.search(r"--junitxml=\$\(REPORTS\)/tests(-slow)?(-float64)?\.xml", line) for line in passes), passes
+    wrong = subprocess.run(["make", "-n", "test", "TIER=slow"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")})
+    assert wrong.returncode != 0 and "TIER must be quick" in wrong.stderr and "got 'slow'" in wrong.stderr, wrong.stderr
+    assert "$$status -eq 0" in recipes["test"] and "$$status64 -eq 0" in recipes["test"]
     block = _ci().split("begin floor-test", 1)[1].split("\nend", 1)[0].replace("\\\n", " ")
     floor = [line for line in block.splitlines() if ".venv-floor/bin/python -m pytest" in line]
     assert len(floor) == 2 and ' tests "$STUDENT_FLOOR" ' in floor[0] and " tests -m " in floor[1], floor

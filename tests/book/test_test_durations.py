@@ -60,33 +60,19 @@ def test_tables_sum_files_over_both_passes_and_list_tests_at_the_threshold(repos
                     "tests/test_b.py::TestModes::test_in_a_class"]
 
 
-def test_the_slow_tiers_reports_keep_a_test_slow_at_half_the_threshold(repository):
-    """`make test-slow` runs the slow tier without the notebooks beside it: a test there stays slow
-    from SLOW_TIER_FRACTION of the threshold on (1.5 s at 3 s), so that it does not leave the tier for
-    having run faster apart; `make test`'s reports keep the full threshold."""
-    (repository / "tests-slow.xml").write_text(PASS_2.replace('time="1.2"', 'time="1.5"'))
-    (repository / "tests-slow-float64.xml").write_text(PASS_2.replace('time="1.2"', 'time="1.49"').replace(
-        "test_in_float64", "test_apart"))
-    (repository / "quick.xml").write_text(PASS_2.replace('time="1.2"', 'time="2.9"'))
-    _, slow = durations.tables([str(repository / name) for name in
-                                ("tests-slow.xml", "tests-slow-float64.xml", "quick.xml")], slow_seconds=3.0)
-    assert slow == ["tests/test_a.py::test_in_float64"], slow
-    assert durations.SLOW_TIER_FRACTION == 0.5
-
-
 def test_main_writes_the_slow_table_and_refuses_bad_reports(repository, capsys):
     out = repository / "out"
     out.mkdir()
     durations.main([str(repository / "tests.xml"), str(repository / "tests-float64.xml"), "--out", str(out)])
     assert len(json.loads((out / "slow.json").read_text())) == 4
     assert sorted(p.name for p in out.iterdir()) == ["slow.json"]  # no test order is written any more
-    assert "4 files, 63 s; 4 tests of at least 3 s (1.5 s in the slow tier's reports) marked slow" in capsys.readouterr().err
+    assert "4 files, 63 s; 4 tests of at least 3 s marked slow" in capsys.readouterr().err
     (repository / "broken.xml").write_text("<testsuites><testcase")
     (repository / "odd.xml").write_text('<testsuites><testcase classname="tests.test_a" name="t" time="x"/>'
                                         "</testsuites>")
     (repository / "empty.xml").write_text("<testsuites><testsuite/></testsuites>")
     for argv, message in (
-        ([str(repository / "missing.xml")], "no such report: .*missing.xml .run `make test` and `make test-slow` first"),
+        ([str(repository / "missing.xml")], "no such report: .*missing.xml .run `make test TIER=all` first"),
         ([str(repository / "tests.xml"), "--out", str(repository / "nowhere")], "--out: no such folder"),
         ([str(repository / "broken.xml")], "broken.xml` is not a JUnit XML report"),
         ([str(repository / "odd.xml")], "test time 'x' is not a number"),
@@ -96,13 +82,10 @@ def test_main_writes_the_slow_table_and_refuses_bad_reports(repository, capsys):
             durations.main([*argv, "--out", str(out)] if "--out" not in argv else argv)
         assert exit_info.value.code == 2
         assert re.search(message, capsys.readouterr().err), message
-    # with no report named, the four that `make test` and `make test-slow` write into _build/reports (a
-    # slow test is only in the second's: a table made from `make test`'s alone would drop it)
+    # with no report named, the two that `make test` writes into _build/reports
     with pytest.raises(SystemExit):
         durations.main(["--out", str(out)])
-    err = capsys.readouterr().err
-    assert all(f"_build/reports/{name}" in err for name in
-               ("tests.xml", "tests-float64.xml", "tests-slow.xml", "tests-slow-float64.xml")), err
+    assert "_build/reports/tests.xml" in capsys.readouterr().err
 
 
 FOREIGN = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
