@@ -76,9 +76,10 @@ $(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 
 # The quick tier of the unit tests (those `make unit` runs: not marked slow) and nbmake over every
 # notebook in book/: the README's test command (issue 39's decision). TIER=all selects every unit
-# test instead, slow ones included, in the same session as the notebooks: CI runs it so (the long
-# slow tests then run beside the notebooks; as a second session after `make test` they added 116 s
-# to CI's test phase, measured on 8cf23de). --overwrite writes the executed notebooks
+# test instead, slow ones included, in the same session as the notebooks: CI runs it so, one
+# target for every test (a second target for the slow tier, run after `make test`, measured no
+# faster in CI: 930 + 487 s on 8cf23de against 1,480 s in one session on 7875bf0 and 1,301 s on
+# fbbee20, a spread run-to-run noise covers). --overwrite writes the executed notebooks
 # back, so a following `make book` renders them without executing them again. Outputs stay in the
 # working tree: run `make strip` before committing (tests/book/test_notebooks_clean.py checks git).
 # One BLAS thread per pytest worker: with JOBS workers on as many cores, multithreaded OpenBLAS
