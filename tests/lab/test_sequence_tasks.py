@@ -324,8 +324,9 @@ def test_copy_memory_jacobian_penalty_stops_the_gradient_at_z_star():
 def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
     """`language_model.diagonal_blocks` (width JVPs per sequence, only each position's own key and value
     free) gives every diagonal block of the dense causal Jacobian (T * width JVPs), for 003's code's layer
-    and its printed one, as does `initialisation.causal_diagonal_blocks` (any causal map), and so the exact
-    spectral radius: `initialisation.block_radius` of the blocks equals the dense Jacobian's."""
+    and its printed one, as does `initialisation.causal_diagonal_blocks` (any causal map; given the cell itself,
+    by the diagonal path), and so the exact spectral radius: `initialisation.block_radius` of the blocks equals
+    the dense Jacobian's."""
     from flax import nnx
 
     from deqlab import nn
@@ -340,9 +341,13 @@ def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
         np.testing.assert_allclose(blocks[:, t], dense[:, t, :, t, :], atol=1e-5)
     dense_radius = np.abs(np.linalg.eigvals(dense.reshape(2, 40, 40).astype(np.float64))).max(axis=1)
     np.testing.assert_allclose(initialisation.block_radius(blocks), dense_radius, rtol=1e-4)
-    # the generic builder for any causal map (chapter 5 page 6's, T * width JVPs) gives the same blocks
-    generic = initialisation.causal_diagonal_blocks(cell, z, x)
+    # the generic builder for any causal map (T * width JVPs) gives the same blocks; given the cell itself
+    # (chapter 5 pages 5 and 6) it takes the diagonal path (width JVPs), checked here against the dense blocks
+    generic = initialisation.causal_diagonal_blocks(lambda z, x: cell(z, x), z, x)
     np.testing.assert_allclose(generic, blocks, atol=1e-5)
+    from_cell = initialisation.causal_diagonal_blocks(cell, z, x)
+    for t in range(5):
+        np.testing.assert_allclose(from_cell[:, t], dense[:, t, :, t, :], atol=1e-5)
 
 
 def test_equilibrium_statistics_reports_each_sequences_convergence():

@@ -388,10 +388,13 @@ def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int 
             iteration approaches the radius from below, and slowly where several eigenvalues lie
             near it in modulus (chapter 5's transformer cell: a few per cent low after 30 steps).
         exact_radius: True: also ``radius_exact``, the exact spectral radius at the same last
-            iterates, from the eigenvalues of the dense Jacobian's diagonal blocks
-            (:func:`deqlab.lab.experiments.sequence.weight_tied.linearisation`; exact for a causal
-            cell, whose Jacobian is block lower triangular). It costs ``T * width`` Jacobian-vector
-            products per sequence: seconds for 64 sequences of 32 x 32 on a CPU.
+            iterates, from the eigenvalues of the Jacobian's diagonal blocks (exact for a causal
+            cell, whose Jacobian is block lower triangular): ``width`` Jacobian-vector products per
+            sequence for a transformer cell
+            (:func:`deqlab.lab.experiments.sequence.language_model.diagonal_blocks`),
+            ``T * width`` for another cell, whose dense Jacobian is formed
+            (:func:`deqlab.lab.experiments.sequence.weight_tied.linearisation`; seconds for 64
+            sequences of 32 x 32 on a CPU).
 
     Returns:
         ``{"steps": (batch,) iterations, "converged": (batch,) bool}`` and, with ``radius_steps``,
@@ -430,9 +433,14 @@ def solver_counts(model: LanguageModel, tokens: jax.Array, *, radius_steps: int 
     if radius_steps:
         out["radius"] = np.asarray(radius)
     if exact_radius:
-        from deqlab.lab.experiments.sequence import weight_tied
+        from deqlab.lab.experiments.sequence import initialisation, language_model, weight_tied
 
-        out["radius_exact"] = weight_tied.linearisation(model.block.cell, z, x, singular_values=False)["radius"]
+        cell = model.block.cell
+        if isinstance(cell, TransformerCell):
+            blocks = language_model.diagonal_blocks(cell, z, x)[1]
+            out["radius_exact"] = initialisation.block_radius(jax.device_get(blocks))
+        else:
+            out["radius_exact"] = weight_tied.linearisation(cell, z, x, singular_values=False)["radius"]
     return out
 
 

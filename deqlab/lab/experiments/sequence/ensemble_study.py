@@ -400,8 +400,8 @@ def _program(key_items: tuple, vocab: int, square: bool):
         out = {"budget_converged_fraction": stats["converged_fraction"], "converged": sol.converged,
                "hidden_variance": jnp.mean(jnp.square(h), axis=(-2, -1))}
         if exact:  # eigenvalues of the diagonal blocks, on the host (train_seeds)
-            out["blocks"] = causal_diagonal_blocks(f, z_eq, x)
-            out["iterate_blocks"] = causal_diagonal_blocks(f, z, x)
+            out["blocks"] = causal_diagonal_blocks(cell, z_eq, x)  # the cell itself: width JVPs per sequence
+            out["iterate_blocks"] = causal_diagonal_blocks(cell, z, x)
         else:
             key = jax.random.wrap_key_data(key_data)
             out["radius"] = spectral_radius(f, z_eq, x, key=key, steps=RADIUS_STEPS, batch_axis=0)

@@ -355,14 +355,19 @@ def causal_diagonal_blocks(f: Callable[[jax.Array, jax.Array], jax.Array], z: ja
     position ``t`` does not depend on ``z_s`` for ``s > t`` (a causal transformer cell), the
     Jacobian of one sequence is block lower triangular over positions, so its eigenvalues are those
     of the ``length`` diagonal blocks: :func:`block_radius` of the result is the exact spectral
-    radius. The blocks are formed with ``jax.jacfwd`` (``length * width`` JVPs per sequence), in row
-    convention: ``blocks[b, t, i, j] = d f(z, x)[b, t, i] / d z[b, t, j]``. Traceable (``jit``,
-    ``vmap``); the causality itself is not checked here (``tests/lab/test_sequence_initialisation.py``
-    compares the result with the eigenvalues of the full Jacobian of a ``TransformerCell``).
+    radius. The blocks are in row convention, ``blocks[b, t, i, j] = d f(z, x)[b, t, i] / d z[b, t, j]``,
+    formed with ``jax.jacfwd`` (``length * width`` JVPs per sequence) for a general map, and with
+    ``width`` JVPs per sequence when ``f`` is a :class:`deqlab.nn.TransformerCell` itself (each
+    position's own key and value left free, the others held:
+    :func:`deqlab.lab.experiments.sequence.language_model.diagonal_blocks`, the same blocks to
+    float32 rounding, ``length`` times fewer JVPs). Traceable (``jit``, ``vmap``); the causality
+    of a general map is not checked here (``tests/lab/test_sequence_initialisation.py`` compares
+    the result with the eigenvalues of the full Jacobian of a ``TransformerCell``).
 
     Args:
         f: the map, called on one sequence as ``f(z[None], x[None])[0]``, returning an array of the
-            shape of ``z[None]``.
+            shape of ``z[None]``; or a :class:`deqlab.nn.TransformerCell`, called as ``f(z, x)``
+            (without dropout masks).
         z: the point, ``(batch, length, width)``.
         x: the input, ``(batch, length, in_features)``.
 
@@ -384,6 +389,12 @@ def causal_diagonal_blocks(f: Callable[[jax.Array, jax.Array], jax.Array], z: ja
     if jnp.ndim(z) != 3 or jnp.ndim(x) != 3 or jnp.shape(z)[:2] != jnp.shape(x)[:2]:
         raise checks.fail("z", "an array (batch, length, width) with x's (batch, length)",
                           (jnp.shape(z), jnp.shape(x)), where)
+    from deqlab.nn import TransformerCell
+
+    if isinstance(f, TransformerCell):
+        from deqlab.lab.experiments.sequence.language_model import _blocks
+
+        return _blocks(f, z, x)[1]
     length = z.shape[-2]
 
     def one(z1, x1):
@@ -444,7 +455,7 @@ def _cell_program(graphdef: Any, config: Any, steps: int | None, seed: int) -> C
                "residual_trace": result.stats.residual_trace.T, "solver_steps": result.stats.steps,
                "hidden_variance": jnp.mean(pre**2, axis=(-2, -1))}
         if steps is None:
-            out["cell_blocks"] = causal_diagonal_blocks(f, z, x)  # d f_t / d z_t, (batch, length, width, width)
+            out["cell_blocks"] = causal_diagonal_blocks(cell, z, x)  # d f_t / d z_t, (batch, length, width, width)
             # row vectors: the block at position t maps da to da W1 D_t W2
             out["ff_blocks"] = jnp.einsum("ih,bth,hj->btij", w1, (pre > 0).astype(w1.dtype), w2)
         else:
