@@ -79,6 +79,19 @@ def test_resume_after_interruption_is_identical(tmp_path):
         np.testing.assert_array_equal(resumed[k], full[k], err_msg=k)
 
 
+def test_checkpoints_are_written_once_checkpoint_seconds_have_passed(tmp_path, monkeypatch):
+    """`train_seeds` saves after a chunk once `CHECKPOINT_SECONDS` have passed since the last save, and
+    never after the last chunk (the caller stores the result): none in a run shorter than the default
+    minute (this one takes seconds), every chunk but the last at 0 s."""
+    from deqlab.lab.experiments.sweep import Checkpoints
+
+    es.train_seeds("gaussian", 1.0, [0], TINY, checkpoint_dir=tmp_path / "default")
+    assert Checkpoints(tmp_path / "default").all_steps() == []
+    monkeypatch.setattr(es, "CHECKPOINT_SECONDS", 0.0)
+    es.train_seeds("gaussian", 1.0, [0], TINY, checkpoint_dir=tmp_path / "every")  # two chunks: saved after the first
+    assert Checkpoints(tmp_path / "every").all_steps() == [TINY["steps"] // TINY["eval_every"] - 2]
+
+
 def test_sweep_resumes_and_does_not_retrain_finished_rows(tmp_path, monkeypatch):
     calls = []
     real = es.train_seeds
