@@ -311,9 +311,10 @@ differed from those at 1e-5 by up to 0.14 (measured, Gaussian, sqrt(V) = 1), so 
 
 EXACT_RADIUS_SIZE = 4096
 """The probe forms the diagonal Jacobian blocks (exact radii,
-:func:`deqlab.lab.experiments.sequence.initialisation.causal_diagonal_blocks`) when
-``context * width`` is at most this (``context * width`` JVPs per sequence); above it (the full
-scale) it estimates them by power iteration with :data:`RADIUS_STEPS` steps."""
+:func:`deqlab.lab.experiments.sequence.initialisation.causal_diagonal_blocks` given the cell:
+``width`` JVPs per sequence, and ``context * width**2`` numbers per sequence, their eigenvalues
+taken on the host) when ``context * width`` is at most this; above it (the full scale) it estimates
+them by power iteration with :data:`RADIUS_STEPS` steps."""
 
 RADIUS_STEPS = 200
 """Power-iteration steps of the probe's radii above :data:`EXACT_RADIUS_SIZE`
