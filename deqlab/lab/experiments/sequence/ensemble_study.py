@@ -86,9 +86,9 @@ pre-activations ``h = a W1 + b1`` at the probe's iterates (``hidden_variance``;
 
 **Sweeps.** :func:`run_study` runs every (ensemble, sqrt(V)) through the resumable
 :func:`deqlab.lab.experiments.sweep.run_sweep` (one stored file per configuration) with orbax
-checkpoints after an evaluation once :data:`CHECKPOINT_SECONDS` of training have passed since the
-last one, so an interrupted study resumes at the last checkpointed evaluation of the unfinished
-configuration. :func:`summarize` reduces the rows to 001 Table 1.
+checkpoints after an evaluation once :data:`CHECKPOINT_SECONDS` have passed since the last one, so
+an interrupted study resumes at the last checkpointed evaluation of the unfinished configuration (or
+at its start, if none was written yet: at the quick scale a configuration trains in seconds). :func:`summarize` reduces the rows to 001 Table 1.
 
 **Claims.** :func:`check_claims` tests each claim of 001 §4.3 over seeds, the independent units
 (a seed's nine runs share everything but the feed-forward matrices): Monte Carlo permutation tests
@@ -289,10 +289,12 @@ def _optimizer(o: dict):
 
 
 CHECKPOINT_SECONDS = 60.0
-"""Seconds of training between two checkpoints of :func:`train_seeds` (with a ``checkpoint_dir``):
-it saves after the first evaluation chunk that ends this long after the last save (or after the call
-began), and when ``stop_after`` ends the call. An interruption loses at most about this much
-training, and a short run does not spend its time writing: at the quick scale, where a chunk takes
+"""Seconds of wall time in :func:`train_seeds`'s training loop (evaluations included) between two
+of its checkpoints (with a ``checkpoint_dir``): it saves after the first evaluation chunk that ends
+this long after the last save (or after the loop began), and when ``stop_after`` ends the call.
+An interruption loses the training since the last save, at most about this much plus one chunk
+(where a chunk takes longer, as at the full scale, every chunk but the last is saved), and a short
+run does not spend its time writing: at the quick scale, where a chunk takes
 a fraction of a second, a save after every chunk (72 orbax saves, each waited for until on disk)
 made the compiled study take 44.6 s and 42.4 s against 36.4 s (2-core machine, one process)."""
 
@@ -504,11 +506,12 @@ def train_seeds(ensemble: str, sqrt_v: float, seeds: Sequence[int], config: dict
         seeds: distinct integers >= 0; seed s sets the initialisation (the batches are shared).
         config: the options (:func:`study_config`; default: the current scale's).
         checkpoint_dir: orbax checkpoints after an evaluation, once :data:`CHECKPOINT_SECONDS` have
-            passed since the last one (or since the call began; never after the last, whose result
-            the caller stores); a rerun resumes from the newest.
+            passed since the last one (or since the training loop began; never after the last
+            chunk, whose result the caller stores); a rerun resumes from the newest.
         mesh: a :func:`deqlab.nn.data_mesh`; the batch is sharded over it, parameters replicated.
         stop_after: stop after this many evaluation chunks of this call, with a checkpoint and no
-            result (returns None): a simulated interruption.
+            result (returns None): a simulated interruption (when it falls before the last chunk;
+            otherwise the call finishes normally).
         progress: tqdm bar over the chunks.
 
     Returns:

@@ -355,14 +355,15 @@ def causal_diagonal_blocks(f: Callable[[jax.Array, jax.Array], jax.Array], z: ja
     position ``t`` does not depend on ``z_s`` for ``s > t`` (a causal transformer cell), the
     Jacobian of one sequence is block lower triangular over positions, so its eigenvalues are those
     of the ``length`` diagonal blocks: :func:`block_radius` of the result is the exact spectral
-    radius. The blocks are in row convention, ``blocks[b, t, i, j] = d f(z, x)[b, t, i] / d z[b, t, j]``,
-    formed with ``jax.jacfwd`` (``length * width`` JVPs per sequence) for a general map, and with
+    radius. The blocks are laid out output by input, ``blocks[b, t, i, j] = d f(z, x)[b, t, i] / d z[b, t, j]``
+    (the transpose of the row-vector block of ``df = dz J``, with the same eigenvalues), formed with ``jax.jacfwd`` (``length * width`` JVPs per sequence) for a general map, and with
     ``width`` JVPs per sequence when ``f`` is a :class:`deqlab.nn.TransformerCell` itself (each
     position's own key and value left free, the others held:
     :func:`deqlab.lab.experiments.sequence.language_model.diagonal_blocks`, the same blocks to
     float32 rounding, ``length`` times fewer JVPs). Traceable (``jit``, ``vmap``); the causality
-    of a general map is not checked here (``tests/lab/test_sequence_initialisation.py`` compares
-    the result with the eigenvalues of the full Jacobian of a ``TransformerCell``).
+    of a general map is not checked here (``tests/lab/test_sequence_tasks.py`` compares both paths
+    with the dense Jacobian's blocks, ``tests/lab/test_sequence_initialisation.py`` the radii of
+    :func:`cell_at_init` with the full Jacobian's eigenvalues).
 
     Args:
         f: the map, called on one sequence as ``f(z[None], x[None])[0]``, returning an array of the
@@ -494,9 +495,10 @@ def cell_at_init(ensemble: str, scales: Sequence[float], x: jax.Array, *, width:
 
     With ``steps=None`` both are exact: the cell is causal, so its Jacobian is block lower
     triangular over positions (output t does not depend on z_s, s > t) and its eigenvalues are
-    those of the diagonal blocks ``d f_t / d z_t`` (formed with ``jax.jacfwd``, ``length x width``
-    JVPs per sequence); the feed-forward acts position by position, with blocks ``W1 D_t W2``.
-    This costs ``length * width`` evaluations of the cell per sequence: for large widths pass
+    those of the diagonal blocks ``d f_t / d z_t`` (formed by the cell's diagonal path,
+    :func:`causal_diagonal_blocks` given the cell: ``width`` JVPs per sequence); the feed-forward
+    acts position by position, with blocks ``W1 D_t W2``. This costs ``width`` JVPs and
+    ``length * width**2`` numbers per sequence, and the blocks' eigenvalues: for large widths pass
     ``steps``, and both radii are estimated by power iteration
     (:func:`deqlab.stability.spectral_radius`) with that many steps, which converges slowly when
     many eigenvalues sit near the largest (200 steps match the exact value to about 1% at width 32;
