@@ -42,7 +42,7 @@ from deqlab.backward import (
     fixed_point,
 )
 from deqlab.failures import SolverWarning
-from deqlab.solvers import Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
+from deqlab.solvers import Adaptive, Anderson, Broyden, Picard, Result, Solution, Solver, SolverError, solve
 
 __version__ = "0.9.0"
 
@@ -69,6 +69,7 @@ __all__ = [
     "fixed_point",
     "check_gradients",
     "Solver",
+    "Adaptive",
     "Picard",
     "Anderson",
     "Broyden",

@@ -38,7 +38,7 @@ def adjoint_solve(
     args: tuple,
     cotangent: Any,
     *,
-    solver: Any = "anderson",
+    solver: Any = "adaptive",
     batch_axis: int | None = None,
     precision: Any = None,
     on_failure: str = "warn",

@@ -48,7 +48,7 @@ def fixed_point(
     f: Callable[..., Any],
     z0: Any,
     *args: Any,
-    solver: Any = "anderson",
+    solver: Any = "adaptive",
     batch_axis: int | None = None,
     backward: Any = "implicit",
     on_failure: str = "warn",

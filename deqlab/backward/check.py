@@ -78,7 +78,7 @@ def check_gradients(
     z0: Any,
     *args: Any,
     loss: Callable[[Any], jax.Array] | None = None,
-    solver: Any = "anderson",
+    solver: Any = "adaptive",
     tol: float | None = None,
     max_steps: int = 500,
     batch_axis: int | None = None,

@@ -186,7 +186,7 @@ class GMRES(LinearSolver):
 LINEAR_SOLVERS = {cls.name: cls for cls in (GMRES,)}
 
 
-def get_adjoint_solver(solver: Any = "anderson", *, name: str = "solver",
+def get_adjoint_solver(solver: Any = "adaptive", *, name: str = "solver",
                        **settings: Any) -> Solver | LinearSolver:
     """The adjoint solver object for a name or an object (as :func:`deqlab.solvers.get_solver`).
 

@@ -50,8 +50,9 @@ class DEQ(nnx.Module):
         cell: an ``nnx.Module`` mapping ``(z, x)`` to ``z'`` of the same shape as z, with a
             ``width`` attribute (the size of z's last axis) and, to have x's width checked, an
             ``in_features`` attribute.
-        solver: forward solver: ``"anderson"`` (the default: Anderson acceleration with ``m=5``,
-            ``max_steps=100``), ``"broyden"``, ``"picard"``, or a configured object
+        solver: forward solver: ``"adaptive"`` (the default: plain iteration, Anderson or
+            Broyden, chosen per solve by :class:`deqlab.solvers.Adaptive`, ``max_steps=100``),
+            ``"anderson"``, ``"broyden"``, ``"picard"``, or a configured object
             (``Anderson(m=6, tol=1e-6)``, or an instance of your own
             :class:`deqlab.solvers.Solver` subclass).
         tol: a convenience for the solver's tolerance: the layer builds its solver object once,
@@ -171,7 +172,7 @@ class DEQ(nnx.Module):
         True
     """
 
-    def __init__(self, cell: nnx.Module, *, solver: Any = "anderson", tol: float | None = None,
+    def __init__(self, cell: nnx.Module, *, solver: Any = "adaptive", tol: float | None = None,
                  max_steps: int | None = None, backward: Any = "implicit", on_failure: str = "warn",
                  batch_axis: int | None = 0,
                  precision: Any = None, dtype: Any = None, param_dtype: Any = None, correction: int = 0,

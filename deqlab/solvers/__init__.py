@@ -161,6 +161,7 @@ from deqlab.failures import SolverError as SolverError  # noqa: F401
 from deqlab.failures import SolverWarning as SolverWarning  # noqa: F401
 from deqlab.solvers import base as _base
 from deqlab.solvers import registry as _registry
+from deqlab.solvers.adaptive import Adaptive, AdaptiveState, chosen, map_work
 from deqlab.solvers.anderson import Anderson
 from deqlab.solvers.api import check_problem, solve
 from deqlab.solvers.base import RATE_LIMIT as RATE_LIMIT  # noqa: F401
@@ -195,6 +196,10 @@ __all__ = [
     "Solver",
     "batched_hooks",
     "RATE_ESTIMATES",
+    "Adaptive",
+    "AdaptiveState",
+    "chosen",
+    "map_work",
     "Picard",
     "Anderson",
     "Broyden",

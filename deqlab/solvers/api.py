@@ -24,7 +24,7 @@ def solve(
     f: Callable[..., Any],
     z0: Any,
     *args: Any,
-    solver: str | Solver = "anderson",
+    solver: str | Solver = "adaptive",
     batch_axis: int | None = None,
     on_failure: str = "warn",
     unrolled: bool = False,
@@ -41,7 +41,9 @@ def solve(
             ``(z_next, aux)`` with ``has_aux=True``).
         z0: initial guess (an array or a pytree of real floating arrays).
         *args: further arguments of ``f`` (parameters, inputs), passed explicitly.
-        solver: ``"picard"``, ``"anderson"``, ``"broyden"`` (the solver with its defaults) or a
+        solver: ``"adaptive"`` (the default: plain iteration, Anderson or Broyden, chosen per
+            solve by :class:`Adaptive`'s written rule), ``"picard"``, ``"anderson"``,
+            ``"broyden"`` (the solver with its defaults) or a
             configured object such as ``Anderson(m=5, tol=1e-6, max_steps=200)``, or an instance
             of your own :class:`Solver` subclass. The object holds every setting of the solve:
             ``tol`` (None: the default of z0's dtype, :func:`deqlab.precision.default_tol`,
@@ -170,6 +172,7 @@ def _solve_traced(f, z0, args, init_state, budget, config, *, batch_axis, unroll
         return flattener.flatten(out[0] if has_aux else out)
 
     z0_flat = flattener.flatten(z0)
+    config = config.for_map(func, z0_flat)  # e.g. Adaptive: Broyden for an expensive map
     history = None
     if init_state is not None:
         if not isinstance(init_state, SolverState) or jnp.shape(init_state.z) != z0_flat.shape:

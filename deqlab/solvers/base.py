@@ -67,6 +67,8 @@ class Solver(abc.ABC):
     - ``record(z, fz, state) -> state``: update the state with an evaluated proposal (default:
       unchanged). Called after every proposal, with ``z`` the proposal and ``fz = f(z)``.
     - :meth:`terminate`: the convergence test of a judged iterate (default: the ``stop`` rule).
+    - :meth:`for_map`: the solver that solves a given map (default: itself), resolved when
+      the solve is traced.
     - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
     - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
     - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
@@ -335,6 +337,25 @@ class Solver(abc.ABC):
             The new state, same structure as ``state``.
         """
         return state
+
+    def for_map(self, func: Any, z: jax.Array) -> Solver:
+        """The solver that solves this map (optional hook; default: ``self``).
+
+        Called once per traced solve, before anything else, with the map on the flattened batch:
+        a solver whose settings or method depend on what f costs resolves them here, statically
+        (:class:`Adaptive` returns :class:`Broyden` for an expensive map). The returned solver
+        runs the solve, and its state is the one returned.
+
+        Args:
+            func: the map on flattened rows, ``func(z) -> f(z)``, shape ``(B, D)`` to
+                ``(B, D)``; trace it (``jax.make_jaxpr``, ``jax.eval_shape``), do not rely on
+                running it.
+            z: the flattened initial iterates, shape ``(B, D)``.
+
+        Returns:
+            A :class:`Solver` (``self`` unless the solver resolves itself).
+        """
+        return self
 
     def error_bound_factor(self, q: jax.Array) -> jax.Array:
         """The factor c(q) of Banach's a-posteriori bound used by ``stop="error"`` (optional hook).

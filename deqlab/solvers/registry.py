@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from deqlab.solvers.adaptive import Adaptive
 from deqlab.solvers.anderson import Anderson
 from deqlab.solvers.base import Solver
 from deqlab.solvers.broyden import Broyden
@@ -11,11 +12,11 @@ from deqlab.solvers.picard import Picard
 
 __all__ = ["SOLVERS", "get_solver"]
 
-#: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"``.
-SOLVERS = {cls.name: cls for cls in (Picard, Anderson, Broyden)}
+#: The forward solvers by name: ``"adaptive"`` (the default), ``"picard"``, ``"anderson"``, ``"broyden"``.
+SOLVERS = {cls.name: cls for cls in (Adaptive, Picard, Anderson, Broyden)}
 
 
-def get_solver(solver: str | Solver = "anderson", *, name: str = "solver", **settings: Any) -> Solver:
+def get_solver(solver: str | Solver = "adaptive", *, name: str = "solver", **settings: Any) -> Solver:
     """The solver object for a name or an object: the one place where solver settings are applied.
 
     Args:

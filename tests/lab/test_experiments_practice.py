@@ -49,3 +49,22 @@ def test_train_digits_converged_run_has_no_warnings():
     assert history["converged"][0] == 1.0
     assert history["backward_warnings"] == [0.0]
     assert 0.0 <= history["test_accuracy"][0] <= 1.0
+
+
+def test_exact_fixed_point_is_newtons_float64_solution_and_names_bad_input():
+    """The float64 reference of chapter 0's delivered-error measurements: a residual below 1e-13
+    on a slowly contracting problem (scale 0.98, where float32 solvers stop near 1e-5), Newton's
+    quadratic convergence in a handful of steps, and clear errors for bad input."""
+    import jax
+
+    problem = practice.tanh_problem(jax.random.PRNGKey(1), width=32, batch=4, scale=0.98, input_scale=0.1)
+    z = practice.exact_fixed_point(problem)
+    w, u, b, x = (np.asarray(a, np.float64) for a in problem.args)
+    assert z.dtype == np.float64 and z.shape == (4, 32)
+    assert np.max(np.abs(np.tanh(z @ w.T + x @ u.T + b) - z)) < 1e-13
+    with pytest.raises(RuntimeError, match="did not converge in 2 steps"):
+        practice.exact_fixed_point(problem, max_steps=2)
+    with pytest.raises(ValueError, match="`max_steps` must be an integer >= 1"):
+        practice.exact_fixed_point(problem, max_steps=0)
+    with pytest.raises(ValueError, match="`problem` must be a practice.tanh_problem"):
+        practice.exact_fixed_point(practice.Problem(lambda z: z, problem.z0, ()))

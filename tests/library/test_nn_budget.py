@@ -20,7 +20,8 @@ TOL = 1e-6
 def _layer(**kw):
     # A cell whose samples need 8 to 40 Anderson steps at tol 1e-6: limits of 10 and 20 bind for
     # some samples and not others (checked below), so a wrong limit shows in the step counts.
-    settings = dict(max_steps=CAP, tol=TOL, on_failure="ignore")
+    # Anderson by name: these tests are about budgets and caches, calibrated on its step counts.
+    settings = dict(solver="anderson", max_steps=CAP, tol=TOL, on_failure="ignore")
     settings.update(kw)
     return DEQ(TanhCell(8, 3, rngs=nnx.Rngs(0)), **settings)
 

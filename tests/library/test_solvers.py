@@ -832,9 +832,9 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
                                                  on_failure="ignore").value).lower(x).compile().as_text()
         return len(re.findall(r"\btanh\(", program))
 
-    assert deqlab.Anderson.init_is_first_record and deqlab.Broyden.init_is_first_record
+    assert all(s.init_is_first_record for s in (deqlab.Anderson, deqlab.Broyden, deqlab.Adaptive))
     assert not deqlab.Solver.init_is_first_record
-    assert [tanh_count(s) for s in (deqlab.Picard(), deqlab.Anderson(), deqlab.Broyden())] == [1, 1, 1]
+    assert [tanh_count(s) for s in (deqlab.Picard(), deqlab.Anderson(), deqlab.Broyden(), deqlab.Adaptive())] == [1] * 4
     # ... and a solver that keeps a state and does not declare it evaluates f(z0) before the loop
 
     class Counting(deqlab.Solver):
@@ -854,12 +854,17 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
         # init and the record into the zeroed state, for each solver whose init is its first record
         records = [(solver.init(z, fz), solver.record(z, fz, zeros_like(solver.init(z, fz))))
                    for solver in (anderson, broyden)]
+        # (the adaptive solver couples samples: its hooks see a batch, here of one)
+        adaptive = deqlab.Adaptive(m=3)
+        records.append((adaptive.init(z[None], fz[None]),
+                        adaptive.record(z[None], fz[None], zeros_like(adaptive.init(z[None], fz[None])))))
         # Solver.stays_at_fixed_points: propose(z, z, zeroed state) is z exactly (damped too)
         zeroed = zeros_like(anderson.init(z, fz))
         proposals = [solver.propose(fz, fz, state)[0]
                      for solver, state in ((deqlab.Picard(damping=0.7), ()), (anderson, zeroed),
                                            (deqlab.Anderson(m=3, damping=0.6), zeroed),
                                            (half_step, zeros_like(half_step.init(z, fz))))]
+        proposals.append(adaptive.propose(fz[None], fz[None], zeros_like(adaptive.init(z[None], fz[None])))[0][0])
         return records, proposals
 
     z_np = np.arange(4.0, dtype=np.float32)
@@ -870,7 +875,8 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
         for a, b in zip(initial, recorded):
             jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
     # which lets the folded first iteration evaluate f at the proposal without selecting z0 over it
-    assert all(s.stays_at_fixed_points for s in (deqlab.Picard(damping=0.7), anderson, deqlab.Anderson(m=3, damping=0.6)))
+    assert all(s.stays_at_fixed_points for s in (deqlab.Picard(damping=0.7), anderson, deqlab.Anderson(m=3, damping=0.6),
+                                                 deqlab.Adaptive()))
     for proposal in proposals:
         np.testing.assert_array_equal(proposal, z_np ** 2)
     assert not deqlab.Solver.stays_at_fixed_points

@@ -35,6 +35,7 @@ __all__ = [
     "Problem",
     "tanh_map",
     "tanh_problem",
+    "exact_fixed_point",
     "weight_tied_depth",
     "depth_to_reach",
     "solver_race",
@@ -77,6 +78,57 @@ def tanh_problem(key: jax.Array, *, width: int = 64, batch: int = 16, in_feature
     b = jnp.zeros((width,), dtype)
     x = jax.random.normal(k_x, (batch, in_features), dtype)
     return Problem(tanh_map, jnp.zeros((batch, width), dtype), (w, u, b, x))
+
+
+def exact_fixed_point(problem: Problem, *, max_steps: int = 50) -> np.ndarray:
+    """The fixed points of a :func:`tanh_problem` in float64, by Newton's method: the reference
+    against which a solve's delivered error is measured.
+
+    Newton's step on g(z) = f(z) - z solves (J - I) dz = -g with J = diag(1 - f(z)^2) W, per
+    sample; it stops when every sample's max-abs residual is below 1e-13.
+
+    Args:
+        problem: a :func:`tanh_problem` (its args are (W, U, b, x)).
+        max_steps: Newton steps allowed (>= 1).
+
+    Returns:
+        z*, float64, shape ``(batch, width)``.
+
+    Raises:
+        ValueError: ``max_steps`` < 1, or ``problem`` is not a tanh problem.
+        RuntimeError: Newton's method did not converge within ``max_steps`` (the message gives the
+            worst residual).
+
+    Example:
+        >>> import jax
+        >>> from deqlab.lab.experiments import practice
+        >>> problem = practice.tanh_problem(jax.random.PRNGKey(0), width=8, batch=2, scale=0.5)
+        >>> z = practice.exact_fixed_point(problem)
+        >>> bool(abs(np.tanh(z @ np.asarray(problem.args[0], np.float64).T
+        ...                  + np.asarray(problem.args[3], np.float64) @ np.asarray(problem.args[1], np.float64).T)
+        ...          - z).max() < 1e-12)
+        True
+    """
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"exact_fixed_point: `max_steps` must be an integer >= 1, got {max_steps!r}.")
+    if problem.f is not tanh_map or len(problem.args) != 4:
+        raise ValueError("exact_fixed_point: `problem` must be a practice.tanh_problem (f = tanh_map, "
+                         f"args (W, U, b, x)), got f={getattr(problem.f, '__name__', problem.f)!r} "
+                         f"with {len(problem.args)} args.")
+    w, u, b, x = (np.asarray(a, np.float64) for a in problem.args)
+    drive = x @ u.T + b
+    z = np.zeros((x.shape[0], w.shape[0]))
+    eye = np.eye(w.shape[0])
+    for _ in range(max_steps):
+        fz = np.tanh(z @ w.T + drive)
+        g = fz - z
+        if np.max(np.abs(g)) < 1e-13:
+            return z
+        jacobian = (1.0 - fz**2)[:, :, None] * w[None]
+        z = z - np.linalg.solve(jacobian - eye, g[..., None])[..., 0]
+    worst = float(np.max(np.abs(np.tanh(z @ w.T + drive) - z)))
+    raise RuntimeError(f"exact_fixed_point: Newton's method did not converge in {max_steps} steps "
+                       f"(worst max-abs residual {worst:.1e}).")
 
 
 def weight_tied_depth(problem: Problem, depth: int) -> jax.Array:

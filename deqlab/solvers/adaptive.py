@@ -1,0 +1,333 @@
+"""The default solver: plain iteration, Anderson or Broyden, chosen per solve from the map's cost
+and the batch's own convergence."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from deqlab import checks
+from deqlab.solvers.anderson import Anderson
+from deqlab.solvers.base import Solver
+from deqlab.solvers.broyden import Broyden, BroydenState
+from deqlab.solvers.flatten import row_norm
+
+__all__ = ["Adaptive", "AdaptiveState", "map_work", "chosen"]
+
+# The phases of an adaptive solve (AdaptiveState.phase): plain steps that measure the plain rate,
+# Anderson steps that measure the accelerated one, then plain or Anderson to the end.
+WARM_UP, TRIAL, PLAIN, ACCELERATED = 0, 1, 2, 3
+PHASE_NAMES = {WARM_UP: "plain warm-up", TRIAL: "anderson trial", PLAIN: "plain", ACCELERATED: "anderson"}
+
+# Primitives that move or relabel numbers without computing them (XLA fuses or elides them):
+# map_work leaves them out.
+_MOVES = frozenset({
+    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type", "copy", "copy_p",
+    "transpose", "slice", "dynamic_slice", "concatenate", "iota", "stop_gradient", "pad", "rev", "select_n",
+    "gather", "device_put", "sharding_constraint", "optimization_barrier",
+})
+
+
+def map_work(func, z) -> float:
+    """How much a map computes, in numbers written by its operations per number of ``z``.
+
+    The sum, over the primitive operations of ``func``'s jaxpr, of the sizes of their outputs,
+    divided by ``z``'s size: a static, backend-independent measure of what an evaluation of f
+    costs next to a solver's own work per step, which is a few passes over ``z``-sized arrays
+    (an Anderson or Broyden step writes and reads about 2 m numbers per number of ``z``).
+    Operations that only move numbers (reshapes, broadcasts, transposes, slices, dtype
+    conversions) are left out; a ``scan`` body counts ``length`` times, a ``cond`` its costliest
+    branch, a ``while_loop`` body once (its trip count is unknown). A matrix product counts its
+    output, not its multiply-adds: on the hardware that runs these maps the number of distinct
+    operations and their outputs, not the arithmetic, set the time of small layers.
+
+    Args:
+        func: a function of one array, ``func(z)``; it is traced (``jax.make_jaxpr``), not run,
+            so it may close over traced values.
+        z: an array (or a ``jax.ShapeDtypeStruct``) of ``func``'s input shape.
+
+    Returns:
+        The work per number of ``z``, a Python float (>= 0).
+
+    Example:
+        A tanh layer writes three numbers per number of z (the product, the sum, the tanh):
+
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers import map_work
+        >>> w, x = jnp.eye(4), jnp.ones((2, 4))
+        >>> map_work(lambda z: jnp.tanh(z @ w + x), jnp.zeros((2, 4)))
+        3.0
+    """
+    size = math.prod(jnp.shape(z))
+    if size == 0:
+        return 0.0
+    closed = jax.make_jaxpr(func)(z)
+    return _written(closed.jaxpr) / size
+
+
+def _written(jaxpr) -> float:
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        inner = [_written(sub) for sub in _sub_jaxprs(eqn.params)]
+        if inner:
+            name = eqn.primitive.name
+            if name == "cond":
+                total += max(inner)
+            elif name == "scan":
+                total += eqn.params.get("length", 1) * sum(inner)
+            else:
+                total += sum(inner)
+            continue
+        if eqn.primitive.name in _MOVES:
+            continue
+        total += sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+    return total
+
+
+def _sub_jaxprs(params):
+    for value in params.values():
+        for item in (value if isinstance(value, (tuple, list)) else (value,)):
+            if hasattr(item, "eqns"):  # a Jaxpr
+                yield item
+            elif hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):  # a ClosedJaxpr
+                yield item.jaxpr
+
+
+class Adaptive(Solver):
+    """The default solver: plain iteration, Anderson or Broyden, whichever the map's cost and the
+    batch's own steps say is cheapest.
+
+    The rule, decided once per solve for the whole batch:
+
+    1. **An expensive map: Broyden.** Where f's operations write at least ``broyden_above``
+       numbers per number of z (:func:`map_work`: a transformer cell, about 50; a tanh or linear
+       layer, 2 to 5), a solver step's own work (a few passes over m history vectors) is small
+       next to f's, so the method with the fewest steps wins: Broyden (:class:`Broyden`, with
+       this solver's stopping settings) runs from the start, and the rest of the rule is skipped.
+       On ``benchmarks/default_solver.py``'s transformer problem Broyden needs 151 steps to 1e-5,
+       Anderson 397 and plain iteration 490, at 1.31x, 1.28x and 1x a plain step's cost.
+    2. **Otherwise, a plain warm-up.** ``warm_up`` plain steps z <- f(z). Over their second
+       half, the residual of the slowest-converging sample falls by ``d_plain`` decades per step.
+    3. **An Anderson trial.** ``trial`` Anderson steps (:class:`Anderson` with ``m`` and
+       ``ridge``, from an empty history). Over their second half, the slowest sample's residual
+       falls by ``d_anderson`` decades per step. The trial's steps are not wasted: they move
+       towards z* too.
+    4. **The verdict.** Anderson to the end if ``d_anderson > cost_ratio * d_plain`` (its decades
+       per unit of work beat plain iteration's, an Anderson step costing ``cost_ratio`` plain
+       steps), plain iteration to the end otherwise.
+
+    The halves of the windows leave out plain iteration's first steps, where the fastest modes
+    die out, and Anderson's first, taken with a short history. Acceleration pays where the plain
+    rate is slow and a Krylov-type method can cut it (a spectrum near 1 on the real axis); it
+    does not where the spectrum circles the origin (an orthogonal map: Anderson's steps cost more
+    and gain little). ``cost_ratio`` 1.3 is what ``benchmarks/step_cost.py``-style timings give
+    for an Anderson step (m = 5) against the loop's plain step on all three problems of
+    ``benchmarks/default_solver.py`` (1.29x, 1.31x, 1.28x on CPU).
+
+    Simulated on those problems with each solver's measured cost per step (and the rule's
+    choice, stopped where the error is within 1e-5): the rule costs 0.90x plain iteration (the
+    best fixed solver) on the cheap orthogonal tanh map, 0.76x Broyden (the best fixed solver)
+    on the slowly contracting GOE map, and runs Broyden on the transformer.
+
+    The default stopping rule is ``stop="error"``: a sample stops when the estimated error of the
+    value returned, ``safety * ||f(z) - z|| / (1 - q)`` with q the largest secant quotient of its
+    steps (a lower estimate of f's contraction rate), is within ``tol`` relative to
+    ``max(1, max|f(z)|)`` (:mod:`deqlab.solvers`): ``tol`` bounds the returned value's error,
+    not the last step's residual, which is smaller by up to 1 / (1 - q).
+
+    The plain and Anderson steps are ``lax.cond`` branches for the whole batch
+    (:attr:`couples_samples`): a batch in plain iteration pays plain iteration's cost. Under an
+    outer ``jax.vmap`` (over seeds, say) the branches become selects and both are computed.
+    The choice is in the returned state: :func:`chosen` names it.
+
+    Attributes:
+        m, ridge: of the Anderson steps (:class:`Anderson`).
+        warm_up: plain steps before the trial (>= 2).
+        trial: Anderson steps of the trial (>= 2).
+        cost_ratio: the cost of an Anderson step in plain steps (>= 1).
+        broyden_above: the :func:`map_work` from which Broyden runs from the start (> 0; static:
+            it is read when the solve is traced). ``math.inf``: never.
+        tol, max_steps, divergence_factor, stop (default ``"error"``), safety, check_every: as
+            for :class:`Picard`.
+
+    Raises:
+        ValueError: a setting outside its range (the message names it and the valid range).
+
+    Example:
+        A slowly contracting linear map with a real spectrum, where acceleration pays, and a
+        rotation scaled by 0.8 (its spectrum circles the origin), where it does not:
+
+        >>> import jax, jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import Adaptive, chosen
+        >>> f = lambda z, w, x: z @ w + x
+        >>> real = jnp.diag(jnp.linspace(0.0, 0.97, 16))
+        >>> rotation = 0.8 * jnp.linalg.qr(jax.random.normal(jax.random.key(0), (16, 16)))[0]
+        >>> solver = Adaptive(tol=1e-5, max_steps=500)
+        >>> slow = deqlab.solve(f, jnp.zeros((4, 16)), real, jnp.ones((4, 16)), solver=solver, batch_axis=0)
+        >>> circle = deqlab.solve(f, jnp.zeros((4, 16)), rotation, jnp.ones((4, 16)), solver=solver, batch_axis=0)
+        >>> chosen(slow.state), chosen(circle.state)
+        ('anderson', 'plain')
+        >>> bool(slow.converged.all() & circle.converged.all())
+        True
+    """
+
+    m: int = 5
+    ridge: float = 1e-4
+    warm_up: int = 10
+    trial: int = 16
+    cost_ratio: float = 1.3
+    broyden_above: float = dataclasses.field(default=32.0, metadata={"static": True})  # read when tracing
+    stop: str = "error"
+    name = "adaptive"
+    couples_samples = True  # one decision for the batch, so that a batch in plain iteration pays plain cost
+    init_is_first_record = True  # init is record into the zeroed state: the first warm-up step
+    stays_at_fixed_points = True  # the warm-up's step is f(z)
+
+    def _check_settings(self):  # run by the constructor, whatever a subclass's __post_init__ does
+        where = "solvers.Adaptive"
+        checks.positive_int(self.m, "m", where)
+        checks.number(self.ridge, "ridge", where, lower=0.0, allow_traced=True)
+        checks.integer(self.warm_up, "warm_up", where, minimum=2)
+        checks.integer(self.trial, "trial", where, minimum=2)
+        checks.number(self.cost_ratio, "cost_ratio", where, lower=1.0, allow_traced=True)
+        if self.broyden_above != math.inf:  # inf: never Broyden
+            checks.number(self.broyden_above, "broyden_above", where, lower=0.0, lower_open=True)
+
+    def for_map(self, func, z) -> Solver:
+        """Broyden with this solver's stopping settings where ``func`` is expensive
+        (:func:`map_work` >= ``broyden_above``), else this solver (rule step 1)."""
+        if map_work(func, z) < self.broyden_above:
+            return self
+        return Broyden(tol=self.tol, max_steps=self.max_steps, divergence_factor=self.divergence_factor,
+                       stop=self.stop, safety=self.safety, check_every=self.check_every)
+
+    def _anderson(self) -> Anderson:
+        return Anderson(m=self.m, ridge=self.ridge)
+
+    def init(self, z, fz):
+        # init is the first warm-up step recorded into the zeroed state (init_is_first_record)
+        empty = jax.tree_util.tree_map(jnp.zeros_like, jax.vmap(self._anderson().init)(z, fz))
+        level = _log_residual(z, fz)
+        zero = jnp.zeros((), jnp.int32)
+        state = AdaptiveState(history=empty, phase=zero, count=zero, mark=jnp.zeros_like(level),
+                              plain_rate=jnp.zeros((), level.dtype))
+        return self.record(z, fz, state)
+
+    def propose(self, z, fz, state):
+        anderson = self._anderson()
+
+        # Anderson's propose leaves its history as it is, so only the proposal leaves the branch:
+        # a branch that returned the (B, m, D) history would copy it at every step (1.16x a plain
+        # step, measured, against 1.0x).
+        def anderson_step(history):
+            return jax.vmap(anderson.propose)(z, fz, history)[0]
+
+        z_next = jax.lax.cond(_accelerated(state.phase), anderson_step, lambda history: fz, state.history)
+        return z_next, state
+
+    def record(self, z, fz, state):
+        anderson = self._anderson()
+        history = jax.lax.cond(_accelerated(state.phase), lambda h: jax.vmap(anderson.record)(z, fz, h),
+                               lambda h: h, state.history)
+        level = _log_residual(z, fz)
+        count = state.count + 1
+        window = jnp.where(state.phase == WARM_UP, self.warm_up, self.trial)
+        # the second half of the window starts: each sample's residual now
+        mark = jnp.where(count == window // 2, level, state.mark)
+        # the window ends: decades per step of the slowest sample still iterating (a sample the
+        # loop has stopped is proposed the same point again: its residual does not change)
+        decays = (mark - level) / (window - window // 2)
+        decay = jnp.min(jnp.where(level != mark, decays, jnp.inf))
+        decay = jnp.where(jnp.isfinite(decay), decay, 0.0)
+        ends = (count == window) & ((state.phase == WARM_UP) | (state.phase == TRIAL))
+        plain_rate = jnp.where(ends & (state.phase == WARM_UP), decay, state.plain_rate)
+        verdict = jnp.where(decay > self.cost_ratio * state.plain_rate, ACCELERATED, PLAIN)
+        phase = jnp.where(ends, jnp.where(state.phase == WARM_UP, TRIAL, verdict), state.phase)
+        return AdaptiveState(history=history, phase=phase.astype(jnp.int32),
+                             count=jnp.where(ends, 0, count).astype(jnp.int32), mark=mark,
+                             plain_rate=plain_rate.astype(state.plain_rate.dtype))
+
+
+class AdaptiveState(NamedTuple):
+    """The state of an :class:`Adaptive` solve.
+
+    Attributes:
+        history: the Anderson history (per sample, leading axis the batch; zeros until the trial).
+        phase: 0 plain warm-up, 1 Anderson trial, 2 plain to the end, 3 Anderson to the end
+            (shared by the batch).
+        count: steps taken in the current phase's window (shared).
+        mark: each sample's log10 relative residual at the middle of the current window.
+        plain_rate: the warm-up's plain rate, decades per step of the slowest sample (shared).
+
+    Example:
+        A linear map whose rates spread up to 0.97 on the real axis: over the warm-up the
+        faster modes are still dying out, so the plain rate measured there, 0.06 decades per
+        step, is above the slowest mode's log10(1 / 0.97) = 0.013; Anderson's trial beats it by
+        more than ``cost_ratio`` all the same:
+
+        >>> import jax.numpy as jnp, deqlab
+        >>> w = jnp.diag(jnp.linspace(0.0, 0.97, 16))
+        >>> sol = deqlab.solve(lambda z: z @ w + 1.0, jnp.zeros((4, 16)), batch_axis=0)
+        >>> history = sol.state.history
+        >>> int(history.phase), round(float(history.plain_rate), 2)   # 3: Anderson to the end
+        (3, 0.06)
+    """
+
+    history: Any
+    phase: jax.Array
+    count: jax.Array
+    mark: jax.Array
+    plain_rate: jax.Array
+
+
+def chosen(state) -> str:
+    """What an :class:`Adaptive` solve chose, from its returned state.
+
+    Args:
+        state: ``Solution.state`` of a solve with the default solver (a
+            :class:`deqlab.solvers.SolverState`), or its ``history``.
+
+    Returns:
+        ``"broyden"`` (an expensive map), ``"anderson"`` or ``"plain"`` (the verdict), or
+        ``"plain warm-up"`` / ``"anderson trial"`` (the solve ended before the verdict).
+
+    Raises:
+        ValueError: ``state`` is not the state of an adaptive solve (the message names its type),
+            or its phase is traced (call this outside ``jit``).
+
+    Example:
+        >>> import jax.numpy as jnp, deqlab
+        >>> from deqlab.solvers import chosen
+        >>> sol = deqlab.solve(lambda z: 0.1 * z + 1.0, jnp.zeros(3))
+        >>> chosen(sol.state), int(sol.stats.steps)   # converged within the warm-up
+        ('plain warm-up', 6)
+    """
+    history = state if isinstance(state, AdaptiveState) else getattr(state, "history", state)
+    if isinstance(history, AdaptiveState):
+        try:
+            return PHASE_NAMES[int(history.phase)]
+        except jax.errors.ConcretizationTypeError:
+            raise ValueError("chosen: `state` holds a traced phase; call chosen outside jit.") from None
+    if isinstance(history, BroydenState):
+        return "broyden"
+    raise ValueError(f"chosen: `state` must be the state of a solve with the Adaptive solver (an AdaptiveState, "
+                     f"or Broyden's state for an expensive map), got {type(history).__name__}.")
+
+
+def _accelerated(phase):
+    return (phase == TRIAL) | (phase == ACCELERATED)
+
+
+def _log_residual(z, fz):
+    """log10 of each sample's relative residual ||f(z) - z|| / ||f(z)|| (finite: floored).
+
+    The norms are the loop's own expressions (``row_norm`` of the same differences), so that
+    XLA computes them once for both (common subexpressions are merged): the measurement adds
+    no pass over the batch."""
+    g = row_norm(jax.lax.stop_gradient(fz - z))
+    size = row_norm(jax.lax.stop_gradient(fz))
+    return jnp.log10(jnp.maximum(g / jnp.maximum(size, 1e-30), 1e-30)).astype(jnp.float32)
