@@ -1,9 +1,18 @@
-"""Forward fixed-point solvers for equilibrium models: damped Picard, Anderson, Broyden.
+"""Forward fixed-point solvers for equilibrium models: damped Picard, Anderson, Broyden, and the
+default that chooses among them.
 
 A deep equilibrium model (003 §3.1, Eq. 4) outputs the fixed point z* = f(z*, x). This package
 finds it. Every solver here works on a pytree ``z`` and returns a :class:`Solution` carrying the
 value, a per-sample :class:`~deqlab.failures.Result`, and statistics (steps, function evaluations, the residual
 trace and the best residual).
+
+The default solver
+    :class:`Adaptive` (``"adaptive"``, what :func:`solve`, :func:`deqlab.backward.fixed_point`
+    and :class:`deqlab.nn.DEQ` use when no solver is named) chooses per solve, for the whole
+    batch, by a written rule: Broyden from the start for an expensive map (:func:`map_work`),
+    otherwise a plain warm-up, an Anderson trial, and whichever gains more decades per unit of
+    work; it stops on ``stop="error"``. :func:`chosen` names its choice. A named solver is
+    used as named, with its own defaults (``stop="residual"``).
 
 Settings live on the solver object
     ``Anderson(m=5, tol=1e-6, max_steps=200, stop="error")`` holds every setting of a solve;
@@ -19,7 +28,7 @@ Writing a solver
     ``init_state`` warm starts, ``stop="error"``). The loop has no special case for any solver:
     what differs between them is declared by hooks on :class:`Solver` (``terminate``,
     ``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``, ``freeze_state``,
-    ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``). In the default
+    ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``, ``for_map``). In the default
     loop (every step judged, not unrolled) f(z0) is evaluated in the loop's first iteration, so
     f appears once in the compiled program, when the solver keeps no state or declares
     ``init_is_first_record`` (Picard, Anderson, Broyden); otherwise (a stateful solver of yours
@@ -176,8 +185,8 @@ from deqlab.solvers.picard import Picard
 from deqlab.solvers.registry import get_solver
 from deqlab.solvers.solution import Solution, SolverState, SolveStats, raise_if_failed
 
-#: The forward solvers by name: ``"picard"``, ``"anderson"``, ``"broyden"`` (each name is a
-#: shortcut for the solver with its defaults).
+#: The forward solvers by name: ``"adaptive"`` (the default), ``"picard"``, ``"anderson"``,
+#: ``"broyden"`` (each name is a shortcut for the solver with its defaults).
 #:
 #: :meta hide-value:
 SOLVERS = _registry.SOLVERS

@@ -189,6 +189,20 @@ def test_step_cost_benchmark_tiny():
 
 
 @pytest.mark.slow
+def test_step_cost_benchmark_set_measures_the_three_solvers_on_the_three_problems():
+    """--problem set: the measurement behind Adaptive's cost_ratio runs Picard, Anderson and
+    Broyden for exactly the requested steps on each problem of default_solver, with each step
+    also over Picard's (Picard's own ratio is 1 by construction)."""
+    out = step_cost.main(["--size", "tiny", "--repeats", "1", "--steps", "5", "--problem", "set"])
+    assert set(out["problems"]) == set(default_solver.cases(default_solver.SIZES["tiny"]))
+    for rows in out["problems"].values():
+        by_config = {row["config"]: row for row in rows}
+        assert set(by_config) == {step_cost.PLAIN} | set(step_cost.set_configs(5))
+        assert all(row["steps"] == 5 for row in rows), rows
+        assert by_config["deqlab picard"]["x_picard"] == 1.0
+
+
+@pytest.mark.slow
 def test_dropout_benchmark_tiny():
     out = dropout.main(["--size", "tiny"])
     solves = {row["config"]: row for row in out["solves"]}

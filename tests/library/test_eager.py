@@ -4,7 +4,7 @@ f, which runs only while f is traced.
 
 Compile work: where the solver is not what a test is about (what the cache keys on, what it
 releases, how failures are reported), the solve uses Picard, whose program compiles in about half
-the time of the default Anderson's; checks on results are NumPy, which compiles nothing."""
+the time of Anderson's or the default's; checks on results are NumPy, which compiles nothing."""
 
 import warnings
 import weakref
