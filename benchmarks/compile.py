@@ -14,9 +14,11 @@ For each program, in one process:
 
 for the Picard solve (deqlab's ``solve(..., solver="picard", batch_axis=0)``; optimistix's
 ``fixed_point`` with ``FixedPointIteration`` under ``jax.vmap``, its way of batching), the Anderson
-solve (deqlab only: optimistix has none), and ``jax.grad`` of L = sum(z*^2) with respect to W
-through ``deqlab.fixed_point`` (Anderson forward, implicit backward: the defaults; and, like for
-like with optimistix, Picard forward and its Picard adjoint solve) and through optimistix's
+solve (deqlab only: optimistix has none), the default solve (no solver named:
+:class:`deqlab.solvers.Adaptive`, whose program holds plain and Anderson steps), and ``jax.grad``
+of L = sum(z*^2) with respect to W through ``deqlab.fixed_point`` (the defaults: the adaptive
+solver forward and for the adjoint, implicit backward; Anderson both ways, 0.8's default; and,
+like for like with optimistix, Picard forward and its Picard adjoint solve) and through optimistix's
 ``fixed_point`` (Picard) with its default ``ImplicitAdjoint`` (lineax's dense solve). The ratio column is against
 optimistix's Picard solve (solves) or optimistix's gradient (gradient).
 
@@ -94,15 +96,23 @@ def deqlab_programs(batch: int, width: int):
     def anderson_solve(w, x):
         return deqlab.solve(_tanh_map, z0, w, x, solver=anderson, batch_axis=0).value
 
-    def gradient(w, x, solver=anderson):
+    def default_solve(w, x):  # no solver named: deqlab.solvers.Adaptive
+        return deqlab.solve(_tanh_map, z0, w, x, solver=deqlab.solvers.get_solver(tol=TOL, max_steps=MAX_STEPS),
+                            batch_axis=0).value
+
+    def gradient(w, x, solver=None):
+        solver = deqlab.solvers.get_solver(tol=TOL, max_steps=MAX_STEPS) if solver is None else solver
         loss = lambda w: jnp.sum(deqlab.fixed_point(_tanh_map, z0, w, x, solver=solver,  # noqa: E731
                                                     batch_axis=0).value ** 2)
         return jax.grad(loss)(w)
 
+    def anderson_gradient(w, x):
+        return gradient(w, x, solver=anderson)
+
     def picard_gradient(w, x):
         return gradient(w, x, solver=picard)
 
-    return picard_solve, anderson_solve, gradient, picard_gradient
+    return picard_solve, anderson_solve, default_solve, gradient, anderson_gradient, picard_gradient
 
 
 def optimistix_programs(optx, width: int):
@@ -163,10 +173,13 @@ def main(argv=None) -> dict:
         peers = common.load_peers(args.no_peers)
         w, x = _problem(batch, width)
         rows = {}
-        picard_solve, anderson_solve, gradient, picard_gradient = deqlab_programs(batch, width)
+        picard_solve, anderson_solve, default_solve, gradient, anderson_gradient, picard_gradient = \
+            deqlab_programs(batch, width)
         rows["deqlab Picard solve"] = compile_stats(picard_solve, (w, x), repeats)
         rows["deqlab Anderson solve"] = compile_stats(anderson_solve, (w, x), repeats)
+        rows["deqlab default solve"] = compile_stats(default_solve, (w, x), repeats)
         rows["deqlab grad(fixed_point)"] = compile_stats(gradient, (w, x), repeats)
+        rows["deqlab grad, Anderson both ways"] = compile_stats(anderson_gradient, (w, x), repeats)
         rows["deqlab grad, Picard both ways"] = compile_stats(picard_gradient, (w, x), repeats)
         if peers.optimistix is not None:
             o_solve, o_grad = optimistix_programs(peers.optimistix, width)
@@ -191,7 +204,8 @@ def main(argv=None) -> dict:
             headline += (f"; Picard {rows['deqlab Picard solve'][0] / base_solve[0]:.2f}x optimistix's HLO, "
                          f"grad {rows['deqlab grad(fixed_point)'][0] / base_grad[0]:.2f}x "
                          f"(Picard both ways {rows['deqlab grad, Picard both ways'][0] / base_grad[0]:.2f}x), "
-                         f"Anderson {rows['deqlab Anderson solve'][0] / base_solve[0]:.2f}x its Picard")
+                         f"Anderson {rows['deqlab Anderson solve'][0] / base_solve[0]:.2f}x its Picard, "
+                         f"default solve {rows['deqlab default solve'][0] / base_solve[0]:.2f}x")
         print(headline)
     return {"rows": rows, "calls": calls}
 

@@ -126,9 +126,10 @@ class Adaptive(Solver):
     die out, and Anderson's first, taken with a short history. Acceleration pays where the plain
     rate is slow and a Krylov-type method can cut it (a spectrum near 1 on the real axis); it
     does not where the spectrum circles the origin (an orthogonal map: Anderson's steps cost more
-    and gain little). ``cost_ratio`` 1.3 is what ``benchmarks/step_cost.py``-style timings give
-    for an Anderson step (m = 5) against the loop's plain step on all three problems of
-    ``benchmarks/default_solver.py`` (1.29x, 1.31x, 1.28x on CPU).
+    and gain little). ``cost_ratio`` 1.3 is an Anderson step (m = 5) against the loop's plain
+    step on the three problems of ``benchmarks/default_solver.py`` as ``python -m
+    benchmarks.step_cost --problem set`` measures it on a CPU: 1.19-1.46x over two runs
+    (``benchmarks/results/step_cost_set_quick.txt``).
 
     Measured by ``benchmarks/default_solver.py`` (one run on a 2-core CPU, tol 1e-5): the rule
     keeps plain iteration on the cheap orthogonal tanh map (93 steps; Picard alone needs 94),

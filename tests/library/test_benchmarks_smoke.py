@@ -146,8 +146,8 @@ def test_scaled_error_is_each_samples_error_over_its_own_scale_worst_sample():
 def test_compile_benchmark_tiny():
     out = compile_bench.main(["--size", "tiny", "--no-peers", "--repeats", "1"])
     rows = out["rows"]
-    assert set(rows) == {"deqlab Picard solve", "deqlab Anderson solve", "deqlab grad(fixed_point)",
-                         "deqlab grad, Picard both ways"}
+    assert set(rows) == {"deqlab Picard solve", "deqlab Anderson solve", "deqlab default solve",
+                         "deqlab grad(fixed_point)", "deqlab grad, Anderson both ways", "deqlab grad, Picard both ways"}
     # the instruction counter reads real programs: a solve has a loop of several dozen instructions,
     # its gradient (forward and adjoint solves) more; times are positive (no timing is asserted)
     assert 30 < rows["deqlab Picard solve"][0] < rows["deqlab grad, Picard both ways"][0]
