@@ -80,6 +80,24 @@ def test_the_rule_accelerates_a_real_spectrum_and_not_a_circle_and_delivers_tol(
     assert int(real_steps.max()) < 100
 
 
+def test_the_rates_are_those_of_the_batch_s_slowest_sample_not_of_samples_already_stopped():
+    """One slow sample among fast ones: three inputs in the span of the real spectrum's fast modes
+    (eigenvalues <= 0.25) converge within the warm-up, and the loop stops them; the fourth has
+    every mode up to 0.97. The batch waits for that sample, so the rule must read its rates (the
+    largest residual), not the stopped samples' proposals, and accelerate: the slow sample then
+    needs far fewer steps than plain iteration's log(1e-5) / log(0.97) = 378."""
+    q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(N, N)))
+    rates = np.linspace(0.0, 0.97, N)
+    x = np.random.default_rng(2).normal(size=(BATCH, N))
+    x[:3] = (x[:3] @ q[:, rates <= 0.25]) @ q[:, rates <= 0.25].T  # fast modes only
+    w = jnp.asarray(q @ np.diag(rates) @ q.T, jnp.float32)
+    x = jnp.asarray(x, jnp.float32)
+    value, result, steps, history = _solve_linear(w, x, jnp.zeros_like(x), 1.3)
+    assert int(steps[:3].max()) <= 10 < int(steps[3]), np.asarray(steps)
+    assert chosen(history) == "anderson" and int(steps[3]) < 100, (chosen(history), np.asarray(steps))
+    assert np.all(_scaled_error(value, _exact(w, x)) <= TOL)
+
+
 def test_the_warm_up_measures_a_known_plain_rate_and_the_verdict_follows_cost_ratio():
     """Started near z* (so that ||f(z)|| is constant to 1e-4 and the relative residual falls as
     the absolute one), the warm-up's plain rate on rate * Q is log10(1 / rate) decades per step
