@@ -31,7 +31,7 @@ Writing a solver
     ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``, ``for_map``). In the default
     loop (every step judged, not unrolled) f(z0) is evaluated in the loop's first iteration, so
     f appears once in the compiled program, when the solver keeps no state or declares
-    ``init_is_first_record`` (Picard, Anderson, Broyden); otherwise (a stateful solver of yours
+    ``init_is_first_record`` (Picard, Anderson, Broyden, Adaptive); otherwise (a stateful solver of yours
     by default) before the loop. Solver objects are pytrees: their real-number settings (``tol``,
     ``damping``, ``ridge``, ``step``, ``safety``, ``divergence_factor``) are leaves, so they can be
     swept with ``jax.vmap``, differentiated, or changed without compiling again when passed as
@@ -39,7 +39,7 @@ Writing a solver
     ``stop``, ``check_every``) are static. With Python numbers in every setting a solver is also
     hashable (a static argument of ``jax.jit``, as before).
 
-Tolerance rule (one rule for every solver)
+Tolerance rule (every named solver's, unless ``stop="error"``)
     A sample has converged when its *relative residual*
 
     .. math:: \\rho(z) = \\frac{\\lVert f(z) - z \\rVert_2}{\\lVert f(z) \\rVert_2 + \\epsilon\\sqrt{D}}

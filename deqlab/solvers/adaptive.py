@@ -8,6 +8,7 @@ import math
 from typing import Any, NamedTuple
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 from deqlab import checks
@@ -34,17 +35,22 @@ _MOVES = frozenset({
 
 
 def map_work(func, z) -> float:
-    """How much a map computes, in numbers written by its operations per number of ``z``.
+    """How much a map computes per evaluation, in numbers written by its operations per number of
+    ``z``.
 
-    The sum, over the primitive operations of ``func``'s jaxpr, of the sizes of their outputs,
-    divided by ``z``'s size: a static, backend-independent measure of what an evaluation of f
-    costs next to a solver's own work per step, which is a few passes over ``z``-sized arrays
-    (an Anderson or Broyden step writes and reads about 2 m numbers per number of ``z``).
-    Operations that only move numbers (reshapes, broadcasts, transposes, slices, dtype
-    conversions) are left out; a ``scan`` body counts ``length`` times, a ``cond`` its costliest
-    branch, a ``while_loop`` body once (its trip count is unknown). A matrix product counts its
-    output, not its multiply-adds: on the hardware that runs these maps the number of distinct
-    operations and their outputs, not the arithmetic, set the time of small layers.
+    The sum, over the primitive operations of ``func``'s jaxpr that depend on ``z``, of the sizes
+    of their outputs, divided by ``z``'s size: a static, backend-independent measure of what an
+    evaluation of f costs next to a solver's own work per step, which is a few passes over
+    ``z``-sized arrays (an Anderson or Broyden step writes and reads about 2 m numbers per number
+    of ``z``). Work that does not depend on ``z`` (an input injection ``x U^T``) is left out: XLA
+    computes it once, outside the solver's loop. So are operations that only move numbers
+    (reshapes, broadcasts, transposes, slices, dtype conversions). A ``scan`` body counts
+    ``length`` times, a ``cond`` its costliest branch, a ``while_loop`` body once (its trip count is
+    unknown). A matrix product counts its output, not its multiply-adds: for the small layers of
+    equilibrium models the number of distinct operations and their outputs, not the arithmetic,
+    set the time on a CPU (``benchmarks/step_cost.py --problem set``: a step of a 32-wide
+    transformer cell costs about as much as one of a 384-wide tanh layer with 20x its
+    multiply-adds per number of z).
 
     Args:
         func: a function of one array, ``func(z)``; it is traced (``jax.make_jaxpr``), not run,
@@ -55,37 +61,43 @@ def map_work(func, z) -> float:
         The work per number of ``z``, a Python float (>= 0).
 
     Example:
-        A tanh layer writes three numbers per number of z (the product, the sum, the tanh):
+        A tanh layer writes three numbers per number of z (the product, the sum, the tanh); its
+        input's product ``x @ u`` does not depend on z:
 
         >>> import jax.numpy as jnp
         >>> from deqlab.solvers import map_work
-        >>> w, x = jnp.eye(4), jnp.ones((2, 4))
-        >>> map_work(lambda z: jnp.tanh(z @ w + x), jnp.zeros((2, 4)))
+        >>> w, u, x = jnp.eye(4), jnp.ones((3, 4)), jnp.ones((2, 3))
+        >>> map_work(lambda z: jnp.tanh(z @ w + x @ u), jnp.zeros((2, 4)))
         3.0
     """
     size = math.prod(jnp.shape(z))
     if size == 0:
         return 0.0
     closed = jax.make_jaxpr(func)(z)
-    return _written(closed.jaxpr) / size
+    return _written(closed.jaxpr, [True] * len(closed.jaxpr.invars)) / size
 
 
-def _written(jaxpr) -> float:
+def _written(jaxpr, dependent) -> float:
+    """Numbers written by the operations of ``jaxpr`` that depend on the inputs flagged in
+    ``dependent`` (one flag per invar)."""
+    depends = {var for var, flag in zip(jaxpr.invars, dependent) if flag}
     total = 0.0
     for eqn in jaxpr.eqns:
-        inner = [_written(sub) for sub in _sub_jaxprs(eqn.params)]
+        flags = [not _is_literal(var) and var in depends for var in eqn.invars]
+        if not any(flags):
+            continue  # computed from constants and z-independent inputs only
+        depends.update(eqn.outvars)
+        name = eqn.primitive.name
+        inner = [_written(sub, _inner_flags(eqn, sub, flags)) for sub in _sub_jaxprs(eqn.params)]
         if inner:
-            name = eqn.primitive.name
             if name == "cond":
                 total += max(inner)
             elif name == "scan":
                 total += eqn.params.get("length", 1) * sum(inner)
             else:
                 total += sum(inner)
-            continue
-        if eqn.primitive.name in _MOVES:
-            continue
-        total += sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        elif name not in _MOVES:
+            total += sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
     return total
 
 
@@ -98,6 +110,25 @@ def _sub_jaxprs(params):
                 yield item.jaxpr
 
 
+def _is_literal(var) -> bool:
+    return isinstance(var, jax.extend.core.Literal)  # a constant operand, written into the jaxpr
+
+
+def _inner_flags(eqn, sub, flags):
+    """Which inputs of a sub-jaxpr depend on z: aligned with the equation's operands where the
+    counts match (a call, a scan; a cond's branches after its predicate; a while loop's body after
+    the condition's constants), else all of them (a conservative count)."""
+    count = len(sub.invars)
+    if count == len(flags):
+        return flags
+    if count == len(flags) - 1:  # cond: (predicate, *operands)
+        return flags[1:]
+    skip = eqn.params.get("cond_nconsts")
+    if skip is not None and count == len(flags) - skip:  # while: (cond consts, body consts, carry)
+        return flags[skip:]
+    return [any(flags)] * count
+
+
 class Adaptive(Solver):
     """The default solver: plain iteration, Anderson or Broyden, whichever the map's cost and the
     batch's own steps say is cheapest.
@@ -105,17 +136,19 @@ class Adaptive(Solver):
     The rule, decided once per solve for the whole batch:
 
     1. **An expensive map: Broyden.** Where f's operations write at least ``broyden_above``
-       numbers per number of z (:func:`map_work`: a transformer cell, about 50; a tanh or linear
-       layer, 2 to 5), a solver step's own work (a few passes over m history vectors) is small
+       numbers per number of z (:func:`map_work`: a transformer cell, about 39; a tanh or linear
+       layer, 2 to 4), a solver step's own work (a few passes over m history vectors) is small
        next to f's, so the method with the fewest steps wins: Broyden (:class:`Broyden`, with
        this solver's stopping settings) runs from the start, and the rest of the rule is skipped.
-       On ``benchmarks/default_solver.py``'s transformer problem Broyden needs 151 steps to 1e-5,
-       Anderson 397 and plain iteration 490, at 1.31x, 1.28x and 1x a plain step's cost.
-    2. **Otherwise, a plain warm-up.** ``warm_up`` plain steps z <- f(z). Over their second
-       half, the batch's largest residual (that of the sample furthest from convergence, which
+       On ``benchmarks/default_solver.py``'s transformer problem the fewest steps that reach an
+       error of 1e-5 are Broyden's 151, Anderson's 397 and plain iteration's 490, at 1.27x,
+       1.19x and 1x the loop's plain step (``benchmarks/results/step_cost_set_quick.txt``).
+    2. **Otherwise, a plain warm-up.** ``warm_up`` evaluations of plain iteration z <- f(z)
+       (f(z0) and ``warm_up - 1`` steps). Over their second half, the batch's largest residual (that of the sample furthest from convergence, which
        sets the batch's time) falls by ``d_plain`` decades per step.
     3. **An Anderson trial.** ``trial`` Anderson steps (:class:`Anderson` with ``m`` and
-       ``ridge``, from an empty history). Over their second half, the batch's largest residual
+       ``ridge``, from an empty history, so that its first two steps, with no pair and with one,
+       are plain ones). Over their second half, the batch's largest residual
        falls by ``d_anderson`` decades per step. The trial's steps are not wasted: they move
        towards z* too.
     4. **The verdict.** Anderson to the end if ``d_anderson > cost_ratio * d_plain`` (its decades
@@ -131,21 +164,24 @@ class Adaptive(Solver):
     benchmarks.step_cost --problem set`` measures it on a CPU: 1.19-1.46x over two runs
     (``benchmarks/results/step_cost_set_quick.txt``).
 
-    Measured by ``benchmarks/default_solver.py`` (one run on a 2-core CPU, tol 1e-5): the rule
-    keeps plain iteration on the cheap orthogonal tanh map (93 steps; Picard alone needs 94),
-    accelerates on the slowly contracting GOE map (61 steps; Anderson alone 77, Picard 188) and
-    runs Broyden on the transformer cell (173 steps; Anderson 397, Picard 490); every returned
-    value is within ``tol`` in the measure below.
+    Measured by ``benchmarks/default_solver.py`` (2-core CPU, tol 1e-5, its stopping rule
+    below): the rule keeps plain iteration on the cheap orthogonal tanh map (93 steps; the fewest
+    plain steps that reach an error of 1e-5 are 94), accelerates on the slowly contracting GOE
+    map (61 steps; Anderson's fewest 77, plain iteration's 188) and runs Broyden on the
+    transformer cell (173 steps for the slowest sample; unjudged Broyden steps bring every sample
+    within 1e-5 absolute in 151); the returned values' errors are 4.5e-6, 8.0e-6 and 8.0e-6 in the measure below
+    (2.3e-5 in absolute terms on the transformer, whose |z*| is about 3).
 
     The default stopping rule is ``stop="error"``: a sample stops when the estimated error of the
     value returned, ``safety * ||f(z) - z|| / (1 - q)`` with q the largest secant quotient of its
     steps (a lower estimate of f's contraction rate), is within ``tol`` relative to
-    ``max(1, max|f(z)|)`` (:mod:`deqlab.solvers`): ``tol`` bounds the returned value's error,
-    not the last step's residual, which is smaller by up to 1 / (1 - q). The bound is an estimate:
-    it holds where the error shrinks with the residual at the measured rate (it did on the three
-    benchmark problems), and a strongly non-normal Jacobian, whose (I - J)^-1 amplifies some
-    directions far beyond 1 / (1 - rho(J)), can defeat it (chapter 0's solver page measures one
-    case, a Gaussian W at scale 0.95: 8x tol). ``stop="residual"`` restores the residual rule.
+    ``max(1, max|f(z)|)`` (:mod:`deqlab.solvers`): where the rate estimate is usable, ``tol``
+    bounds the returned value's estimated error, not the last step's residual, which is smaller
+    by up to 1 / (1 - q). Where it is not (q >= 0.999, a growing residual: an f that stretches
+    some directions, or rates near 1 read through rounding), the residual rule decides, and
+    ``Solution.stats.error_estimate`` is inf for that sample: on chapter 0's solver page a
+    Gaussian W at scale 0.95 (||J||_2 about 1.7) leaves every sample to the residual rule and
+    its error at 8x ``tol``. ``stop="residual"`` restores the residual rule everywhere.
 
     The plain and Anderson steps are ``lax.cond`` branches for the whole batch
     (:attr:`couples_samples`): a batch in plain iteration pays plain iteration's cost. Under an

@@ -115,13 +115,16 @@ def test_the_warm_up_measures_a_known_plain_rate_and_the_verdict_follows_cost_ra
 
 def test_map_work_counts_written_numbers_and_sends_expensive_maps_to_broyden():
     """Rule step 1: map_work counts the numbers a map's operations write per number of z
-    (reshapes and broadcasts left out, a scan body times its length, a cond's costliest branch);
+    (only operations that depend on z; reshapes and broadcasts left out, a scan body times its
+    length, a cond's costliest branch);
     a tanh layer is far below broyden_above (32) and a transformer cell far above, so the first
     is solved by the plain/Anderson rule and the second by Broyden; broyden_above=inf turns the
     step off."""
     w, x = jnp.eye(4), jnp.ones((2, 4))
     z = jnp.zeros((2, 4))
     assert map_work(lambda z: jnp.tanh(z @ w + x), z) == 3.0
+    # work that does not depend on z (an input injection) is computed once, outside the loop: not counted
+    assert map_work(lambda z: jnp.tanh(z @ w + jnp.exp(x) @ w), z) == 3.0
     assert map_work(lambda z: jnp.reshape(z, (4, 2)).T.reshape(2, 4), z) == 0.0
     assert map_work(lambda z: jax.lax.scan(lambda c, _: (jnp.sin(c), None), z, None, length=5)[0], z) == 5.0
     # the costlier branch (2 numbers per number of z) and the predicate's one comparison (1 / 8)
