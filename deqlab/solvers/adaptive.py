@@ -171,7 +171,8 @@ class Adaptive(Solver):
     map (61 steps; Anderson's fewest 77, plain iteration's 188) and runs Broyden on the
     transformer cell (173 steps for the slowest sample; unjudged Broyden steps bring every sample
     within 1e-5 absolute in 151); the returned values' errors are 4.5e-6, 8.0e-6 and 8.0e-6 in
-    the measure below (2.3e-5 in absolute terms on the transformer, whose |z*| is about 3). Many
+    the measure below (2.3e-5 in absolute terms on the transformer, whose largest entries are
+    about 3). Many
     samples stopped on the residual fallback described below, after the estimate had kept them
     iterating: on the tanh map every one (0 of 96 had a usable estimate at its stop), on GOE 45
     of 96, on the transformer 2 of 8.

@@ -68,3 +68,15 @@ def test_exact_fixed_point_is_newtons_float64_solution_and_names_bad_input():
         practice.exact_fixed_point(problem, max_steps=0)
     with pytest.raises(ValueError, match="`problem` must be a practice.tanh_problem"):
         practice.exact_fixed_point(practice.Problem(lambda z: z, problem.z0, ()))
+
+
+def test_error_over_tol_is_the_worst_samples_scaled_error_and_names_bad_input():
+    """The measure stop="error" bounds: each sample's max-abs error over max(1, its max |z*|), the
+    worst sample's, in units of tol (a sample of size 4 is allowed four times the absolute error)."""
+    exact = np.array([[0.5, 0.2], [4.0, 1.0]])
+    assert practice.error_over_tol(exact + np.array([[0.0, 3e-5], [4e-5, 0.0]]), exact, 1e-5) == pytest.approx(3.0)
+    assert practice.error_over_tol(exact, exact, 1e-5) == 0.0
+    with pytest.raises(ValueError, match="`tol` must be a number > 0"):
+        practice.error_over_tol(exact, exact, 0.0)
+    with pytest.raises(ValueError, match="shape"):
+        practice.error_over_tol(exact[:1], exact, 1e-5)

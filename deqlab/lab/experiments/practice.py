@@ -36,6 +36,7 @@ __all__ = [
     "tanh_map",
     "tanh_problem",
     "exact_fixed_point",
+    "error_over_tol",
     "weight_tied_depth",
     "depth_to_reach",
     "solver_race",
@@ -129,6 +130,38 @@ def exact_fixed_point(problem: Problem, *, max_steps: int = 50) -> np.ndarray:
     worst = float(np.max(np.abs(np.tanh(z @ w.T + drive) - z)))
     raise RuntimeError(f"exact_fixed_point: Newton's method did not converge in {max_steps} steps "
                        f"(worst max-abs residual {worst:.1e}).")
+
+
+def error_over_tol(value: Any, exact: np.ndarray, tol: float) -> float:
+    """The worst sample's delivered error in units of ``tol``, in the measure that
+    ``stop="error"`` bounds: each sample's max-abs error over max(1, the largest magnitude of its
+    entries of z*).
+
+    Args:
+        value: the solve's value, shape ``(batch, width)``.
+        exact: the reference fixed points (:func:`exact_fixed_point`), the same shape.
+        tol: the tolerance (> 0).
+
+    Returns:
+        max over samples of ``max|value - exact| / max(1, max|exact|) / tol``, a Python float.
+
+    Raises:
+        ValueError: ``tol`` not > 0, or shapes that differ.
+
+    Example:
+        >>> import numpy as np
+        >>> from deqlab.lab.experiments import practice
+        >>> exact = np.array([[0.5, 0.2], [4.0, 1.0]])
+        >>> round(practice.error_over_tol(exact + np.array([[1e-5, 0.0], [2e-5, 0.0]]), exact, 1e-5), 6)  # 1e-5 / 1, 2e-5 / 4
+        1.0
+    """
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
+        raise ValueError(f"error_over_tol: `tol` must be a number > 0, got {tol!r}.")
+    value, exact = np.asarray(value, np.float64), np.asarray(exact, np.float64)
+    if value.shape != exact.shape:
+        raise ValueError(f"error_over_tol: `value` has shape {value.shape} and `exact` {exact.shape}; they must match.")
+    error = np.max(np.abs(value - exact), axis=1) / np.maximum(1.0, np.max(np.abs(exact), axis=1))
+    return float(np.max(error)) / tol
 
 
 def weight_tied_depth(problem: Problem, depth: int) -> jax.Array:
