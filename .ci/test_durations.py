@@ -13,6 +13,14 @@ repository root:
 
     python .ci/test_durations.py               # slow.json from _build/reports/tests{,-float64}.xml
 
+and, after it, from the reports of a cold `make unit` run with ``--junitxml`` (both passes), the
+quick tests that took 3 s or more there are added (``--add``): without the slow tests, the first
+quick test to use a shared fixture or compiled program pays for it alone (issue 39: the dry-run
+table's fixture, 19 s, and the ensemble study's tiny training, 13 s, were paid by slow tests in
+the full run and by quick ones in `make unit`)::
+
+    python .ci/test_durations.py --add unit.xml unit-float64.xml
+
 The times must be those of `make test TIER=all` on the 2-core machine from a cold compilation cache: two
 workers, the notebooks running beside the unit tests, every program compiled (compilation is most
 of a small test's time, and the first test of a file pays for the programs the next ones reuse).
@@ -109,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="JUnit XML reports of one `make test TIER=all`, both passes (default: the two "
                              "that `make test` writes into _build/reports)")
     parser.add_argument("--out", default=str(ROOT / "tests"), help="folder of slow.json")
+    parser.add_argument("--add", action="store_true",
+                        help="add the tests of at least 3 s in these reports to the stored slow.json instead of "
+                             "replacing it: for the reports of a cold `make unit`, where a quick test pays alone "
+                             "for a shared fixture or program that a slow test paid for in the full run")
     args = parser.parse_args(argv)
     missing = [r for r in args.reports if not Path(r).is_file()]
     if missing:
@@ -126,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     if not slow:  # never [] over the stored table: every unit test would go back into `make unit` unmarked
         parser.error(f"no unit test took at least {SLOW_SECONDS:g} s in {', '.join(args.reports)}: not the reports "
                      "of a cold `make test TIER=all` (see the docstring); slow.json left as it was")
+    if args.add:
+        stored = json.loads((out / "slow.json").read_text()) if (out / "slow.json").is_file() else []
+        slow = sorted(set(stored) | set(slow))
     _write(out / "slow.json", slow)
     print(f"{len(table)} files, {sum(table.values()):.0f} s; {len(slow)} tests of at least {SLOW_SECONDS:g} s "
           "marked slow", file=sys.stderr)

@@ -88,6 +88,19 @@ def test_main_writes_the_slow_table_and_refuses_bad_reports(repository, capsys):
     assert "_build/reports/tests.xml" in capsys.readouterr().err
 
 
+
+def test_add_keeps_the_stored_table_and_adds_the_quick_runs_slow_tests(repository):
+    # --add: a cold `make unit` report, where a quick test paid for a fixture alone, adds to the full run's table
+    out = repository / "out"
+    out.mkdir()
+    (out / "slow.json").write_text(json.dumps(["tests/test_b.py::test_only_in_the_full_run"]))
+    durations.main([str(repository / "tests.xml"), "--add", "--out", str(out)])
+    stored = json.loads((out / "slow.json").read_text())
+    assert stored[0] == "tests/book/test_c.py::test_in_a_subfolder" and len(stored) == 5
+    assert "tests/test_b.py::test_only_in_the_full_run" in stored
+    durations.main([str(repository / "tests.xml"), "--out", str(out)])  # without it, replaced
+    assert "tests/test_b.py::test_only_in_the_full_run" not in json.loads((out / "slow.json").read_text())
+
 FOREIGN = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="elsewhere.test_x" name="test_long" time="30.0"/>
 <testcase classname="tests.test_gone" name="test_renamed" time="9.0"/>
