@@ -88,7 +88,6 @@ def test_main_writes_the_slow_table_and_refuses_bad_reports(repository, capsys):
     assert "_build/reports/tests.xml" in capsys.readouterr().err
 
 
-
 def test_add_keeps_the_stored_table_and_adds_the_quick_runs_slow_tests(repository):
     # --add: a cold `make unit` report, where a quick test paid for a fixture alone, adds to the full run's table
     out = repository / "out"
@@ -100,6 +99,11 @@ def test_add_keeps_the_stored_table_and_adds_the_quick_runs_slow_tests(repositor
     assert "tests/test_b.py::test_only_in_the_full_run" in stored
     durations.main([str(repository / "tests.xml"), "--out", str(out)])  # without it, replaced
     assert "tests/test_b.py::test_only_in_the_full_run" not in json.loads((out / "slow.json").read_text())
+    # a quick run with no test of 3 s or more adds nothing and keeps the table
+    (repository / "fast-unit.xml").write_text(PASS_2)
+    durations.main([str(repository / "fast-unit.xml"), "--add", "--out", str(out)])
+    assert len(json.loads((out / "slow.json").read_text())) == 4
+
 
 FOREIGN = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="elsewhere.test_x" name="test_long" time="30.0"/>
