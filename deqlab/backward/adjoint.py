@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqlab import checks
+from deqlab import _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward.base import report
 from deqlab.backward.linear import get_adjoint_solver
@@ -86,11 +86,21 @@ def adjoint_solve(
         True
     """
     check_policy(on_failure, "adjoint_solve")
-    sol = _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
+    if not isinstance(args, tuple):
+        raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
+    _check_cotangent(cotangent, z_star)
+    # Under the eager cache, as solve is: called eagerly, the adjoint's own solve is then traced
+    # once per problem (its map closes over f's VJP, which the cache could not key on).
+    sol = _eager.cached_call(_adjoint_traced, f, (z_star, args, cotangent, get_adjoint_solver(solver)),
+                             dict(batch_axis=batch_axis, precision=precision))
     report("adjoint-alone", on_failure, sol.result, sol.stats.best_residual)
     if on_failure == "nan":
         sol = sol._replace(value=nan_where_failed(sol.value, sol.result, batch_axis))
     return sol
+
+
+def _adjoint_traced(f, z_star, args, cotangent, solver, *, batch_axis, precision):
+    return _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision)
 
 
 def _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision):
@@ -137,8 +147,13 @@ def _linear_fixed_point(make_product, z_star, rhs, solver, batch_axis, precision
         g_flat = flattener.flatten(rhs)
         finite_rows = jnp.all(jnp.isfinite(g_flat), axis=1)
         clean = flattener.unflatten(jnp.where(finite_rows[:, None], g_flat, 0.0))
-        sol = solve(affine_map, clean, solver=config.replace(tol=resolved_tol), batch_axis=batch_axis,
-                    on_failure="ignore")
+
+        def affine_rows(u_flat):  # the map on flattened rows, as Solver.for_map sees a forward one
+            return flattener.flatten(affine_map(flattener.unflatten(u_flat)))
+
+        # a linear fixed point: the default (Adaptive) runs Anderson without its trial
+        linear = config.replace(tol=resolved_tol).for_linear_map(affine_rows, g_flat)
+        sol = solve(affine_map, clean, solver=linear, batch_axis=batch_axis, on_failure="ignore")
         u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
         result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)
         return sol._replace(value=flattener.unflatten(u_flat), result=result)

@@ -69,6 +69,8 @@ class Solver(abc.ABC):
     - :meth:`terminate`: the convergence test of a judged iterate (default: the ``stop`` rule).
     - :meth:`for_map`: the solver that solves a given map (default: itself), resolved when
       the solve is traced.
+    - :meth:`for_linear_map`: the same for the linear fixed points of the implicit adjoint and
+      tangent solves (default: :meth:`for_map`).
     - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
     - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
     - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
@@ -356,6 +358,26 @@ class Solver(abc.ABC):
             A :class:`Solver` (``self`` unless the solver resolves itself).
         """
         return self
+
+    def for_linear_map(self, func: Any, z: jax.Array) -> Solver:
+        """The solver that solves a linear fixed point u = b + A u (optional hook; default:
+        :meth:`for_map`).
+
+        Called instead of :meth:`for_map` by the implicit backward pass, whose adjoint solve
+        u = g + J^T u (003 Eq. 11) and tangent solve v = b + J v are linear in the unknown: a
+        solver that chooses its method from the map's behaviour (:class:`Adaptive`) can skip
+        what it would measure, since on a linear map Anderson acceleration is a Krylov method
+        (Walker & Ni 2011: it matches GMRES on the same iterates).
+
+        Args:
+            func: the affine map on flattened rows, ``func(u) -> b + A u``, shape ``(B, D)`` to
+                ``(B, D)``; trace it, do not rely on running it.
+            z: the flattened initial iterates, shape ``(B, D)``.
+
+        Returns:
+            A :class:`Solver` (by default ``self.for_map(func, z)``).
+        """
+        return self.for_map(func, z)
 
     def error_bound_factor(self, q: jax.Array) -> jax.Array:
         """The factor c(q) of Banach's a-posteriori bound used by ``stop="error"`` (optional hook).

@@ -4,6 +4,7 @@ promises. The linear problems share one compiled program (the map's matrix, the 
 and ``cost_ratio`` are its arguments)."""
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,8 @@ from flax import nnx
 
 import deqlab
 from deqlab import nn
+from deqlab._eager import UncachedCallWarning
+from deqlab.backward import adjoint_solve
 from deqlab.solvers import Adaptive, AdaptiveState, BroydenState, chosen, map_work
 
 N, BATCH, TOL = 16, 4, 1e-5
@@ -155,6 +158,33 @@ def test_a_named_solver_is_the_solver_that_runs():
     layer = nn.DEQ(nn.TanhCell(3, 3, rngs=nnx.Rngs(0)), solver="picard")
     assert isinstance(layer.solver, deqlab.Picard)
     assert isinstance(nn.DEQ(nn.TanhCell(3, 3, rngs=nnx.Rngs(0))).solver, Adaptive)
+
+
+def test_the_backward_pass_solves_its_linear_fixed_point_with_anderson_or_broyden_without_a_trial():
+    """The adjoint of the default is Anderson from the first step with the default's settings
+    (for_linear_map: on a linear map Anderson is a Krylov method, no trial needed), or Broyden
+    where the map is expensive; the adjoint solve runs it (its state is Anderson's, not an
+    AdaptiveState) and delivers u = g + J^T u at the default's tolerance. Called eagerly, adjoint_solve
+    runs under the eager cache (no UncachedCallWarning: its inner solve's map closes over a VJP)."""
+    solver = Adaptive(tol=1e-6, max_steps=77, m=4, ridge=1e-3)
+    w = 0.4 * jnp.eye(3)
+    resolved = solver.for_linear_map(lambda u: u @ w + 1.0, jnp.zeros((2, 3)))
+    assert resolved == deqlab.Anderson(m=4, ridge=1e-3, tol=1e-6, max_steps=77, stop="error")
+    cell = nn.TransformerCell(16, 16, heads=2, rngs=nnx.Rngs(0))
+    assert isinstance(solver.for_linear_map(lambda z: cell(z, jnp.zeros((2, 4, 16))), jnp.zeros((2, 4, 16))),
+                      deqlab.Broyden)
+
+    f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
+    x = jnp.asarray([[0.3, -0.2, 0.1], [1.0, 0.5, -0.4]])
+    z_star = deqlab.solve(f, jnp.zeros((2, 3)), x, batch_axis=0).value
+    g = jnp.ones((2, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UncachedCallWarning)  # eagerly, the adjoint's solve is cached like solve
+        sol = adjoint_solve(f, z_star, (x,), g, batch_axis=0)
+    assert not isinstance(sol.state.history, AdaptiveState) and len(sol.state.history) == 4
+    # J^T is diagonal here: u = g / (1 - 0.5 (1 - tanh(z*)^2))
+    exact = g / (1.0 - 0.5 * (1.0 - jnp.tanh(z_star) ** 2))
+    assert bool(sol.converged.all()) and float(jnp.max(jnp.abs(sol.value - exact))) < 1e-4
 
 
 @pytest.mark.parametrize("setting, value, valid", [
