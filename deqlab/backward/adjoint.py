@@ -104,10 +104,8 @@ def _adjoint_traced(f, z_star, args, cotangent, solver, *, batch_axis, precision
 
 
 def _adjoint_solve(f, z_star, args, cotangent, solver, batch_axis, precision):
-    if not isinstance(args, tuple):
-        raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
-    _check_cotangent(cotangent, z_star)
-
+    # args and cotangent were checked by adjoint_solve (before anything is traced), or come from
+    # the implicit rule (a tuple and f's own cotangent)
     def transposed_jacobian(level):
         with precision_module.matmul_precision(level):
             _, vjp_z = jax.vjp(lambda z: f(z, *args), z_star)

@@ -367,7 +367,7 @@ class Solver(abc.ABC):
         u = g + J^T u (003 Eq. 11) and tangent solve v = b + J v are linear in the unknown: a
         solver that chooses its method from the map's behaviour (:class:`Adaptive`) can skip
         what it would measure, since on a linear map Anderson acceleration is a Krylov method
-        (Walker & Ni 2011: it matches GMRES on the same iterates).
+        (Walker & Ni 2011: with an unlimited history it is essentially GMRES).
 
         Args:
             func: the affine map on flattened rows, ``func(u) -> b + A u``, shape ``(B, D)`` to
