@@ -54,7 +54,10 @@ def adjoint_solve(
             (None: the dtype's default) and ``max_steps``; for a linear solver ``tol`` is the
             relative residual of the linear system per sample, checked after the solve, and
             ``max_steps`` bounds the operator applications (GMRES: restart cycles of
-            ``restart`` products).
+            ``restart`` products). A forward solver is resolved by its
+            :meth:`~deqlab.solvers.Solver.for_linear_map`: the default ``"adaptive"`` runs
+            Anderson from the first step (Broyden for an expensive f), so the returned
+            ``Solution.state`` is theirs, not an ``AdaptiveState``.
         batch_axis: as in :func:`deqlab.solvers.solve`.
         precision: matmul precision of the vector-Jacobian products; None: what the solver's
             tolerance needs (:func:`deqlab.precision.required_precision`).
@@ -63,6 +66,9 @@ def adjoint_solve(
 
     Returns:
         A :class:`~deqlab.solvers.Solution` whose ``value`` is u, with per-sample convergence.
+        Called outside ``jit``, the computation is compiled once per ``f`` and configuration and
+        reused, as :func:`deqlab.solvers.solve`'s is (the same cache and the same rules for what
+        ``f`` reads).
 
     Raises:
         ValueError: ``args`` not a tuple, a ``cotangent`` of another structure or shape than
@@ -89,6 +95,7 @@ def adjoint_solve(
     if not isinstance(args, tuple):
         raise checks.fail("args", "a tuple of the arguments of f", type(args).__name__, "adjoint_solve")
     _check_cotangent(cotangent, z_star)
+    Flattener(z_star, batch_axis, "z_star")  # z_star's and batch_axis's checks, before anything is traced
     # Under the eager cache, as solve is: called eagerly, the adjoint's own solve is then traced
     # once per problem (its map closes over f's VJP, which the cache could not key on).
     sol = _eager.cached_call(_adjoint_traced, f, (z_star, args, cotangent, get_adjoint_solver(solver)),
@@ -150,7 +157,7 @@ def _linear_fixed_point(make_product, z_star, rhs, solver, batch_axis, precision
             return flattener.flatten(affine_map(flattener.unflatten(u_flat)))
 
         # a linear fixed point: the default (Adaptive) runs Anderson without its trial
-        linear = config.replace(tol=resolved_tol).for_linear_map(affine_rows, g_flat)
+        linear = config.replace(tol=resolved_tol).for_linear_map(affine_rows, flattener.flatten(clean))
         sol = solve(affine_map, clean, solver=linear, batch_axis=batch_axis, on_failure="ignore")
         u_flat = flattener.flatten(sol.value) + jnp.where(finite_rows[:, None], 0.0, jnp.nan).astype(g_flat.dtype)
         result = jnp.where(flattener.per_sample(finite_rows), sol.result, Result.NONFINITE).astype(jnp.int32)

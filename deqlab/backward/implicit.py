@@ -23,7 +23,10 @@ class Implicit(ImplicitRule):
     Attributes:
         solver: adjoint solver: a name of :data:`deqlab.solvers.SOLVERS`, a solver object, a
             :class:`LinearSolver` object such as :class:`GMRES`, or ``"gmres"`` (its defaults);
-            None: the forward solver.
+            None: the forward solver. A forward solver is resolved by its
+            :meth:`~deqlab.solvers.Solver.for_linear_map`: :class:`~deqlab.solvers.Adaptive`
+            (the default) runs Anderson from the first step, or Broyden for an expensive f, and
+            its ``warm_up``, ``trial`` and ``cost_ratio`` are not used.
         tol, max_steps: of the adjoint solve; None: an adjoint solver object's own, else the
             forward solve's (:meth:`adjoint_solver` resolves them, in this one place).
 
@@ -31,7 +34,7 @@ class Implicit(ImplicitRule):
         ValueError: an unknown adjoint solver, or a setting outside its range.
 
     Example:
-        The adjoint by GMRES or by the forward solver (Anderson, the default) gives the same
+        The adjoint by GMRES or by the forward solver (here Anderson) gives the same
         gradient:
 
         >>> import jax, jax.numpy as jnp, deqlab

@@ -194,13 +194,17 @@ class Adaptive(Solver):
     The choice is in the returned state: :func:`chosen` names it.
 
     The implicit backward pass's linear fixed points (the adjoint u = g + J^T u, 003 Eq. 11, and
-    the tangent v = b + J v) skip the warm-up and the trial: Broyden where f is expensive (step
-    1), else Anderson from the first step (:meth:`for_linear_map`), which on a linear map is a
-    Krylov method (with an unlimited history essentially GMRES, Walker & Ni 2011). Against the rule run again on the adjoint, in ``benchmarks/compile.py`` the
-    default gradient is 1,188 HLO instructions instead of 1,363, and a training step on
-    ``benchmarks/default_solver.py``'s problems took 0.95x the time on the tanh map and 1.06x on
-    GOE (medians of one interleaved run; no speed difference is claimed), with gradient errors
-    of 3.2e-6 (2.5e-6 before) and 1.0e-5 (the same).
+    the tangent v = b + J v, in :func:`deqlab.backward.adjoint_solve` too) skip the warm-up and
+    the trial, for a smaller program: Broyden where f is expensive (step 1), else Anderson from
+    the first step (:meth:`for_linear_map`). On a linear map Anderson acceleration is a Krylov
+    method (without truncation, damping or ridge, in exact arithmetic and while GMRES does not
+    stagnate, its iterates are GMRES's mapped once more: Walker & Ni 2011). In
+    ``benchmarks/compile.py`` the default gradient is 1,188 HLO instructions against 1,363 with
+    the rule run again on the adjoint (``compile_quick.txt``); in ``benchmarks/default_solver.py``
+    the tanh map's gradient error is 3.2e-6 against 2.5e-6 before, and its training step took
+    75.3 and 58.3 ms in two runs against 80.4 and 72.9 ms in the two before
+    (``default_solver_quick.txt``; no speed difference is claimed from these, and whether Anderson
+    beats plain iteration on that orthogonal map's adjoint was not established).
 
     Attributes:
         m, ridge: of the Anderson steps (:class:`Anderson`).
@@ -265,16 +269,13 @@ class Adaptive(Solver):
 
     def for_linear_map(self, func, z) -> Solver:
         """Broyden where ``func`` is expensive (as :meth:`for_map`), else Anderson from the first
-        step, with this solver's ``m``, ``ridge`` and stopping settings: the solver of the
-        implicit backward pass's linear fixed points (the adjoint u = g + J^T u, 003 Eq. 11, and
-        the tangent v = b + J v).
+        step (:meth:`_anderson`'s ``m`` and ``ridge``, this solver's ``tol``, ``max_steps`` and
+        stopping settings): the solver of the linear fixed points of the implicit backward pass
+        and of :func:`deqlab.backward.adjoint_solve` (the adjoint u = g + J^T u, 003 Eq. 11, and
+        the tangent v = b + J v). ``warm_up``, ``trial`` and ``cost_ratio`` are not used there.
 
-        On a linear map Anderson acceleration is a Krylov method: with an unlimited history it
-        is essentially GMRES (Walker & Ni 2011; ``m`` truncates it), so it needs no trial against
-        plain iteration, also where the forward solve kept plain iteration (the tanh benchmark's
-        orthogonal map). The class docstring gives what it changed on the benchmark problems:
-        a smaller gradient program, gradient errors within the tolerance, and no speed difference
-        claimed.
+        The trial is skipped for a smaller gradient program; on a linear map Anderson is a Krylov
+        method (the class docstring gives the conditions and what the change measured).
 
         Example:
             >>> import jax.numpy as jnp
@@ -284,11 +285,11 @@ class Adaptive(Solver):
             'Anderson'
         """
         solver = self.for_map(func, z)
-        if solver is not self:
+        if isinstance(solver, Broyden):  # an expensive map (rule step 1)
             return solver
-        return Anderson(m=self.m, ridge=self.ridge, tol=self.tol, max_steps=self.max_steps,
-                        divergence_factor=self.divergence_factor, stop=self.stop, safety=self.safety,
-                        check_every=self.check_every)
+        return self._anderson().replace(tol=self.tol, max_steps=self.max_steps,
+                                        divergence_factor=self.divergence_factor, stop=self.stop,
+                                        safety=self.safety, check_every=self.check_every)
 
     def _anderson(self) -> Anderson:
         return Anderson(m=self.m, ridge=self.ridge)

@@ -69,8 +69,8 @@ class Solver(abc.ABC):
     - :meth:`terminate`: the convergence test of a judged iterate (default: the ``stop`` rule).
     - :meth:`for_map`: the solver that solves a given map (default: itself), resolved when
       the solve is traced.
-    - :meth:`for_linear_map`: the same for the linear fixed points of the implicit adjoint and
-      tangent solves (default: :meth:`for_map`).
+    - :meth:`for_linear_map`: the solver of the linear fixed points of the implicit adjoint and
+      tangent solves (default: itself), resolved before :meth:`for_map`.
     - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
     - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
     - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
@@ -361,23 +361,33 @@ class Solver(abc.ABC):
 
     def for_linear_map(self, func: Any, z: jax.Array) -> Solver:
         """The solver that solves a linear fixed point u = b + A u (optional hook; default:
-        :meth:`for_map`).
+        ``self``).
 
-        Called instead of :meth:`for_map` by the implicit backward pass, whose adjoint solve
-        u = g + J^T u (003 Eq. 11) and tangent solve v = b + J v are linear in the unknown: a
-        solver that chooses its method from the map's behaviour (:class:`Adaptive`) can skip
-        what it would measure, since on a linear map Anderson acceleration is a Krylov method
-        (Walker & Ni 2011: with an unlimited history it is essentially GMRES).
+        Called by the implicit backward pass and by :func:`deqlab.backward.adjoint_solve`, whose
+        adjoint solve u = g + J^T u (003 Eq. 11) and tangent solve v = b + J v are linear in the
+        unknown, before the solve; the solve then calls :meth:`for_map` on the solver returned,
+        as for any solve. A solver that chooses its method from the map's behaviour
+        (:class:`Adaptive`) can skip what it would measure: on a linear map Anderson acceleration
+        is a Krylov method (Walker & Ni 2011). When it is called, ``tol`` is resolved (the
+        precision of the products around the solve was chosen for it): the solver returned must
+        keep this solver's ``tol`` and ``max_steps``.
 
         Args:
             func: the affine map on flattened rows, ``func(u) -> b + A u``, shape ``(B, D)`` to
                 ``(B, D)``; trace it, do not rely on running it.
-            z: the flattened initial iterates, shape ``(B, D)``.
+            z: the flattened starting point of the solve, shape ``(B, D)``.
 
         Returns:
-            A :class:`Solver` (by default ``self.for_map(func, z)``).
+            A :class:`Solver` (not a linear solver such as GMRES).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from deqlab.solvers import Picard
+            >>> solver = Picard(tol=1e-6)
+            >>> solver.for_linear_map(lambda u: 0.5 * u + 1.0, jnp.zeros((2, 3))) is solver
+            True
         """
-        return self.for_map(func, z)
+        return self
 
     def error_bound_factor(self, q: jax.Array) -> jax.Array:
         """The factor c(q) of Banach's a-posteriori bound used by ``stop="error"`` (optional hook).

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import deqlab
-from deqlab import nn
+from deqlab import _eager, nn
 from deqlab._eager import UncachedCallWarning
 from deqlab.backward import adjoint_solve
 from deqlab.solvers import Adaptive, AdaptiveState, BroydenState, chosen, map_work
@@ -160,31 +160,35 @@ def test_a_named_solver_is_the_solver_that_runs():
     assert isinstance(nn.DEQ(nn.TanhCell(3, 3, rngs=nnx.Rngs(0))).solver, Adaptive)
 
 
-def test_the_backward_pass_solves_its_linear_fixed_point_with_anderson_or_broyden_without_a_trial():
-    """The adjoint of the default is Anderson from the first step with the default's settings
-    (for_linear_map: on a linear map Anderson is a Krylov method, no trial needed), or Broyden
-    where the map is expensive; the adjoint solve runs it (its state is Anderson's, not an
-    AdaptiveState) and delivers u = g + J^T u at the default's tolerance. Called eagerly, adjoint_solve
-    runs under the eager cache (no UncachedCallWarning: its inner solve's map closes over a VJP)."""
-    solver = Adaptive(tol=1e-6, max_steps=77, m=4, ridge=1e-3)
-    w = 0.4 * jnp.eye(3)
-    resolved = solver.for_linear_map(lambda u: u @ w + 1.0, jnp.zeros((2, 3)))
-    assert resolved == deqlab.Anderson(m=4, ridge=1e-3, tol=1e-6, max_steps=77, stop="error")
+def test_the_backward_pass_solves_its_linear_fixed_point_with_anderson_or_broyden_without_a_trial(monkeypatch):
+    """The linear fixed points of the default's backward pass (for_linear_map) are solved by
+    Anderson from the first step with the default's settings, or by Broyden where the map is
+    expensive: the adjoint solve (reverse mode) and the tangent solve (forward mode, jax.jvp)
+    run it, and deliver u = g + J^T u and dz*/dx against the closed form. Called eagerly,
+    adjoint_solve runs under the eager cache (no UncachedCallWarning: its inner solve's map
+    closes over a VJP)."""
+    settings = dict(tol=1e-6, max_steps=77, divergence_factor=50.0, safety=2.0, check_every=3)
+    resolved = Adaptive(m=4, ridge=1e-3, **settings).for_linear_map(lambda u: u @ (0.4 * jnp.eye(3)) + 1.0,
+                                                                     jnp.zeros((2, 3)))
+    assert resolved == deqlab.Anderson(m=4, ridge=1e-3, stop="error", **settings)
     cell = nn.TransformerCell(16, 16, heads=2, rngs=nnx.Rngs(0))
-    assert isinstance(solver.for_linear_map(lambda z: cell(z, jnp.zeros((2, 4, 16))), jnp.zeros((2, 4, 16))),
+    assert isinstance(Adaptive().for_linear_map(lambda z: cell(z, jnp.zeros((2, 4, 16))), jnp.zeros((2, 4, 16))),
                       deqlab.Broyden)
 
     f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
     x = jnp.asarray([[0.3, -0.2, 0.1], [1.0, 0.5, -0.4]])
     z_star = deqlab.solve(f, jnp.zeros((2, 3)), x, batch_axis=0).value
-    g = jnp.ones((2, 3))
+    # J = diag(0.5 (1 - tanh(z*)^2)): u = g / (1 - J) for g = 1, and dz*/dx along ones is the same
+    exact = 1.0 / (1.0 - 0.5 * (1.0 - jnp.tanh(z_star) ** 2))
+    monkeypatch.setattr(_eager, "_warned", set())  # the warning is issued once per place: a fresh record
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UncachedCallWarning)  # eagerly, the adjoint's solve is cached like solve
-        sol = adjoint_solve(f, z_star, (x,), g, batch_axis=0)
-    assert not isinstance(sol.state.history, AdaptiveState) and len(sol.state.history) == 4
-    # J^T is diagonal here: u = g / (1 - 0.5 (1 - tanh(z*)^2))
-    exact = g / (1.0 - 0.5 * (1.0 - jnp.tanh(z_star) ** 2))
+        warnings.simplefilter("error", UncachedCallWarning)
+        sol = adjoint_solve(f, z_star, (x,), jnp.ones((2, 3)), batch_axis=0)
+    assert not isinstance(sol.state.history, AdaptiveState) and len(sol.state.history) == 4  # Anderson's state
     assert bool(sol.converged.all()) and float(jnp.max(jnp.abs(sol.value - exact))) < 1e-4
+    tangent = jax.jvp(lambda x: deqlab.fixed_point(f, jnp.zeros((2, 3)), x, batch_axis=0).value, (x,),
+                      (jnp.ones((2, 3)),))[1]
+    assert float(jnp.max(jnp.abs(tangent - exact))) < 1e-4
 
 
 @pytest.mark.parametrize("setting, value, valid", [
