@@ -147,8 +147,9 @@ QUICK = dict(corpus="austen", tokenizer="sentencepiece", vocab_size=128, context
 """The quick study: a small model on the bundled corpus, sized so that the 90 runs take about
 a minute on two CPU cores, compilation included (measured at 0.9.0: 122 XLA compilations, about
 19 s: the chunk, probe and evaluation programs twice each, the GOE's shapes being smaller, and
-the eager random initialisations). The learning rate 1e-2 is ours: measured at 3e-3 over 96 steps, every run of three configurations ended at 4.02-4.14 nats of test loss, the
-models having learned little beyond piece frequencies. ``embedding_std=1.0`` (unit-variance
+the eager random initialisations). The learning rate 1e-2 is ours: measured at 3e-3 over 96
+steps, every run of three configurations ended at 4.02-4.14 nats of test loss, the models having
+learned little beyond piece frequencies. ``embedding_std=1.0`` (unit-variance
 embeddings, :class:`deqlab.nn.LanguageModel`) is ours too: on 003's released layer neither scale
 brings the *initial* model to its equilibrium within the 20 Broyden steps (chapter 5 page 6 reports
 the converged fractions at step 0), and training does at both; what the scale changes is what the
