@@ -17,7 +17,8 @@ for the Picard solve (deqlab's ``solve(..., solver="picard", batch_axis=0)``; op
 solve (deqlab only: optimistix has none), the default solve (no solver named:
 :class:`deqlab.solvers.Adaptive`, whose program holds plain and Anderson steps), and ``jax.grad``
 of L = sum(z*^2) with respect to W through ``deqlab.fixed_point`` (the defaults: the adaptive
-solver forward and for the adjoint, implicit backward; Anderson both ways, 0.8's default; and,
+solver forward, implicit backward with its adjoint solved by Anderson from the first step, as
+``Adaptive.for_linear_map`` resolves it; Anderson both ways, 0.8's default; and,
 like for like with optimistix, Picard forward and its Picard adjoint solve) and through optimistix's
 ``fixed_point`` (Picard) with its default ``ImplicitAdjoint`` (lineax's dense solve). The ratio column is against
 optimistix's Picard solve (solves) or optimistix's gradient (gradient).
