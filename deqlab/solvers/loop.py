@@ -212,6 +212,16 @@ def _checked_terminate(config, tol, residual, error):
     return per_sample
 
 
+def _checked_plain_step(config, state):
+    """``config.plain_step(state)`` (Solver.plain_step), checked: None or one boolean scalar."""
+    plain = config.plain_step(state)
+    if plain is not None and not (hasattr(plain, "shape") and jnp.shape(plain) == () and jnp.result_type(plain) == jnp.bool_):
+        got = f"shape {jnp.shape(plain)}, dtype {jnp.result_type(plain)}" if hasattr(plain, "shape") else type(plain).__name__
+        raise TypeError(f"{type(config).__name__}.plain_step(state) must return None or one boolean scalar for the "
+                        f"batch (True when every sample's next proposal is f(z)), got {got}.")
+    return plain
+
+
 def _iterating(result):
     """The samples still iterating: their code is MAX_STEPS_REACHED until they stop (a sample's
     code is the carry's only record of whether it is active, which keeps the program small)."""
@@ -410,7 +420,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         fz_prop = func(z_prop)
         return z_prop, fz_prop, record(z_prop, fz_prop, state)
 
-    def rate_and_error(carry, z_in, fz_in, z_prop, fz_prop, diff, abs_prop, finite, accept, span):
+    def rate_and_error(carry, z_in, fz_in, z_prop, fz_prop, diff, abs_prop, finite, accept, span, plain):
         """stop="error": the updated rate estimates and the error estimate of each proposal."""
         if ratios:
             # A stationary iteration (Picard): successive residuals shrink by the contraction rate
@@ -422,8 +432,17 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             # acceleration, not f. The secant quotient ||f(z') - f(z)|| / ||z' - z|| of the last
             # step measures how much f stretches along it, a lower estimate of f's Lipschitz
             # constant near z*.
-            step_norm = row_norm(jax.lax.stop_gradient(z_prop - z_in))
-            rate = row_norm(jax.lax.stop_gradient(fz_prop - fz_in)) / step_norm
+            def secant():
+                step_norm = row_norm(jax.lax.stop_gradient(z_prop - z_in))
+                return row_norm(jax.lax.stop_gradient(fz_prop - fz_in)) / step_norm
+
+            if plain is None:
+                rate = secant()
+            else:
+                # After a plain step (z' = f(z): Solver.plain_step) the quotient is
+                # ||f(z') - z'|| / ||f(z) - z||, two norms the loop already has (carry.abs holds
+                # the accepted iterate's), so the batch skips two passes over (B, D) arrays.
+                rate = jax.lax.cond(plain, lambda: abs_prop / carry.abs, secant)
         rate = jnp.where(finite & jnp.isfinite(rate), rate, jnp.inf).astype(work)
         if ratios:
             # Picard's ratios rise towards the rate of its slowest mode as the faster ones die
@@ -450,6 +469,10 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         judged one (z_in is the carry's iterate when span is 1). In the folded loop, the first
         iteration (step -1) judges z_in = z0 itself and starts the solver's state."""
         z_prop, state_prop = propose(z_in, fz_in, state_in)
+        # Solver.plain_step: the secant quotient of a single plain step is a ratio of residuals the
+        # loop has (after a run of bare steps, span > 1, the last step's input residual is not kept)
+        plain = (_checked_plain_step(config, state_in)
+                 if error_rule and not ratios and isinstance(span, int) and span == 1 else None)
         first = carry.step < 0 if folded else jnp.zeros((), bool)
         if folded and (init_history is not None or not config.stays_at_fixed_points):
             # The carry's fz is a placeholder equal to z0, so a solver that stays at fixed points
@@ -503,7 +526,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         error = jnp.full_like(res_prop, jnp.inf, dtype=work)
         if error_rule:
             rates, error = rate_and_error(carry, z_in, fz_in, z_prop, fz_prop, diff, abs_prop, finite,
-                                          accept & ~first, span)
+                                          accept & ~first, span, plain)
             if folded:  # the first iteration evaluates z0: no step yet, so no rate and no estimate
                 error = jnp.where(first, jnp.inf, error)
             abs_kept = jnp.where(accept, abs_prop, carry.abs)

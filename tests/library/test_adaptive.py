@@ -116,6 +116,43 @@ def test_the_warm_up_measures_a_known_plain_rate_and_the_verdict_follows_cost_ra
     assert chosen(history) == "plain"
 
 
+class _SecantNorms(Adaptive):
+    """Adaptive without Solver.plain_step: the loop measures every step's secant quotient with two
+    more norms, as it did before the hook."""
+
+    def plain_step(self, state):
+        return None
+
+
+class _PerSampleFlags(Adaptive):
+    def plain_step(self, state):
+        return jnp.zeros(BATCH, bool)
+
+
+@jax.jit
+def _solve_with(solver, w, x):
+    sol = deqlab.solve(_linear, jnp.zeros_like(x), w, x, solver=solver, batch_axis=0, on_failure="ignore")
+    return sol.value, sol.stats.steps, sol.stats.error_estimate
+
+
+def test_a_plain_step_takes_its_secant_quotient_from_the_residuals_the_loop_has():
+    """Solver.plain_step: in Adaptive's plain phases stop="error" reads each step's secant quotient
+    ||f(z') - f(z)|| / ||z' - z|| as the ratio of two residual norms the loop already has (z' = f(z)
+    exactly), instead of computing two more. On the rotation (plain to the end) and the real
+    spectrum (plain warm-up, then Anderson) the solve takes the same steps to the same values and
+    error estimates as with the two norms (to float32 rounding: the norms are the same sums, maybe
+    reduced in another order). A plain_step returning per-sample flags is named."""
+    x = _inputs()
+    hook, norms = Adaptive(tol=TOL, max_steps=600), _SecantNorms(tol=TOL, max_steps=600)
+    for w in (_rotation(0.8), _real_spectrum()):
+        (value, steps, error), (value_n, steps_n, error_n) = _solve_with(hook, w, x), _solve_with(norms, w, x)
+        np.testing.assert_array_equal(np.asarray(steps), np.asarray(steps_n))
+        np.testing.assert_allclose(np.asarray(value), np.asarray(value_n), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(error), np.asarray(error_n), rtol=1e-5)
+    with pytest.raises(TypeError, match=r"_PerSampleFlags.plain_step\(state\) must return None or one boolean scalar"):
+        deqlab.solve(_linear, jnp.zeros_like(x), _rotation(0.8), x, solver=_PerSampleFlags(tol=TOL), batch_axis=0)
+
+
 def test_map_work_counts_written_numbers_and_sends_expensive_maps_to_broyden():
     """Rule step 1: map_work counts the numbers a map's operations write per number of z
     (only operations that depend on z; reshapes and broadcasts left out, a scan body times its
