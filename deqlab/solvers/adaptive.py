@@ -162,20 +162,20 @@ class Adaptive(Solver):
     does not where the spectrum circles the origin (an orthogonal map: Anderson's steps cost more
     and gain little). ``cost_ratio`` 1.3 is an Anderson step (m = 5) against the loop's plain
     step on the three problems of ``benchmarks/default_solver.py`` as ``python -m
-    benchmarks.step_cost --problem set`` measures it on a CPU: 1.19-1.46x over two runs
-    (``benchmarks/results/step_cost_set_quick.txt``).
+    benchmarks.step_cost --problem set`` measures it on a CPU: 1.25-1.40x over two runs
+    (``benchmarks/results/step_cost_set_quick.txt``; 1.19-1.46x over two runs on a slower
+    machine before Anderson's mixing became m multiply-adds).
 
     Measured by ``benchmarks/default_solver.py`` (2-core CPU, tol 1e-5, its stopping rule
-    below): the rule keeps plain iteration on the cheap orthogonal tanh map (93 steps; the fewest
-    plain steps that reach an error of 1e-5 are 94), accelerates on the slowly contracting GOE
-    map (61 steps; Anderson's fewest 77, plain iteration's 188) and runs Broyden on the
-    transformer cell (173 steps for the slowest sample; unjudged Broyden steps bring every sample
-    within 1e-5 absolute in 151); the returned values' errors are 4.5e-6, 8.0e-6 and 8.0e-6 in
-    the measure below (2.3e-5 in absolute terms on the transformer, whose largest entries are
-    about 3). Many
-    samples stopped on the residual fallback described below, after the estimate had kept them
-    iterating: on the tanh map every one (0 of 96 had a usable estimate at its stop), on GOE 45
-    of 96, on the transformer 2 of 8.
+    below): the rule keeps plain iteration on the cheap orthogonal tanh map (97 steps; the fewest
+    plain steps that reach an error of 1e-5 are 94; 90-100 steps on five other draws of the
+    problem), accelerates on the slowly contracting GOE map (62 steps; Anderson's fewest 77,
+    plain iteration's 188) and runs Broyden on the transformer cell (173 steps for the slowest
+    sample; unjudged Broyden steps bring every sample within 1e-5 absolute in 151); the returned
+    values' errors are 3.6e-6, 7.9e-6 and 8.0e-6 in the measure below (2.3e-5 in absolute terms
+    on the transformer, whose largest entries are about 3). Many samples stopped on the residual
+    fallback described below, after the estimate had kept them iterating: on the tanh map every
+    one (0 of 96 had a usable estimate at its stop), on GOE 47 of 96, on the transformer 2 of 8.
 
     The default stopping rule is ``stop="error"``: a sample stops when the estimated error of the
     value returned, ``safety * ||f(z) - z|| / (1 - q)`` with q the largest secant quotient of its
@@ -192,9 +192,8 @@ class Adaptive(Solver):
     (:attr:`couples_samples`): a batch in plain iteration pays plain iteration's cost, and there
     the error rule reads each step's secant quotient from the two residual norms the loop already
     has instead of computing two more (:meth:`plain_step`: in a run of 200 plain-phase steps on
-    ``benchmarks/step_cost.py``'s tanh map, 1.33x a bare plain step against 1.67x; on
-    ``benchmarks/default_solver.py``'s tanh map the default took 13.2 and 13.5 ms in two runs
-    against 14.8 ms, the same 88 steps to the same values). Under an outer ``jax.vmap`` (over seeds, say) the branches become selects and both
+    ``benchmarks/step_cost.py``'s tanh map, 1.33x a bare plain step against 1.67x, the same
+    steps to the same values). Under an outer ``jax.vmap`` (over seeds, say) the branches become selects and both
     are computed.
     The choice is in the returned state: :func:`chosen` names it.
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from deqlab import checks
 from deqlab.solvers.base import Solver
-from deqlab.solvers.history import empty_history, exact_einsum, write_gram, write_slot
+from deqlab.solvers.history import empty_history, exact_einsum, weighted_rows, write_gram, write_slot
 
 __all__ = ["Anderson"]
 
@@ -107,11 +107,13 @@ class Anderson(Solver):
         # keeps NaN out of the gradient.)
         has_weight = (total != 0) & jnp.isfinite(total)
         alpha = y / jnp.where(has_weight, total, 1.0)
-        mixed_f = exact_einsum("i,id->d", alpha, fs).astype(z.dtype)
+        # m multiply-adds, not a dot: under the loop's vmap a dot is a batched matrix product with
+        # one row per sample, which costs about half a plain step more on CPU (weighted_rows)
+        mixed_f = weighted_rows(alpha, fs).astype(z.dtype)
         if isinstance(self.damping, (int, float)) and self.damping == 1.0:  # one pass over the history instead of two
             return jnp.where(has_weight, mixed_f, fz), state
         # damping * sum a_i f_i + (1 - damping) * sum a_i z_i, with z_i = f_i - g_i.
-        mixed_g = exact_einsum("i,id->d", alpha, gs).astype(z.dtype)
+        mixed_g = weighted_rows(alpha, gs).astype(z.dtype)
         return jnp.where(has_weight, mixed_f - (1.0 - self.damping) * mixed_g, z + self.damping * (fz - z)), state
 
     def record(self, z, fz, state):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from deqlab import precision as precision_module
 
-__all__ = ["EXACT", "exact_einsum", "empty_history", "write_slot", "write_gram"]
+__all__ = ["EXACT", "exact_einsum", "weighted_rows", "empty_history", "write_slot", "write_gram"]
 
 EXACT = jax.lax.Precision.HIGHEST
 """The solvers' own small products (Gram matrices, mixing, secant updates) are never demoted to
@@ -45,6 +45,48 @@ def exact_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """
     work = precision_module.working_dtype(jnp.result_type(a, b))
     return jnp.einsum(spec, a.astype(work), b.astype(work), precision=EXACT)
+
+
+def weighted_rows(weights: jax.Array, rows: jax.Array) -> jax.Array:
+    """``sum_i weights[i] * rows[i]`` for one sample's history, in at least float32, as ``m``
+    multiply-adds (unrolled over the rows).
+
+    The same number as ``exact_einsum("i,id->d", weights, rows)`` up to rounding, in a form that
+    is faster under the loop's ``vmap``: there the product is a ``(B, 1, m)`` by ``(B, m, D)``
+    batched matrix product with one row per sample, which XLA runs slowly on CPU, while ``m``
+    multiply-adds fuse into one pass over the history (Anderson's mixing: on
+    ``benchmarks/step_cost.py``'s tanh map its step at m = 5 fell from 1.81x a plain step to
+    1.28x; Broyden's products, measured the same way, gained nothing and keep ``exact_einsum``).
+    Elementwise, so never demoted to bfloat16 passes on an accelerator.
+
+    Args:
+        weights: shape ``(m,)``, any floating dtype.
+        rows: the history, shape ``(m, D)``, any floating dtype.
+
+    Returns:
+        Shape ``(D,)``, in the working dtype of both (float32 for 16-bit inputs, else their
+        common dtype; :func:`deqlab.precision.working_dtype`).
+
+    Raises:
+        ValueError: ``weights`` is not one weight per row of ``rows``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from deqlab.solvers.history import weighted_rows
+        >>> rows = jnp.arange(6.0, dtype=jnp.bfloat16).reshape(3, 2)
+        >>> out = weighted_rows(jnp.array([1.0, 0.0, 0.5]), rows)
+        >>> out.dtype, out.tolist()
+        (dtype('float32'), [2.0, 3.5])
+    """
+    if jnp.ndim(weights) != 1 or jnp.ndim(rows) != 2 or jnp.shape(weights)[0] != jnp.shape(rows)[0]:
+        raise ValueError(f"weighted_rows: `weights` must have shape (m,) for `rows` of shape (m, D), got "
+                         f"{jnp.shape(weights)} and {jnp.shape(rows)}.")
+    work = precision_module.working_dtype(jnp.result_type(weights, rows))
+    weights, rows = weights.astype(work), rows.astype(work)
+    total = weights[0] * rows[0]
+    for i in range(1, rows.shape[0]):
+        total = total + weights[i] * rows[i]
+    return total
 
 
 def empty_history(z: jax.Array, m: int) -> jax.Array:

@@ -220,6 +220,22 @@ def test_nonfinite_samples_are_reported_not_accepted():
     assert np.all(np.isfinite(value))
 
 
+def test_weighted_rows_is_the_mixing_product_in_the_working_dtype_and_names_a_shape_mismatch():
+    """history.weighted_rows, Anderson's mixing sum_i alpha_i rows_i as m multiply-adds, is the
+    einsum it replaced to float32 rounding (sums of 7 terms of size ~1: 1e-6), in float32 for
+    bfloat16 rows, and a weight vector of the wrong length is named with both shapes."""
+    from deqlab.solvers.history import exact_einsum, weighted_rows
+
+    rng = np.random.default_rng(0)
+    weights, rows = rng.normal(size=7).astype(np.float32), rng.normal(size=(7, 33)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(weighted_rows(jnp.asarray(weights), jnp.asarray(rows))),
+                               np.asarray(exact_einsum("i,id->d", jnp.asarray(weights), jnp.asarray(rows))),
+                               rtol=1e-6, atol=1e-6)
+    assert weighted_rows(jnp.asarray(weights), jnp.asarray(rows, jnp.bfloat16)).dtype == jnp.float32
+    with pytest.raises(ValueError, match=r"weighted_rows: `weights` must have shape \(m,\) .* got \(6,\) and \(7, 33\)"):
+        weighted_rows(jnp.asarray(weights[:6]), jnp.asarray(rows))
+
+
 @pytest.mark.parametrize("config", [Anderson(m=3), Broyden(m=4)], ids=["anderson", "broyden"])
 def test_memory_of_history_is_fixed(config):
     """Anderson's and Broyden's compiled memory does not grow with max_steps beyond the trace."""
