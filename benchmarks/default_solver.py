@@ -162,6 +162,17 @@ def gradient_row(case, max_steps: int, repeats: int) -> dict:
     return dict(config="default value_and_grad", ms=ms, grad_error=max(errors.values()))
 
 
+def default_choice(case, max_steps: int) -> tuple[str, int, int]:
+    """What the default chose on ``case`` (``deqlab.solvers.chosen``) and for how many of its samples
+    the error estimate was usable at their stop (``stats.error_estimate`` finite), of how many."""
+    import deqlab
+
+    sol = deqlab.solve(case.f, case.z0, *case.args, solver=default_solver(max_steps), batch_axis=0,
+                       on_failure="ignore")
+    estimate = np.asarray(sol.stats.error_estimate)
+    return deqlab.solvers.chosen(sol.state), int(np.isfinite(estimate).sum()), int(estimate.size)
+
+
 def compile_seconds(case, max_steps: int, repeats: int) -> tuple[float, float]:
     """First-call compile seconds of the default solve and of the gradient of sum(z*^2) through
     the default fixed_point (best of ``repeats`` fresh compilations)."""
@@ -208,6 +219,9 @@ def main(argv=None) -> dict:
             print(f"{row['config']:34s} {row['error']:9.2e} {str(row['within tol']):>6s} {row['scaled_error']:9.2e} "
                   f"{row['steps']:6d} "
                   f"{row['ms']:9.3f} {row['ms'] / oracle_ms:9.2f} {row['ms'] / peer_ms:7.2f}")
+        choice, usable, batch = default_choice(case, MAX_STEPS[name])
+        print(f"the default chose {choice}; {usable} of {batch} samples had a usable error estimate at their stop "
+              f"(the rest stopped on the residual fallback)")
         solve_s, grad_s = compile_seconds(case, MAX_STEPS[name], 1 if args.size == "tiny" else 3)
         print(f"first-call compile: default solve {solve_s:.2f} s, its gradient {grad_s:.2f} s "
               f"(together {solve_s + grad_s:.2f} s; target <= 2 s)")

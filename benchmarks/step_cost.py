@@ -12,7 +12,8 @@ steps (a tolerance no solve reaches, ``on_failure="ignore"``), compiled once and
 interleaved rounds (median); the time per step is reported relative to plain iteration
 (``lax.fori_loop`` over f, no checks), which is what a step of f itself costs. Rows: Picard
 (the loop's judging: norms, selections, statistics), Anderson with m = 5 (its default) and
-m = 10, Broyden, each judged at every step, and Anderson judged every 8th step.
+m = 10, Broyden, each judged at every step, Anderson judged every 8th step, and the default
+solver (:class:`deqlab.solvers.Adaptive`, ``stop="error"``) in its plain phase.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def configs(steps):
         "deqlab anderson (m=10)": solvers.Anderson(m=10, **unreachable),
         "deqlab anderson (m=5) [check 8]": solvers.Anderson(check_every=8, **unreachable),
         "deqlab broyden": solvers.Broyden(**unreachable),
+        # the default's plain phase (a warm-up longer than the run): the loop with stop="error",
+        # its secant quotients read from the residuals (Solver.plain_step)
+        "deqlab default, plain phase": solvers.Adaptive(warm_up=10 * steps, **unreachable),
     }
 
 

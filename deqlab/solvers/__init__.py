@@ -27,7 +27,7 @@ Writing a solver
     ``jax.vmap`` and gives it everything below (per-sample stopping, result codes, statistics,
     ``init_state`` warm starts, ``stop="error"``). The loop has no special case for any solver:
     what differs between them is declared by hooks on :class:`Solver` (``terminate``,
-    ``rate_estimate``, ``error_bound_factor``, ``steps_past_convergence``, ``freeze_state``,
+    ``rate_estimate``, ``error_bound_factor``, ``plain_step``, ``steps_past_convergence``, ``freeze_state``,
     ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``, ``for_map``). In the default
     loop (every step judged, not unrolled) f(z0) is evaluated in the loop's first iteration, so
     f appears once in the compiled program, when the solver keeps no state or declares

@@ -142,8 +142,9 @@ class Adaptive(Solver):
        next to f's, so the method with the fewest steps wins: Broyden (:class:`Broyden`, with
        this solver's stopping settings) runs from the start, and the rest of the rule is skipped.
        On ``benchmarks/default_solver.py``'s transformer problem the fewest steps that reach an
-       error of 1e-5 are Broyden's 151, Anderson's 397 and plain iteration's 490, at 1.27x,
-       1.19x and 1x the loop's plain step (``benchmarks/results/step_cost_set_quick.txt``).
+       error of 1e-5 are Broyden's 151, Anderson's 410 and plain iteration's 490, at 1.32x,
+       1.26x and 1x the loop's plain step (``benchmarks/results/default_solver_quick.txt`` and
+       ``step_cost_set_quick.txt``).
     2. **Otherwise, a plain warm-up.** ``warm_up`` evaluations of plain iteration z <- f(z)
        (f(z0) and ``warm_up - 1`` steps). Over their second half, the batch's largest residual (that of the sample furthest from convergence, which
        sets the batch's time) falls by ``d_plain`` decades per step.
@@ -191,10 +192,11 @@ class Adaptive(Solver):
     The plain and Anderson steps are ``lax.cond`` branches for the whole batch
     (:attr:`couples_samples`): a batch in plain iteration pays plain iteration's cost, and there
     the error rule reads each step's secant quotient from the two residual norms the loop already
-    has instead of computing two more (:meth:`plain_step`: in a run of 200 plain-phase steps on
-    ``benchmarks/step_cost.py``'s tanh map, 1.33x a bare plain step against 1.67x, the same
-    steps to the same values). Under an outer ``jax.vmap`` (over seeds, say) the branches become selects and both
-    are computed.
+    has instead of computing two more (:meth:`plain_step`: 200 plain-phase steps on
+    ``benchmarks/step_cost.py``'s tanh map cost 1.33x a bare plain step against 1.67x in a
+    paired run, the same steps to the same values; that script's row "deqlab default, plain
+    phase" measures it, 1.31x in ``step_cost_quick.txt``). Under an outer ``jax.vmap`` (over
+    seeds, say) the branches become selects and both are computed.
     The choice is in the returned state: :func:`chosen` names it.
 
     The implicit backward pass's linear fixed points (the adjoint u = g + J^T u, 003 Eq. 11, and

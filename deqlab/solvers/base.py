@@ -419,19 +419,28 @@ class Solver(abc.ABC):
         method returns a traced True the loop takes that ratio instead (one ``lax.cond`` for the
         batch: the same value without the two passes; under an outer ``jax.vmap`` that batches
         the flag, both are computed and selected). :class:`Adaptive` uses it in its plain phases,
-        where the norms cost 0.4x a plain step on ``benchmarks/step_cost.py``'s tanh problem.
+        where the norms cost about a third of a plain step on ``benchmarks/step_cost.py``'s tanh
+        problem (its row "deqlab default, plain phase"). It is consulted only where it can serve:
+        ``stop="error"`` with the ``"secant"`` rate estimate, at steps judged right after the
+        previous one (not after a run of unjudged steps, ``check_every`` > 1 or ``"auto"``).
 
         Args:
             state: the solver's state from which the step is proposed, as the loop holds it (for
                 a solver that does not couple samples, every leaf has a leading batch axis).
 
         Returns:
-            None, or a boolean scalar (traced), True only when ``propose`` returns exactly
-            ``f(z)`` for every sample of the batch.
+            None, or a boolean scalar (a traced one, or a Python or NumPy bool), True only when
+            ``propose`` returns exactly ``f(z)`` for every sample of the batch.
+
+        Raises:
+            TypeError: raised by the solve when the method returns anything else (per-sample
+                flags, say); the message names the method.
 
         Example:
-            >>> import jax.numpy as jnp
-            >>> from deqlab.solvers import Adaptive, Anderson
+            Anderson cannot say (its first step is plain only for an empty history, per sample);
+            Picard's ``stop="error"`` reads residual ratios and never asks:
+
+            >>> from deqlab.solvers import Anderson
             >>> Anderson().plain_step(()) is None
             True
         """

@@ -215,6 +215,8 @@ def _checked_terminate(config, tol, residual, error):
 def _checked_plain_step(config, state):
     """``config.plain_step(state)`` (Solver.plain_step), checked: None or one boolean scalar."""
     plain = config.plain_step(state)
+    if isinstance(plain, (bool, np.bool_)):
+        plain = jnp.asarray(plain)
     if plain is not None and not (hasattr(plain, "shape") and jnp.shape(plain) == () and jnp.result_type(plain) == jnp.bool_):
         got = f"shape {jnp.shape(plain)}, dtype {jnp.result_type(plain)}" if hasattr(plain, "shape") else type(plain).__name__
         raise TypeError(f"{type(config).__name__}.plain_step(state) must return None or one boolean scalar for the "

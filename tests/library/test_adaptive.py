@@ -124,6 +124,13 @@ class _SecantNorms(Adaptive):
         return None
 
 
+class _AlwaysPlain(Adaptive):
+    """A wrong hook (a Python bool): it also claims the Anderson steps are plain."""
+
+    def plain_step(self, state):
+        return True
+
+
 class _PerSampleFlags(Adaptive):
     def plain_step(self, state):
         return jnp.zeros(BATCH, bool)
@@ -132,7 +139,7 @@ class _PerSampleFlags(Adaptive):
 @jax.jit
 def _solve_with(solver, w, x):
     sol = deqlab.solve(_linear, jnp.zeros_like(x), w, x, solver=solver, batch_axis=0, on_failure="ignore")
-    return sol.value, sol.stats.steps, sol.stats.error_estimate
+    return sol.value, sol.stats.steps, sol.stats.error_estimate, sol.state.history
 
 
 def test_a_plain_step_takes_its_secant_quotient_from_the_residuals_the_loop_has():
@@ -141,14 +148,26 @@ def test_a_plain_step_takes_its_secant_quotient_from_the_residuals_the_loop_has(
     exactly), instead of computing two more. On the rotation (plain to the end) and the real
     spectrum (plain warm-up, then Anderson) the solve takes the same steps to the same values and
     error estimates as with the two norms (to float32 rounding: the norms are the same sums, maybe
-    reduced in another order). A plain_step returning per-sample flags is named."""
+    reduced in another order). The loop does consult the hook (a hook that also calls the Anderson
+    steps plain changes the real spectrum's estimates), but only at steps judged right after the
+    previous one (with check_every=2 that wrong hook changes nothing). A plain_step returning
+    per-sample flags is named."""
     x = _inputs()
     hook, norms = Adaptive(tol=TOL, max_steps=600), _SecantNorms(tol=TOL, max_steps=600)
-    for w in (_rotation(0.8), _real_spectrum()):
-        (value, steps, error), (value_n, steps_n, error_n) = _solve_with(hook, w, x), _solve_with(norms, w, x)
+    for w, verdict in ((_rotation(0.8), "plain"), (_real_spectrum(), "anderson")):
+        (value, steps, error, history), (value_n, steps_n, error_n, _) = _solve_with(hook, w, x), _solve_with(norms, w, x)
+        assert chosen(history) == verdict
         np.testing.assert_array_equal(np.asarray(steps), np.asarray(steps_n))
         np.testing.assert_allclose(np.asarray(value), np.asarray(value_n), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(np.asarray(error), np.asarray(error_n), rtol=1e-5)
+    w = _real_spectrum()
+    _, _, error_wrong, _ = _solve_with(_AlwaysPlain(tol=TOL, max_steps=600), w, x)
+    assert not np.allclose(np.asarray(error_wrong), np.asarray(error_n), rtol=1e-3)
+    every_other = dict(tol=TOL, max_steps=600, check_every=2)
+    _, steps_w, error_w, _ = _solve_with(_AlwaysPlain(**every_other), w, x)
+    _, steps_2, error_2, _ = _solve_with(_SecantNorms(**every_other), w, x)
+    np.testing.assert_array_equal(np.asarray(steps_w), np.asarray(steps_2))
+    np.testing.assert_array_equal(np.asarray(error_w), np.asarray(error_2))
     with pytest.raises(TypeError, match=r"_PerSampleFlags.plain_step\(state\) must return None or one boolean scalar"):
         deqlab.solve(_linear, jnp.zeros_like(x), _rotation(0.8), x, solver=_PerSampleFlags(tol=TOL), batch_axis=0)
 
