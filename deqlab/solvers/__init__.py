@@ -29,7 +29,8 @@ Writing a solver
     what differs between them is declared by hooks on :class:`Solver` (``terminate``,
     ``rate_estimate``, ``error_bound_factor``, ``plain_step``, ``steps_past_convergence``, ``freeze_state``,
     ``couples_samples``, ``init_is_first_record``, ``stays_at_fixed_points``, ``for_map``). In the default
-    loop (every step judged, not unrolled) f(z0) is evaluated in the loop's first iteration, so
+    loop (every step judged, not unrolled) and with ``check_every="auto"`` f(z0) is evaluated in
+    the loop's first iteration, so
     f appears once in the compiled program, when the solver keeps no state or declares
     ``init_is_first_record`` (Picard, Anderson, Broyden, Adaptive); otherwise (a stateful solver of yours
     by default) before the loop. Solver objects are pytrees: their real-number settings (``tol``,

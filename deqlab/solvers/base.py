@@ -247,10 +247,7 @@ class Solver(abc.ABC):
         if self.stop not in STOPPING_RULES:
             raise checks.fail("stop", f"one of {list(STOPPING_RULES)}", self.stop, where)
         checks.number(self.safety, "safety", where, lower=1.0, allow_traced=True)
-        if not (isinstance(self.check_every, str) and self.check_every == "auto"):
-            if isinstance(self.check_every, str):
-                raise checks.fail("check_every", "'auto' or an integer >= 1", self.check_every, where)
-            checks.positive_int(self.check_every, "check_every", where)
+        check_every_setting(self.check_every, "check_every", where)
 
     def replace(self, **changes: Any) -> Solver:
         """A copy of this solver with some settings changed, validated like the constructor.
@@ -504,6 +501,33 @@ def _replace_settings(config: Any, changes: dict) -> Any:
                         f"{'is not a setting' if len(unknown) == 1 else 'are not settings'} of "
                         f"{type(config).__name__}; its settings are {', '.join(fields)}.")
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def check_every_setting(value, name: str, where: str) -> None:
+    """Validate a ``check_every``-like setting: ``"auto"`` or an integer >= 1.
+
+    Args:
+        value: the setting.
+        name: its name, for the message.
+        where: the class the user constructed, for the message.
+
+    Raises:
+        ValueError: anything else, naming ``name`` and the valid values.
+
+    Example:
+        >>> from deqlab.solvers.base import check_every_setting
+        >>> check_every_setting("auto", "check_every", "solvers.Picard")
+        >>> try:
+        ...     check_every_setting("often", "check_every", "solvers.Picard")
+        ... except ValueError as err:
+        ...     print("rejected")
+        rejected
+    """
+    if isinstance(value, str) and value == "auto":
+        return
+    if isinstance(value, str):
+        raise checks.fail(name, "'auto' or an integer >= 1", value, where)
+    checks.positive_int(value, name, where)
 
 
 def _is_static_setting(field: dataclasses.Field) -> bool:

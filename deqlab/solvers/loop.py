@@ -339,17 +339,18 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     ratios = config.rate_estimate == "residual_ratio"
     every = 1 if unrolled else config.check_every
     auto = every == "auto"
-    # The default loop (a while loop judging every step) evaluates f(z0) in its first iteration,
-    # so that f appears once in the compiled program instead of twice (before the loop and in
-    # it): the carry starts "before step 0" (step = -1), and that iteration judges z0 itself
-    # instead of a proposal and records (z0, f(z0)) into the zeroed state, which is init's state
-    # for a solver that keeps none or declares Solver.init_is_first_record. The other loops
-    # (unrolled, check_every > 1 or "auto") and other solvers evaluate f(z0) before the loop.
+    # The default loop (a while loop judging every step) and check_every="auto"'s (whose first
+    # run is one step) evaluate f(z0) in their first iteration, so that f appears once in the
+    # compiled program instead of twice (before the loop and in it): the carry starts "before
+    # step 0" (step = -1), and that iteration judges z0 itself instead of a proposal and records
+    # (z0, f(z0)) into the zeroed state, which is init's state for a solver that keeps none or
+    # declares Solver.init_is_first_record. The other loops (unrolled, check_every > 1) and other
+    # solvers evaluate f(z0) before the loop.
     # The hooks' contract checked first (a mistake is named with the hook), with z0 standing in for
     # f(z0): the shapes are what matter, and the fold needs to know whether the solver keeps a state.
     checked_state = _checked_hooks(config, init, propose, record, z0_flat, z0_flat, init_history)
     stateless = not jax.tree_util.tree_leaves(checked_state)
-    folded = not unrolled and every == 1 and (config.init_is_first_record or stateless)
+    folded = not unrolled and (every == 1 or auto) and (config.init_is_first_record or stateless)
     if folded:
         # Adopt the layout of f's output, without evaluating it: z0 is often a fresh, replicated
         # zeros array while the input (and so f(z0)) is sharded over the batch.
@@ -470,17 +471,39 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         """One solver step from (z_in, fz_in, state_in), judged: ``span`` steps after the last
         judged one (z_in is the carry's iterate when span is 1). In the folded loop, the first
         iteration (step -1) judges z_in = z0 itself and starts the solver's state."""
-        z_prop, state_prop = propose(z_in, fz_in, state_in)
         # Solver.plain_step: the secant quotient of a single plain step is a ratio of residuals the
         # loop has (after a run of bare steps, span > 1, the last step's input residual is not kept)
         plain = (_checked_plain_step(config, state_in)
                  if error_rule and not ratios and isinstance(span, int) and span == 1 else None)
         first = carry.step < 0 if folded else jnp.zeros((), bool)
+        z_prop, fz_prop, state = stepped(z_in, fz_in, state_in, first)
+        return assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, plain, first)
+
+    def stepped(z_in, fz_in, state_in, first):
+        """One solver step from (z_in, fz_in, state_in): the proposal, f of it, and the state that
+        has recorded the pair. In the folded loop's first iteration (``first``) the step evaluates
+        z_in = z0 itself and starts the solver's state."""
+        z_prop, state_prop = propose(z_in, fz_in, state_in)
         if folded and (init_history is not None or not config.stays_at_fixed_points):
             # The carry's fz is a placeholder equal to z0, so a solver that stays at fixed points
             # proposes z0 itself (Solver.stays_at_fixed_points); any other needs the select.
             z_prop = jnp.where(first, z_in, z_prop)
         fz_prop = func(z_prop)
+        if folded and init_history is not None:
+            # a continued history already holds z0 (the last iterate of the solve it came from)
+            state = jax.tree_util.tree_map(lambda a, b: jnp.where(first, a, b), state_in,
+                                           record(z_prop, fz_prop, state_prop))
+        elif folded:
+            # the first iteration records (z0, f(z0)) into the zeroed state: init's state
+            state = record(z_prop, fz_prop, jax.tree_util.tree_map(lambda a, b: jnp.where(first, a, b),
+                                                                   state_in, state_prop))
+        else:
+            state = record(z_prop, fz_prop, state_prop)
+        return z_prop, fz_prop, state
+
+    def assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, plain, first):
+        """The carry after the step from (z_in, fz_in) to the proposal (z_prop, fz_prop), whose
+        pair the solver's state has recorded: ``span`` steps after the last judged one."""
         # A NaN or inf anywhere in z_prop or f(z_prop) makes the norms non-finite (as does an
         # overflow of the norm, which only a diverging iterate reaches). The norms only decide and
         # report, so they are not differentiated (the norm of an exact zero has no derivative).
@@ -503,16 +526,6 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         res_prop = diff_norm / (f_norm + residual_floor)
         abs_prop = diff_norm
         res = jnp.where(accept, res_prop, carry.res)
-        if folded and init_history is not None:
-            # a continued history already holds z0 (the last iterate of the solve it came from)
-            state = jax.tree_util.tree_map(lambda a, b: jnp.where(first, a, b), state_in,
-                                           record(z_prop, fz_prop, state_prop))
-        elif folded:
-            # the first iteration records (z0, f(z0)) into the zeroed state: init's state
-            state = record(z_prop, fz_prop, jax.tree_util.tree_map(lambda a, b: jnp.where(first, a, b),
-                                                                   state_in, state_prop))
-        else:
-            state = record(z_prop, fz_prop, state_prop)
         if unrolled or config.freeze_state:
             # Rejected and frozen samples never become active again, so their solver state is
             # irrelevant to the result; it is kept finite only when differentiating through the
@@ -602,9 +615,19 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         return jnp.clip(run, 1, jnp.maximum(limit - after.step, 1)).astype(jnp.int32)
 
     def auto_chunk(carry):
+        # span bare steps, then the last one judged: f appears once in the program (a judged step
+        # of its own would trace it again). The step before the last is kept for the secant rate.
+        # Folded, the first run is one step that evaluates z0 (its span is 1).
         span = carry.span
-        z, fz, state = jax.lax.fori_loop(0, span - 1, lambda _, c: bare(*c), (carry.z, carry.fz, carry.state))
-        after = judged(carry, z, fz, state, span)
+        first = carry.step < 0 if folded else jnp.zeros((), bool)
+
+        def step(_, pairs):
+            _, _, z, fz, state = pairs
+            return (z, fz) + stepped(z, fz, state, first)
+
+        z_in, fz_in, z_prop, fz_prop, state = jax.lax.fori_loop(
+            0, span, step, (carry.z, carry.fz, carry.z, carry.fz, carry.state))
+        after = assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, None, first)
         return after._replace(span=next_span(carry, after, span))
 
     if not auto:
@@ -639,11 +662,14 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
     else:
         final = carry0
         if auto:
+            # the runs end at the limit (next_span), so no single steps follow
             final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step < limit), auto_chunk, final)
-        elif every > 1:
-            # Whole chunks while they fit, then single judged steps up to max_steps.
-            final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step + every <= limit), chunk, final)
-        final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step < limit), body, final)
+        else:
+            if every > 1:
+                # Whole chunks while they fit, then single judged steps up to max_steps.
+                final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step + every <= limit), chunk,
+                                           final)
+            final = jax.lax.while_loop(lambda c: jnp.any(_iterating(c.result)) & (c.step < limit), body, final)
 
     # Rows after the last step repeat the final residual, so the trace is finite and plottable.
     rows = jnp.arange(config.max_steps + 1)[:, None]

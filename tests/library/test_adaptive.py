@@ -228,8 +228,13 @@ def test_the_backward_pass_solves_its_linear_fixed_point_with_anderson_or_broyde
                                                                      jnp.zeros((2, 3)))
     assert resolved == deqlab.Anderson(m=4, ridge=1e-3, stop="error", **settings)
     cell = nn.TransformerCell(16, 16, heads=2, rngs=nnx.Rngs(0))
-    assert isinstance(Adaptive().for_linear_map(lambda z: cell(z, jnp.zeros((2, 4, 16))), jnp.zeros((2, 4, 16))),
-                      deqlab.Broyden)
+    cell_map, zc = (lambda z: cell(z, jnp.zeros((2, 4, 16)))), jnp.zeros((2, 4, 16))
+    # Broyden with the stopping settings, judged where the slowest sample is predicted to stop
+    # (broyden_check_every, "auto" by default) rather than at check_every
+    assert Adaptive(**settings).for_linear_map(cell_map, zc) == deqlab.Broyden(
+        stop="error", **dict(settings, check_every="auto"))
+    assert Adaptive(broyden_check_every=2, **settings).for_map(cell_map, zc) == deqlab.Broyden(
+        stop="error", **dict(settings, check_every=2))
 
     f = lambda z, x: 0.5 * jnp.tanh(z) + x  # noqa: E731
     x = jnp.asarray([[0.3, -0.2, 0.1], [1.0, 0.5, -0.4]])
@@ -249,7 +254,7 @@ def test_the_backward_pass_solves_its_linear_fixed_point_with_anderson_or_broyde
 
 @pytest.mark.parametrize("setting, value, valid", [
     ("warm_up", 1, ">= 2"), ("trial", 0, ">= 2"), ("cost_ratio", 0.5, ">= 1"), ("broyden_above", 0.0, "> 0"),
-    ("m", 0, ">= 1"),
+    ("m", 0, ">= 1"), ("broyden_check_every", 0, ">= 1"), ("broyden_check_every", "often", "'auto' or an integer"),
 ])
 def test_bad_settings_name_the_setting_and_its_range(setting, value, valid):
     """Each setting out of range raises at construction, naming it and the valid range."""

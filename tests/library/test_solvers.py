@@ -832,7 +832,7 @@ def test_settings_that_set_shapes_stay_static_and_validation_runs_at_every_level
 
 
 def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
-    """issue 38: the judged-every-step loop evaluates f(z0) in its first iteration (Solver.init_is_first_record, or a
+    """issue 38: the judged-every-step loop (and check_every="auto"'s) evaluates f(z0) in its first iteration (Solver.init_is_first_record, or a
     stateless solver), so f appears once in the optimised program: one tanh for each of deqlab's solvers, where a
     stateful solver that does not declare it evaluates f(z0) before the loop as well. Anderson's and Broyden's
     init must then be their record into a zeroed state, or the folded first iteration would start them wrongly.
@@ -851,6 +851,9 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
     assert all(s.init_is_first_record for s in (deqlab.Anderson, deqlab.Broyden, deqlab.Adaptive))
     assert not deqlab.Solver.init_is_first_record
     assert [tanh_count(s) for s in (deqlab.Picard(), deqlab.Anderson(), deqlab.Broyden(), deqlab.Adaptive())] == [1] * 4
+    # check_every="auto" too: its runs of bare steps end in the judged one (no judged step of its own), and its
+    # first run is the folded evaluation of z0
+    assert [tanh_count(s(check_every="auto")) for s in (deqlab.Picard, deqlab.Anderson, deqlab.Broyden)] == [1] * 3
     # ... and a solver that keeps a state and does not declare it evaluates f(z0) before the loop
 
     class Counting(deqlab.Solver):
@@ -860,7 +863,7 @@ def test_the_default_loop_evaluates_f_once_in_its_compiled_program():
         def propose(self, z, fz, state):
             return fz, state + 1
 
-    assert tanh_count(Counting()) == 2
+    assert tanh_count(Counting()) == 2 and tanh_count(Counting(check_every="auto")) == 2
     anderson, broyden = deqlab.Anderson(m=3), deqlab.Broyden(m=3)
     half_step = deqlab.Broyden(m=3, step=0.5)
     zeros_like = lambda tree: jax.tree_util.tree_map(jnp.zeros_like, tree)  # noqa: E731
