@@ -22,6 +22,7 @@ field in every error (not valid JSON, a missing key, a wrong type).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import math
@@ -392,7 +393,8 @@ def load(key: str, directory: Any = None) -> dict[str, Any]:
       recomputed from the stored per-seed numbers (``raw``) with the statistics code that made it
       (:func:`deqlab.lab.experiments.power.claims_from_raw`;
       :func:`deqlab.lab.experiments.sequence.ensemble_study.check_claims` for the page's own
-      tests): pure NumPy/SciPy, seconds (the resampling of the permutation tests and intervals). A claim whose stored effect, interval,
+      tests): pure NumPy/SciPy, seconds (the resampling of the permutation tests and intervals), done
+      once per distinct per-seed data in a process. A claim whose stored effect, interval,
       standard error, seeds or verdict differs from the recomputed one is **refused**
       (:class:`StoredResultError`): a page must never show a verdict its data does not give. The
       prose fields (``paper_source``, ``note``) are not compared.
@@ -584,6 +586,24 @@ def _compare(stored: list[dict], again: list[dict], where: str, target: Path, co
         raise _fail(target, f"{len(stored)} {where} stored, {len(again)} recomputed from its per-seed data; {advice}")
 
 
+# What load() recomputes from a stored run's per-seed data (its claims: permutation tests and
+# bootstraps, about a second a run), by that data's JSON text: the same data gives the same records.
+_RECOMPUTED: dict[str, Any] = {}
+
+
+def _recomputed(what: str, data: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, once per distinct ``(what, data)`` in a process (a deep copy of the record)."""
+    try:
+        text = json.dumps([what, data], sort_keys=True, default=lambda value: value.tolist())
+    except (TypeError, AttributeError, ValueError):  # not JSON data (a caller's own objects): no memo
+        return compute()
+    if text not in _RECOMPUTED:
+        if len(_RECOMPUTED) >= 16:
+            _RECOMPUTED.clear()
+        _RECOMPUTED[text] = compute()
+    return copy.deepcopy(_RECOMPUTED[text])
+
+
 def _verify(key: str, record: dict[str, Any], target: Path) -> dict[str, Any]:
     """Recompute ``record``'s claims from its per-seed data (:func:`load`); refuse one that differs."""
     from deqlab.lab.experiments import power
@@ -594,7 +614,7 @@ def _verify(key: str, record: dict[str, Any], target: Path) -> dict[str, Any]:
         raise _fail(target, f"options.seeds is {record['options']['seeds']}, but the per-seed data has "
                             f"{len(seeds)} seeds (raw.settings.seeds)")
     try:
-        again = _medium_claims(power.claims_from_raw({key: raw}))
+        again = _medium_claims(_recomputed(key, raw, lambda: power.claims_from_raw({key: raw})))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
         # claims_from_raw names a malformed `raw` in a ValueError caused by the lookup that failed
         error = error.__cause__ if isinstance(error.__cause__, (KeyError, IndexError, TypeError)) else error
@@ -638,7 +658,8 @@ def _verify_page_claims(raw: dict[str, Any], target: Path, command: str) -> tupl
                  "eval_steps": runs[f"{e}@{v:g}"]["eval_steps"], "diverged": runs[f"{e}@{v:g}"]["diverged"][i],
                  "solver_failed": runs[f"{e}@{v:g}"]["solver_failed"][i]}
                 for e in es.ENSEMBLES for v in es.SQRT_V for i, s in enumerate(seeds)]
-        again = es.check_claims(rows, low_loss=raw["settings"].get("low_loss"))
+        low_loss = raw["settings"].get("low_loss")
+        again = _recomputed("page claims", [rows, low_loss], lambda: es.check_claims(rows, low_loss=low_loss))
     except (KeyError, IndexError, TypeError, ValueError) as error:
         missing = f"missing key {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
         raise _fail(target, f"raw.test_perplexity / raw.runs are not what ensemble_study.check_claims reads "
