@@ -144,7 +144,9 @@ class Adaptive(Solver):
        It is judged where the slowest sample is predicted to meet ``tol``
        (``broyden_check_every="auto"``, :mod:`deqlab.solvers`), not at every step: on a small
        expensive map a judged step's own reductions and selects are separate kernels that cost
-       about half a plain step, and the runs between judged steps skip them. On the transformer
+       about 0.6 of a plain step (on the transformer problem below, 173 Broyden steps judged
+       every step took 8.6-9.1 ms against 5.4-5.8 ms for 151 unjudged ones: some 14 us a judged
+       step, against 23 us for a plain step), and the runs between judged steps skip them. On the transformer
        problem below, interleaved in one process, the default's solve took 1.34x the Broyden
        oracle's time against 1.58x judged at every step (159 steps against 173; its returned
        value's error 6.8e-6 against 2.3e-5 in absolute terms).
