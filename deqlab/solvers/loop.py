@@ -501,9 +501,10 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
             state = record(z_prop, fz_prop, state_prop)
         return z_prop, fz_prop, state
 
-    def assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, plain, first):
+    def assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, plain, first, frozen=False):
         """The carry after the step from (z_in, fz_in) to the proposal (z_prop, fz_prop), whose
-        pair the solver's state has recorded: ``span`` steps after the last judged one."""
+        pair the solver's state has recorded: ``span`` steps after the last judged one.
+        ``frozen``: the run already kept the stopped samples' states (auto_chunk)."""
         # A NaN or inf anywhere in z_prop or f(z_prop) makes the norms non-finite (as does an
         # overflow of the norm, which only a diverging iterate reaches). The norms only decide and
         # report, so they are not differentiated (the norm of an exact zero has no derivative).
@@ -526,7 +527,7 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         res_prop = diff_norm / (f_norm + residual_floor)
         abs_prop = diff_norm
         res = jnp.where(accept, res_prop, carry.res)
-        if unrolled or config.freeze_state:
+        if unrolled or (config.freeze_state and not frozen):
             # Rejected and frozen samples never become active again, so their solver state is
             # irrelevant to the result; it is kept finite only when differentiating through the
             # loop (a NaN in an unselected branch would still poison the gradient). A solver with
@@ -620,14 +621,24 @@ def _run(config, tol, func, z0_flat, unrolled, init_history=None, checkpoint=Non
         # Folded, the first run is one step that evaluates z0 (its span is 1).
         span = carry.span
         first = carry.step < 0 if folded else jnp.zeros((), bool)
+        # Samples stop only at judged steps, so those iterating are the same through the run.
+        active = _iterating(carry.result)
 
         def step(_, pairs):
             _, _, z, fz, state = pairs
-            return (z, fz) + stepped(z, fz, state, first)
+            z_prop, fz_prop, recorded = stepped(z, fz, state, first)
+            if config.freeze_state:
+                # A stopped sample's state stays as it was when it stopped (Solver.freeze_state),
+                # kept step by step: keeping the run's first state for one select after the run
+                # would copy the whole state at every run (a tenth of the transformer's solve
+                # time with Broyden). A sample whose run ends in a non-finite step stops with the
+                # states of that run.
+                recorded = _where_batch(active, recorded, state)
+            return z, fz, z_prop, fz_prop, recorded
 
         z_in, fz_in, z_prop, fz_prop, state = jax.lax.fori_loop(
             0, span, step, (carry.z, carry.fz, carry.z, carry.fz, carry.state))
-        after = assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, None, first)
+        after = assessed(carry, z_in, fz_in, z_prop, fz_prop, state, span, None, first, frozen=True)
         return after._replace(span=next_span(carry, after, span))
 
     if not auto:

@@ -732,6 +732,29 @@ def test_check_every_auto_judges_where_the_slowest_sample_is_predicted_to_stop(n
     assert float(np.max(np.abs(bad_value))) <= 3.0
 
 
+def test_check_every_auto_keeps_a_stopped_samples_state():
+    """check_every="auto" with a solver that freezes its state (Broyden: Solver.freeze_state, the state
+    SHINE reuses): a sample that stopped keeps the state it had when it stopped while the rest of the batch
+    runs on, so a longer limit for the slow sample leaves the fast one's state as it was. (The runs keep it
+    step by step; two programs, one per limit.)"""
+    n = 16
+    w = np.asarray(ensembles.sample("orthogonal", jax.random.PRNGKey(5), n, 1.0, jnp.float32))
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(6), (2, n)))
+    scales = np.asarray([0.2, 0.999], np.float32)
+    # the fast sample stops at step 7, short of its fixed point (so further steps would still change its
+    # state), and the slow one runs on
+    states = []
+    for limit in (30, 60):
+        sol = solve(lambda z, a, x: a[:, None] * (z @ w.T) + x, np.zeros((2, n), np.float32), scales, x,
+                    solver=deqlab.Broyden(tol=1e-3, max_steps=limit, check_every="auto"), batch_axis=0,
+                    on_failure="ignore")
+        assert np.asarray(sol.result).tolist() == [Result.SUCCESS, Result.MAX_STEPS_REACHED], sol.result
+        assert np.asarray(sol.stats.steps).tolist() == [7, limit]
+        states.append(jax.tree_util.tree_leaves(sol.state))
+    assert all(np.array_equal(np.asarray(a)[0], np.asarray(b)[0]) for a, b in zip(*states))
+    assert not all(np.array_equal(np.asarray(a)[1], np.asarray(b)[1]) for a, b in zip(*states))
+
+
 @pytest.mark.float64
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 def test_check_every_auto_under_jit_vmap_and_grad(name):
