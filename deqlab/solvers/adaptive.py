@@ -146,10 +146,11 @@ class Adaptive(Solver):
        expensive map a judged step's own reductions and selects are separate kernels that cost
        about 0.6 of a plain step (on the transformer problem below, 173 Broyden steps judged
        every step took 8.6-9.1 ms against 5.4-5.8 ms for 151 unjudged ones: some 14 us a judged
-       step, against 23 us for a plain step), and the runs between judged steps skip them. On the transformer
-       problem below, interleaved in one process, the default's solve took 1.34x the Broyden
-       oracle's time against 1.58x judged at every step (159 steps against 173; its returned
-       value's error 6.8e-6 against 2.3e-5 in absolute terms).
+       step, against 23 us for a plain step), and the runs between judged steps skip them. On
+       the transformer problem below, interleaved in one process, the default's solve took
+       1.15-1.16x the Broyden oracle's time against 1.56-1.59x judged at every step (two runs;
+       159 steps against 173; its returned value's error 6.8e-6 against 2.3e-5 in absolute
+       terms).
        On ``benchmarks/default_solver.py``'s transformer problem the fewest steps that reach an
        error of 1e-5 are Broyden's 151, Anderson's 410 and plain iteration's 490, at 1.32x,
        1.26x and 1x the loop's plain step (``benchmarks/results/default_solver_quick.txt`` and
