@@ -36,6 +36,7 @@
 import contextlib
 import json
 import os
+import re
 
 # XLA_FLAGS as the run was started with, kept in the environment: pytest-xdist's workers inherit
 # the controller's environment, where this file has already added the unit tests' flag.
@@ -161,12 +162,41 @@ def _is_notebook(item) -> bool:
     return str(getattr(item, "path", "")).endswith(".ipynb")
 
 
+# --- The float64 pass imports only the files that hold float64 tests ----------------------------
+# The second pass of `make unit` / `make test` (`-m "float64 ..."`, x64 on) selects about a fifth of
+# the tests, from 31 of 80 files; collecting every file cost each worker the imports and the
+# module-level set-up of all of them. A test is marked float64 only by writing `pytest.mark.float64`
+# (on the test, a `pytest.param` or `pytestmark`), so a file without that text cannot hold one and is
+# not imported. `pytest_collection_modifyitems` below checks this premise in the float32 pass, which
+# collects every file: a float64 test in a file without the text stops the run.
+FLOAT64_TEXT = "mark.float64"
+
+
+def _float64_pass(config) -> bool:
+    return re.match(r"\s*float64\b", config.getoption("markexpr") or "") is not None
+
+
+def pytest_ignore_collect(collection_path, config):
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_") and _float64_pass(config)
+            and FLOAT64_TEXT not in collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the measured `slow` marks must be on the items
 def pytest_collection_modifyitems(session, config, items):
     slow = {node for node in _load("slow.json", []) if isinstance(node, str)}
+    texts: dict = {}
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
+        path = getattr(item, "path", None)
+        if item.get_closest_marker("float64") is not None and path is not None and path.suffix == ".py":
+            if path not in texts:
+                texts[path] = FLOAT64_TEXT in path.read_text(encoding="utf-8")
+            if not texts[path]:
+                raise pytest.UsageError(f"{item.nodeid} is marked float64 without the text {FLOAT64_TEXT!r} in its "
+                                        "file, which the float64 pass would then not collect (tests/conftest.py)")
     # list.sort is stable: the notebooks keep their order, and so do the unit tests (a file's tests
     # stay together, so its module fixtures are built once per worker).
     items.sort(key=lambda item: not _is_notebook(item))

@@ -194,17 +194,52 @@ def test_conftest_marks_the_measured_slow_tests_so_make_unit_leaves_them_out():
     assert listed["not slow"], "every test of test_eager.py deselected"
 
 
+class Item:
+    """What conftest's collection hook reads of a pytest item."""
+
+    def __init__(self, nodeid, root=ROOT, float64=False):
+        self.nodeid, self.path, self.marks = nodeid, root / nodeid.split("::")[0], []
+        self.float64 = float64
+
+    def add_marker(self, mark):
+        self.marks.append(mark.name)
+
+    def get_closest_marker(self, name):
+        return pytest.mark.float64.mark if name == "float64" and self.float64 else None
+
+
+def test_the_float64_pass_imports_only_files_with_float64_tests_and_the_premise_is_checked(tmp_path):
+    # the second pass (-m "float64 ...") skips a test file without the marker's text; the first pass,
+    # which collects every file, stops on a float64 test in a file without it (set some other way)
+    import conftest
+
+    class Config:
+        def __init__(self, markexpr):
+            self.markexpr = markexpr
+
+        def getoption(self, name):
+            return self.markexpr
+
+    marked, unmarked = tmp_path / "test_marked.py", tmp_path / "test_unmarked.py"
+    marked.write_text("import pytest\n\n\n@pytest.mark.float64\ndef test_a():\n    pass\n")
+    unmarked.write_text("import pytest\n\nF = getattr(pytest.mark, 'float' + '64')\n\n\n@F\ndef test_b():\n    pass\n")
+    for markexpr, skips_unmarked in (("float64 and not slow", True), ("float64", True), (" float64", True),
+                                     ("not slow and not float64", False), ("not float64", False), ("", False),
+                                     ("float64x", False)):
+        config = Config(markexpr)
+        assert conftest.pytest_ignore_collect(marked, config) is None, markexpr
+        assert conftest.pytest_ignore_collect(unmarked, config) is (True if skips_unmarked else None), markexpr
+        assert conftest.pytest_ignore_collect(tmp_path / "helpers.py", config) is None, markexpr
+    conftest.pytest_collection_modifyitems(None, None, [Item("test_marked.py::test_a", tmp_path, float64=True),
+                                                        Item("test_unmarked.py::test_c", tmp_path)])
+    with pytest.raises(pytest.UsageError, match="test_unmarked.py::test_b is marked float64 without"):
+        conftest.pytest_collection_modifyitems(None, None, [Item("test_unmarked.py::test_b", tmp_path, float64=True)])
+
+
 def test_conftest_puts_the_notebooks_first_and_keeps_every_other_order(monkeypatch):
     # with --dist worksteal an idle worker takes the end of the other's queue: long notebooks at the
     # end of the collected order made the run end on one of them (the reason for the old table)
     import conftest
-
-    class Item:
-        def __init__(self, nodeid):
-            self.nodeid, self.path, self.marks = nodeid, ROOT / nodeid.split("::")[0], []
-
-        def add_marker(self, mark):
-            self.marks.append(mark.name)
 
     slow_node = "tests/library/test_b.py::test_slow"
     monkeypatch.setattr(conftest, "_load", lambda name, default: [slow_node] if name == "slow.json" else default)

@@ -26,7 +26,7 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
     ``abs(G)``): the eigenvalues of a GOE matrix (N = 200, variance 1/2) at five points above the real
     axis, at points below it (``G(conj z) = conj G(z)``), on the real axis outside the spectrum (G
     real, returned complex), far away (``G ~ 1/z``), a scalar ``z`` (a scalar back) and a 2-D grid
-    of ``z`` (the same shape back); and the semicircle of 002 Eq. 13: at N = 2000 the empirical G
+    of ``z`` (the same shape back); and the semicircle of 002 Eq. 13: at N = 500 the empirical G
     at ``z = 1.5i`` is within ``10/N`` of ``Semicircle(0.5).stieltjes`` (linear statistics of GOE
     eigenvalues fluctuate on the scale 1/N). Known mistakes (the sign, the sum for the mean, the real
     part only) get their hints.
@@ -100,8 +100,10 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
             hint = ("yours differs from G_N(z) of 002 Eq. 6-7 at these points (the worst relative error is "
                     "above); compare point by point, each G_N(z) using all N eigenvalues")
         checks.append(Check(name, error, 1e-10, hint=hint))
-    # the semicircle: the empirical transform of a large GOE sample converges to it, at rate 1/N
-    n = 2000
+    # the semicircle: the empirical transform of a large GOE sample converges to it, at rate 1/N.
+    # N = 500: over 40 draws N |G_N(1.5i) - G(1.5i)| was at most 0.76 (mean 0.31), far inside the
+    # tolerance's 10; the eigenvalues cost 27 ms here, against 0.72 s at N = 2000 (one BLAS thread).
+    n = 500
     big, z = goe_eigenvalues(n), np.array([1.5j])
     name = f"semicircle limit, N = {n}, z = 1.5i: |yours - G_semicircle|"
     value, failed = _call(my_stieltjes, (big, z.copy()), name, usage)
