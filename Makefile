@@ -4,7 +4,7 @@
 #   make book   # create .venv, install deqlab[book,test], build the book (executing notebooks)
 #   make test   # create .venv if needed, run the quick tier of the unit tests + every notebook under book/
 #               # (make test TIER=all: every unit test, slow ones included, as CI runs it)
-#   make unit   # quick unit tests (not slow: see tests/slow.json; ~5 min on 2 cores cold, 3 warm), no notebooks
+#   make unit   # quick unit tests (not slow: see tests/slow.json; ~3 min on 2 cores cold, 1.5 warm), no notebooks
 #   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
 #   make student-edition  # the notebooks without solutions, reader's code stubbed, into _build/student
 #   make colab-edition    # the executed notebooks with MyST rendered as Markdown, into _build/colab
@@ -41,7 +41,7 @@ help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
 	@echo "make test     the quick tier of the unit tests (not slow) + every notebook in book/ (outputs written back);"
 	@echo "              make test TIER=all: every unit test, slow ones included (what CI runs)"
-	@echo "make unit     quick unit tests: tests/ without the slow ones (about 5 min cold, 3 warm)"
+	@echo "make unit     quick unit tests: tests/ without the slow ones (about 3 min cold, 1.5 warm)"
 	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
 	@echo "make test-profile  every unit test on an empty compilation cache; the programs each compiles,"
 	@echo "              top 20 tests and files by compile work (tests/compile_counter.py)"
@@ -89,6 +89,10 @@ $(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 # notebook, then the tests marked float64 with x64 on from the start (tests/conftest.py). A worker
 # that compiled float64 programs between float32 ones segfaulted in XLA's CPU compiler (jaxlib
 # 0.7.2 twice at the same test, and once on 0.10.2); the floor phase of .ci/run runs the same way.
+# The float64 pass collects no notebook, so it runs without nbmake's plugin (-p no:nbmake): loading
+# it imports nbformat and jsonschema, whose optional rfc3987_syntax builds 39 grammars on import,
+# 1.7 s in each worker (measured: the warm float64 pass of `make unit` 40 s -> 35 s); and it imports
+# only the test files that hold float64 tests (tests/conftest.py).
 # DEQLAB_BOOK_BUILD=1: these outputs are what the site renders, so glue() does not echo its values
 # (the echo is for readers of the notebook in Jupyter or Colab). Afterwards every notebook that ran
 # without error is stamped with a fingerprint of its code, deqlab and the scale
@@ -114,7 +118,7 @@ test: install
 	  "$$(date -u +'%Y-%m-%d %H:%M UTC')" "$(JOBS)" "$$($(BIN)/python -c 'import deqlab; print(deqlab.__version__)')" > $(REPORTS)/run.json
 	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests book -m "$(TEST_SELECTION)" --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
 	status=$$?; $(BIN)/python book/_ext/executed_notebooks.py stamp $(NOTEBOOKS) > /dev/null; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "$(TEST_SELECTION_64)" --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -p no:nbmake tests -m "$(TEST_SELECTION_64)" --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 # The quick inner loop: tests marked slow are deselected, those marked in their files and those
@@ -125,13 +129,13 @@ test: install
 unit: install
 	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not slow and not float64" --durations=10; \
 	status=$$?; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "float64 and not slow" --durations=5; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -p no:nbmake tests -m "float64 and not slow" --durations=5; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 unit-all: install
 	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not float64" --durations=25; \
 	status=$$?; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m float64 --durations=15; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -p no:nbmake tests -m float64 --durations=15; \
 	status64=$$?; test $$status -eq 0 && test $$status64 -eq 0
 
 # Where the unit tests' compile work goes (issue 39): every unit test, both precisions, on an empty
@@ -144,7 +148,7 @@ test-profile: install
 	rm -rf $(PROFILE_CACHE) $(REPORTS)/compiles.jsonl
 	export JAX_COMPILATION_CACHE_DIR=$(PROFILE_CACHE) DEQLAB_COMPILE_REPORT=$(CURDIR)/$(REPORTS)/compiles.jsonl; \
 	$(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m "not float64" -q; \
-	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests -m float64 -q; \
+	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -p no:nbmake tests -m float64 -q; \
 	$(BIN)/python .ci/test_profile.py $(REPORTS)/compiles.jsonl
 
 lint: install
