@@ -15,12 +15,19 @@ import inspect
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from deqlab.lab.exercises import _key, _manifest, grade
 
 ROOT = Path(__file__).resolve().parents[2]
+
+def _nbformat():
+    # imported when a test needs it, not at collection: under pytest, nbformat's import (jsonschema's
+    # optional rfc3987_syntax builds 39 grammars) took 3-5 s in every worker that collected this file
+    import nbformat
+
+    return nbformat
+
 
 SETUP = "import numpy as np\nfrom deqlab.lab import exercises"
 STUB = 'raise NotImplementedError("your code here")'
@@ -62,10 +69,10 @@ WRONG_LINEAR_DEQ = ("def my_linear_deq(K, Y, lam, depth):\n    path = [np.zeros_
 
 
 def _notebook(cells, page: str, answers: dict[int, str] | None = None):
-    nb = nbformat.v4.new_notebook()
+    nb = _nbformat().v4.new_notebook()
     for i, (kind, source, tags) in enumerate(cells):
         source = (answers or {}).get(i, source)
-        make = nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell
+        make = _nbformat().v4.new_code_cell if kind == "code" else _nbformat().v4.new_markdown_cell
         cell = make(source, metadata={"tags": tags} if tags else {})
         cell["id"] = f"cell-{i}"
         nb.cells.append(cell)
@@ -91,7 +98,7 @@ def course(tmp_path_factory) -> dict[str, Path]:
     for page, cells in ((PAGE_A, CELLS_A), (PAGE_B, CELLS_B)):
         target = edition / page
         target.parent.mkdir(parents=True)
-        nbformat.write(_notebook(cells, page), str(target))
+        _nbformat().write(_notebook(cells, page), str(target))
         written.append(target)
     manifest = _load_student_edition().write_grading_manifest(written, edition)
     submissions = root / "submissions"
@@ -106,7 +113,7 @@ def course(tmp_path_factory) -> dict[str, Path]:
     for name, (answers_a, answers_b) in versions.items():
         for page, cells, answers, tag in ((PAGE_A, CELLS_A, answers_a, "A"), (PAGE_B, CELLS_B, answers_b, "B")):
             path = submissions / f"{name}_{tag}.ipynb"
-            nbformat.write(_notebook(cells, page, answers), str(path))
+            _nbformat().write(_notebook(cells, page, answers), str(path))
             paths[f"{name}_{tag}"] = path
     return paths
 
@@ -173,11 +180,11 @@ def test_right_submissions_score_full_and_exit_zero(course, tmp_path):
 
 
 def test_a_deleted_and_an_edited_check_cell_fail_saying_so(course, tmp_path, capsys):
-    nb = nbformat.read(str(course["right_A"]), as_version=4)
+    nb = _nbformat().read(str(course["right_A"]), as_version=4)
     del nb.cells[2]                                                 # the check_stieltjes cell
     nb.cells[4].source = nb.cells[4].source.replace("assert trace_report.passed, trace_report\n", "")  # edited
     path = tmp_path / "tampered.ipynb"
-    nbformat.write(nb, str(path))
+    _nbformat().write(nb, str(path))
     out = tmp_path / "r.csv"
     # neither check cell is intact: nothing to execute, both fail
     assert grade.main([str(path), "--manifest", str(course["manifest"]), "--out", str(out)]) == 1
@@ -186,7 +193,7 @@ def test_a_deleted_and_an_edited_check_cell_fail_saying_so(course, tmp_path, cap
     assert "(id cell-5, calling check_length_trace) was edited" in rows["check_length_trace"]["message"]
     assert all(r["points"] == "0" for r in rows.values())
     # a check cell moved under a new id (an old front end) is still found by its hash
-    nb = nbformat.read(str(course["right_A"]), as_version=4)
+    nb = _nbformat().read(str(course["right_A"]), as_version=4)
     nb.cells[2]["id"] = "renumbered"
     located = grade._locate(nb, json.loads(course["manifest"].read_text())["pages"][PAGE_A]["checks"])
     assert located == [(2, None), (5, None)]
@@ -194,10 +201,10 @@ def test_a_deleted_and_an_edited_check_cell_fail_saying_so(course, tmp_path, cap
 
 @pytest.mark.slow  # one notebook that sleeps past its time limit: ~15 s
 def test_the_time_limit_stops_a_notebook_and_fails_what_did_not_run(course, tmp_path):
-    nb = nbformat.read(str(course["right_A"]), as_version=4)
-    nb.cells.insert(3, nbformat.v4.new_code_cell("import time\ntime.sleep(600)"))
+    nb = _nbformat().read(str(course["right_A"]), as_version=4)
+    nb.cells.insert(3, _nbformat().v4.new_code_cell("import time\ntime.sleep(600)"))
     path = tmp_path / "slow.ipynb"
-    nbformat.write(nb, str(path))
+    _nbformat().write(nb, str(path))
     out = tmp_path / "r.csv"
     assert grade.main([str(path), "--manifest", str(course["manifest"]), "--out", str(out),
                        "--time-limit", "25"]) == 1
@@ -224,10 +231,10 @@ def test_bad_arguments_exit_2_naming_the_argument(course, tmp_path, capsys, argu
     notanotebook = tmp_path / "junk.ipynb"
     notanotebook.write_text("this is not JSON")
     unknown = _notebook(CELLS_A, "elsewhere/page.ipynb")
-    nbformat.write(unknown, str(tmp_path / "unknown.ipynb"))
+    _nbformat().write(unknown, str(tmp_path / "unknown.ipynb"))
     bare = _notebook(CELLS_A, PAGE_A)
     del bare.metadata["deqlab_student_edition"]
-    nbformat.write(bare, str(tmp_path / "bare.ipynb"))
+    _nbformat().write(bare, str(tmp_path / "bare.ipynb"))
     names = {"notanotebook": notanotebook, "right_A": course["right_A"], "unknown_page": tmp_path / "unknown.ipynb",
              "nometadata": tmp_path / "bare.ipynb", "nomanifest": tmp_path / "none.json"}
     argv = [a.format(**names) for a in arguments]
