@@ -397,10 +397,10 @@ def test_paired_permutation_test_size_and_power():
 def test_one_null_distribution_gives_scipys_p_values_on_both_sides():
     """paired_permutation_test draws its relabellings once and reads both one-sided p-values off
     that null distribution: they are exactly what scipy.stats.permutation_test gives with the same
-    stream, one call per side, on exact enumerations (2^6 and 6^3 relabellings) and Monte Carlo
-    ones (2^12 > 199), on tables with tied values (integers), with a ratio, and with relabellings whose
-    statistic is NaN (the table's NaN moved out of the column that skips it: counted as extreme, the
-    NaN mapped to +inf for 'greater' and -inf for 'less' in scipy's calls)."""
+    stream, one call per side, on exact enumerations (2^6 and 2^5 relabellings) and Monte Carlo
+    ones (3!^3 = 216 and 2^12, above 199), on tables with tied values (integers), with a ratio, and
+    with relabellings whose statistic is NaN (the table's NaN moved out of the column that skips it:
+    counted as extreme, the NaN mapped to +inf for 'greater' and -inf for 'less' in scipy's calls)."""
     from scipy import stats as scipy_stats
 
     rng = np.random.default_rng(RNG_SEED + 7)
