@@ -164,7 +164,7 @@ def _is_notebook(item) -> bool:
 
 # --- The float64 pass imports only the files that hold float64 tests ----------------------------
 # The second pass of `make unit` / `make test` (`-m "float64 ..."`, x64 on) selects about a fifth of
-# the tests, from 31 of 80 files; collecting every file cost each worker the imports and the
+# the tests, from 30 of 80 files; collecting every file cost each worker the imports and the
 # module-level set-up of all of them. A test is marked float64 only by writing `pytest.mark.float64`
 # (on the test, a `pytest.param` or `pytestmark`), so a file without that text cannot hold one and is
 # not imported. `pytest_collection_modifyitems` below checks this premise in the float32 pass, which
@@ -173,7 +173,11 @@ FLOAT64_TEXT = "mark.float64"
 
 
 def _float64_pass(config) -> bool:
-    return re.match(r"\s*float64\b", config.getoption("markexpr") or "") is not None
+    """Whether ``-m`` selects float64 tests only: ``float64``, or ``float64 and ...`` without ``or``
+    or parentheses (``float64 or slow`` selects tests of other files too, which must be collected)."""
+    words = re.findall(r"\w+|[()]", config.getoption("markexpr") or "")
+    return (words[:1] == ["float64"] and (len(words) == 1 or words[1] == "and")
+            and "or" not in words and "(" not in words)
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -840,7 +840,8 @@ def paired_permutation_test(table: Any, statistic, *, groups: Sequence[Sequence[
         # alternative from the same stream, so a second call would only redraw them (it doubled the
         # test's time). The p-values are scipy's own rule, applied here to the raw null: Monte Carlo
         # (count + 1) / (N + 1), exact count / N when all (k!)^n relabellings are enumerated, and a
-        # relative tolerance of 100 eps for ties that differ by rounding only. A relabelling whose
+        # relative tolerance of 100 eps for ties that differ by rounding only (scipy's rule since
+        # 1.11; numpy >= 2, this package's floor, needs scipy >= 1.13). A relabelling whose
         # statistic is NaN (e.g. a column of missing values moved) counts as at least as extreme on
         # both sides, so that the p-value is never too small (scipy would count it as not extreme).
         with warnings.catch_warnings():

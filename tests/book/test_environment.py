@@ -255,7 +255,7 @@ def test_ci_runs_the_readme_test_command_after_install_and_lint():
     # float64" --nbmake --overwrite`, then the float64 pass, and what TIER=all (CI) selects instead
     readme = " ".join(_readme().split())
     assert '`pytest -n 2 --dist worksteal tests book -m "not slow and not float64" --nbmake --overwrite`' in readme
-    assert '`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal tests -m "float64 and not slow"`' in readme
+    assert '`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal -p no:nbmake tests -m "float64 and not slow"`' in readme
     assert "`make test TIER=all`" in readme and '`-m "not float64"` and `-m float64`' in readme
     assert _make_variable("JOBS") == "2" and _make_variable("TIER") == "quick"
     test = _make_dry_run("test", "TIER=quick")[0]
@@ -307,8 +307,8 @@ def test_slow_tests_are_left_out_of_make_unit_only():
     assert selections == [['"not float64 and not slow"'], ['"float64 and not slow"']], selections
     assert "--nbmake" in floor[0] and floor[1].startswith("JAX_ENABLE_X64=1 "), floor
     readme = " ".join(_readme().split())
-    assert '`pytest -n 2 --dist worksteal tests -m "not slow and not float64"`' in readme
-    assert '`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal tests -m "float64 and not slow"`' in readme
+    assert '`pytest -n 2 --dist worksteal -p no:nbmake tests -m "not slow and not float64"`' in readme
+    assert '`JAX_ENABLE_X64=1 pytest -n 2 --dist worksteal -p no:nbmake tests -m "float64 and not slow"`' in readme
 
 
 def test_lint_is_ruff_with_the_pyproject_configuration():

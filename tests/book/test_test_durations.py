@@ -225,7 +225,7 @@ def test_the_float64_pass_imports_only_files_with_float64_tests_and_the_premise_
     unmarked.write_text("import pytest\n\nF = getattr(pytest.mark, 'float' + '64')\n\n\n@F\ndef test_b():\n    pass\n")
     for markexpr, skips_unmarked in (("float64 and not slow", True), ("float64", True), (" float64", True),
                                      ("not slow and not float64", False), ("not float64", False), ("", False),
-                                     ("float64x", False)):
+                                     ("float64x", False), ("float64 or slow", False), ("float64 and (slow or x)", False)):
         config = Config(markexpr)
         assert conftest.pytest_ignore_collect(marked, config) is None, markexpr
         assert conftest.pytest_ignore_collect(unmarked, config) is (True if skips_unmarked else None), markexpr

@@ -397,22 +397,28 @@ def test_paired_permutation_test_size_and_power():
 def test_one_null_distribution_gives_scipys_p_values_on_both_sides():
     """paired_permutation_test draws its relabellings once and reads both one-sided p-values off
     that null distribution: they are exactly what scipy.stats.permutation_test gives with the same
-    stream, one call per side, on exact enumerations (2^6 and 2^5 relabellings) and Monte Carlo
-    ones (3!^3 = 216 and 2^12, above 199), on tables with tied values (integers), with a ratio, and
-    with relabellings whose statistic is NaN (the table's NaN moved out of the column that skips it:
-    counted as extreme, the NaN mapped to +inf for 'greater' and -inf for 'less' in scipy's calls)."""
+    stream, one call per side. Cases: exact enumerations (2^6, 2^5 and 2^3 relabellings, and 2^7 at
+    resamples = 128, the boundary where scipy still enumerates) and Monte Carlo ones (3!^3 = 216 and
+    2^12, above 199); tied values (integers), and ties that differ by rounding only (the 2^7 table:
+    its tie tolerance changes the counts, 98 against 102 relabellings at or below the estimate); a
+    ratio whose null holds +inf (the 2^3 table); relabellings whose statistic is NaN (the table's
+    NaN moved out of the column that skips it: counted as extreme, the NaN mapped to +inf for
+    'greater' and -inf for 'less' in scipy's calls)."""
     from scipy import stats as scipy_stats
 
     rng = np.random.default_rng(RNG_SEED + 7)
-    tables = [rng.integers(0, 3, (6, 2)).astype(float), rng.normal(size=(3, 3)), rng.normal(size=(12, 2)),
-              rng.integers(0, 2, (12, 2)).astype(float), rng.normal(size=(5, 2))]
-    tables[-1][0, 0] = np.nan
+    with_nan = rng.normal(size=(5, 2))
+    with_nan[0, 0] = np.nan
+    rounding_ties = np.array([[1.1, 0.7], [0.3, 0.2], [0.2, 0.1], [0.1, 0.1], [0.1, 1.1], [0.7, 1.1], [0.3, 0.7]])
+    cases = [(rng.integers(0, 3, (6, 2)).astype(float), 199), (rng.normal(size=(3, 3)), 199),
+             (rng.normal(size=(12, 2)), 199), (rng.integers(0, 2, (12, 2)).astype(float), 199), (with_nan, 199),
+             (rounding_ties, 128), (np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]]), 199)]
     ratio = lambda x: x[..., 1].mean(-1) / x[..., 0].mean(-1)  # noqa: E731
     skips_nan_in_0 = lambda x: x[..., 1].mean(-1) - np.nanmean(x[..., 0], -1)  # noqa: E731
-    for i, t in enumerate(tables):
+    for i, (t, resamples) in enumerate(cases):
         for statistic in (_mean_difference, ratio, skips_nan_in_0):
-            r = stats.paired_permutation_test(t, statistic, resamples=199, key_or_seed=i)
-            if i == len(tables) - 1 and statistic is not skips_nan_in_0:  # NaN on the table itself: nothing to test
+            r = stats.paired_permutation_test(t, statistic, resamples=resamples, key_or_seed=i)
+            if t is with_nan and statistic is not skips_nan_in_0:  # NaN on the table itself: nothing to test
                 assert math.isnan(r["estimate"]) and r["p_greater"] == r["p_less"] == 1.0
                 continue
             seed = int(np.random.default_rng(i).integers(2**63))  # the stream paired_permutation_test hands to scipy
@@ -421,7 +427,7 @@ def test_one_null_distribution_gives_scipys_p_values_on_both_sides():
                            np.nan_to_num(statistic(np.stack(cols, -1)), nan=nan_as, posinf=np.inf, neginf=-np.inf))
                 with np.errstate(all="ignore"):
                     expected = scipy_stats.permutation_test(
-                        tuple(t.T), counted, permutation_type="samples", vectorized=True, n_resamples=199,
+                        tuple(t.T), counted, permutation_type="samples", vectorized=True, n_resamples=resamples,
                         alternative=side, **stats._scipy_rng(np.random.default_rng(seed))).pvalue
                 assert r[f"p_{side}"] == pytest.approx(float(expected), abs=1e-12), (i, side)
 
