@@ -12,7 +12,8 @@ one output. Two things go wrong with plain ``auto``:
 So outputs are trusted only with a provenance stamp. After ``make test`` executed the notebooks,
 ``python book/_ext/executed_notebooks.py stamp <notebooks>`` records, for each notebook whose
 every code cell ran without error, a fingerprint of what made its outputs: the source of its code
-cells, every ``deqlab/**/*.py`` file and the experiment scale (``DEQLAB_SCALE``). At build time a
+cells, every ``deqlab/**/*.py`` file, the stored tables the pages' code reads (:data:`DATA_READ`) and
+the experiment scale (``DEQLAB_SCALE``). At build time a
 notebook is
 
 - rendered from its stored outputs (``metadata.mystnb.execution_mode = "off"``, injected as
@@ -85,8 +86,15 @@ def _scale() -> str:
     return os.environ.get("DEQLAB_SCALE", "").strip().lower() or "quick"
 
 
+#: Stored tables that pages' code reads when it runs (not only includes): the dry-run table (chapter
+#: 5 page 6 glues its numbers) and the power analysis (``deqlab.lab.experiments.medium``). A new
+#: table of either changes what those pages print, so it forces their execution like a code edit.
+DATA_READ = ("book/_data/dry_runs.json", "book/_data/power_analysis.json")
+
+
 def fingerprint(nb: dict, root: Path = ROOT) -> str:
-    """SHA-256 of what a notebook's outputs depend on: its code, ``deqlab``'s sources, the scale."""
+    """SHA-256 of what a notebook's outputs depend on: its code, ``deqlab``'s sources, the stored
+    tables of :data:`DATA_READ` (absent ones count as absent), the scale."""
     digest = hashlib.sha256()
     digest.update(f"scale={_scale()}\0".encode())
     for cell in _code_cells(nb):
@@ -95,6 +103,9 @@ def fingerprint(nb: dict, root: Path = ROOT) -> str:
     for path in sorted((root / "deqlab").rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
+    for name in DATA_READ:
+        path = root / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<absent>") + b"\0")
     return digest.hexdigest()
 
 

@@ -84,6 +84,20 @@ def test_changed_deqlab_source_forces_execution(ext, repo):
     assert ext.execution_mode(nb, key, repo) == "force"
 
 
+def test_a_new_stored_table_that_pages_read_forces_execution(ext, repo):
+    # chapter 5 page 6 glues numbers read from book/_data/dry_runs.json: a new table must not leave
+    # the old numbers on the page while the box beside them includes the new table
+    nb = _notebook()
+    path, key = _write(repo, nb)
+    ext.stamp([path], repo)  # the table absent
+    (repo / "book" / "_data").mkdir()
+    for name in ext.DATA_READ:
+        (repo / name).write_text('{"experiments": {}}\n')
+        assert ext.execution_mode(nb, key, repo) == "force", name
+        ext.stamp([path], repo)
+        assert ext.execution_mode(nb, key, repo) == "off", name
+
+
 def test_other_scale_forces_execution(ext, repo, monkeypatch):
     nb = _notebook()
     path, key = _write(repo, nb)

@@ -113,6 +113,7 @@ def test_the_pages_table_matches_a_fresh_dry_run(reports):
     identical), within 15% on another (the floor, jax 0.7.2, counts 10.8% more for the denoising
     run's compiled program with the per-sample solver loop of deqlab 0.9, and 2-4% before it)."""
     table = json.loads(DATA.read_text())
+    assert table["device"] == dr.DEVICE  # the assumed device the hours and device counts were made on
     stored = table["experiments"]
     same_jax = table["provenance"]["jax"] == jax.__version__
     assert set(stored) == set(reports)
@@ -123,5 +124,11 @@ def test_the_pages_table_matches_a_fresh_dry_run(reports):
             assert math.isclose(s[field], getattr(r, field), rel_tol=0.1 if same_jax else 0.15), (
                 name, field, s[field], getattr(r, field))
         assert math.isclose(s["memory"]["peak"], r.memory["peak"], rel_tol=0.25), name
+        # what the pages quote beyond the compiler's numbers (chapter 5 page 6 glues them from this
+        # table): devices and hours follow from the stored peak and FLOPs on today's assumed device
+        usable = dr.DEVICE["memory_bytes"] * dr.DEVICE["usable_fraction"]
+        assert s["devices"] == max(1, math.ceil(s["memory"]["peak"] / usable)), name
+        throughput = dr.DEVICE["peak_flops"][s["dtype"]] * dr.DEVICE["utilisation"]
+        assert math.isclose(s["device_hours"], s["flops_run"] / throughput / 3600, rel_tol=1e-9), name
         md = (DATA.parent / "dry_runs" / f"{name}.md").read_text()
         assert f"{s['parameters']:,}" in md, name
