@@ -18,22 +18,29 @@
 * Matplotlib uses the non-interactive Agg backend in this process only: the variable
   MPLBACKEND is deliberately not set, because the notebook kernels that nbmake starts inherit the
   environment, and under Agg their figures would silently not be rendered.
-* **Unit tests compile without LLVM's optimisations.** Compiling is most of a unit test's time
-  (``make test-profile``), and XLA's CPU backend spends much of it in LLVM's optimisation passes,
-  which speed up the program's run, not its result's meaning. This process appends
-  ``--xla_backend_optimization_level=0`` to ``XLA_FLAGS`` before JAX starts its backend (the
-  persistent cache keys programs by ``XLA_FLAGS``, so they never mix with optimised ones); a unit
-  test's run is shorter by about a quarter on the 2-core machine. The generated code may round
-  differently (no fused multiply-adds): a test comparing two different programs states a
+* **Unit tests compile without LLVM's optimisations and with XLA's older fusion emitters.**
+  Compiling is most of a unit test's time (``make test-profile``): thousands of small programs,
+  many of them single operations run eagerly. This process appends two flags to ``XLA_FLAGS``
+  before JAX starts its backend (the persistent cache keys programs by ``XLA_FLAGS``, so they never
+  mix with programs compiled with the defaults): ``--xla_backend_optimization_level=0`` (LLVM's
+  optimisation passes, which speed up the program's run, not its result's meaning; a unit test's
+  run is shorter by about a quarter on the 2-core machine) and ``--xla_cpu_use_fusion_emitters=false``
+  (XLA's CPU backend emits fused elementwise code with its older emitters, which compile a small
+  program in about half the time). The generated code may round differently (no fused
+  multiply-adds, other polynomial kernels): a test comparing two different programs states a
   tolerance for that, not bit equality. The notebooks are not unit tests: readers run them with
   JAX's defaults, so nbmake's kernels start with the ``XLA_FLAGS`` this process was given (a
-  plugin registered below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps XLA's
-  defaults everywhere (to check a rounding-level failure against what users run). Measured
-  (2026-12-01, 2-core machine, cold): level 1 instead of 0 made the quick float32 pass slower (113 s
-  against 101 s, one run each); level 1 for the notebooks cut their summed time by 7 % (632 s against 679 s, two at
-  a time) but changed glued numbers other than timings on 7 of the 31 pages (in the 15th digit on
-  two; a final training loss by 3.6x on chapter 5 page 2, where training amplifies a rounding
-  difference), so they keep the defaults.
+  plugin registered below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps
+  XLA's defaults everywhere (to check a rounding-level failure against what users run); a flag the
+  run was given (``XLA_FLAGS=--xla_backend_optimization_level=2 make unit``) is kept. Measured
+  (2026-12-01, 2-core machine, cold ``make unit``'s two passes): both flags 143.5 s against 183.1
+  and 177.9 s with level 0 alone (1,994 + 493 tests passed in each; warm 90.0 against 98.1 s); 362
+  single-operation programs compiled in 4.8-5.4 s against 11.5-11.9 s (and 8.6 against 12.8 s on
+  the floors' jaxlib 0.7.2, which has the flag). Level 1 instead of 0 made the quick float32 pass slower (113 s
+  against 101 s, one run each); level 1 for the notebooks cut their summed time by 7 % (632 s
+  against 679 s, two at a time) but changed glued numbers other than timings on 7 of the 31 pages
+  (in the 15th digit on two; a final training loss by 3.6x on chapter 5 page 2, where training
+  amplifies a rounding difference), so they keep the defaults.
 * Hypothesis: no per-example deadline (the first example of a jitted function pays the
   compilation); on CI (``CI`` set) examples are derandomised so runs are reproducible.
 """
@@ -49,10 +56,12 @@ if "DEQLAB_GIVEN_XLA_FLAGS" not in os.environ:
     os.environ["DEQLAB_GIVEN_XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "<unset>")
 #: XLA_FLAGS as the run was started with (None: unset), restored for the notebooks' kernels.
 GIVEN_XLA_FLAGS = None if os.environ["DEQLAB_GIVEN_XLA_FLAGS"] == "<unset>" else os.environ["DEQLAB_GIVEN_XLA_FLAGS"]
-UNIT_TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
-if not os.environ.get("DEQLAB_TEST_XLA_DEFAULTS") and "xla_backend_optimization_level" not in (GIVEN_XLA_FLAGS or ""):
+#: What the unit tests add to XLA_FLAGS (see the docstring); a flag the run was given is not overridden.
+UNIT_TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+if not os.environ.get("DEQLAB_TEST_XLA_DEFAULTS"):
+    _added = [flag for flag in UNIT_TEST_XLA_FLAGS if flag.split("=")[0] not in (GIVEN_XLA_FLAGS or "")]
     # before anything starts JAX's backend, which reads XLA_FLAGS once (see the docstring)
-    os.environ["XLA_FLAGS"] = f"{GIVEN_XLA_FLAGS or ''} {UNIT_TEST_XLA_FLAG}".strip()
+    os.environ["XLA_FLAGS"] = " ".join([GIVEN_XLA_FLAGS or "", *_added]).strip()
 
 import matplotlib  # noqa: E402
 

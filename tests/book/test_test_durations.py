@@ -268,17 +268,20 @@ def test_conftest_puts_the_notebooks_first_and_keeps_every_other_order(monkeypat
         assert runs and all(runs), f"{path}: a `pytest -n` without `--dist worksteal`"
 
 
-def test_unit_tests_compile_at_llvm_level_0_and_notebooks_with_the_given_flags():
-    # conftest appends the flag before JAX's backend starts (a flag set after `import jax` is still
+def test_unit_tests_compile_with_their_flags_and_notebooks_with_the_given_flags():
+    # conftest appends the flags before JAX's backend starts (a flag set after `import jax` is still
     # read: the subprocess below fails on an unknown one); notebooks get the flags the run was given
     import conftest
 
     if os.environ.get("DEQLAB_TEST_XLA_DEFAULTS"):
         pytest.skip("DEQLAB_TEST_XLA_DEFAULTS=1 keeps XLA's defaults in the unit tests")
-    assert conftest.UNIT_TEST_XLA_FLAG in os.environ["XLA_FLAGS"].split()
+    given = conftest.GIVEN_XLA_FLAGS or ""
+    for flag in conftest.UNIT_TEST_XLA_FLAGS:  # each one, unless the run was given its own value
+        assert flag in os.environ["XLA_FLAGS"].split() or flag.split("=")[0] in given, flag
+    unit_tests = os.environ["XLA_FLAGS"]
     with conftest.given_xla_flags():
         assert os.environ.get("XLA_FLAGS") == conftest.GIVEN_XLA_FLAGS
-    assert conftest.UNIT_TEST_XLA_FLAG in os.environ["XLA_FLAGS"].split()
+    assert os.environ["XLA_FLAGS"] == unit_tests
     res = subprocess.run([sys.executable, "-c", "import os, jax; os.environ['XLA_FLAGS'] = "
                           "'--xla_no_such_flag_for_deqlab=1'; jax.devices()"],
                          capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
@@ -296,7 +299,8 @@ def test_a_notebook_kernel_starts_without_the_unit_tests_flag(tmp_path):
     probe.write_text(json.dumps({
         "cells": [{"cell_type": "code", "execution_count": None, "id": "probe", "metadata": {}, "outputs": [],
                    "source": ["import os\n", "flags = os.environ.get('XLA_FLAGS') or ''\n",
-                              "assert 'xla_backend_optimization_level' not in flags, flags\n"]}],
+                              "assert 'xla_backend_optimization_level' not in flags, flags\n",
+                              "assert 'xla_cpu_use_fusion_emitters' not in flags, flags\n"]}],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4, "nbformat_minor": 5}))
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DEQLAB_GIVEN_XLA_FLAGS",
