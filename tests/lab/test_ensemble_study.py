@@ -183,8 +183,9 @@ _SHARDED = textwrap.dedent("""
 
 
 def _sharded(n):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu",
-               JAX_ENABLE_X64="0")
+    # the unit tests' compile flags (tests/conftest.py) kept, the simulated devices added
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}",
+               JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
     # a solve that fails stops at an iterate that rounding can move far (Broyden away from z*): with the study's limit
     # of 20 steps one of 8 sequences failed at the last step on jax 0.7.2 and the two layouts' losses differed by
     # 2.6e-3; 40 steps converge every solve of seed 0 (seed 1: 5 of 8 on a 2-core AMD EPYC, see the test)

@@ -147,7 +147,9 @@ SHARDED_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_sharded_batch_on_eight_simulated_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    # the unit tests' compile flags (tests/conftest.py) kept, the simulated devices added
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK 8" in out.stdout

@@ -290,7 +290,8 @@ _TWO_STEPS = textwrap.dedent("""
 
 def _two_steps(n_devices, simulated):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={simulated}"
+    # the unit tests' compile flags (tests/conftest.py) kept, the simulated devices added
+    env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={simulated}"
     env["JAX_PLATFORMS"] = "cpu"
     env["JAX_ENABLE_X64"] = "0"
     out = subprocess.run([sys.executable, "-c", _TWO_STEPS, str(n_devices)], env=env, capture_output=True,
