@@ -4,7 +4,7 @@
 #   make book   # create .venv, install deqlab[book,test], build the book (executing notebooks)
 #   make test   # create .venv if needed, run the quick tier of the unit tests + every notebook under book/
 #               # (make test TIER=all: every unit test, slow ones included, as CI runs it)
-#   make unit   # quick unit tests (not slow: see tests/slow.json; ~3 min on 2 cores cold, 1.5 warm), no notebooks
+#   make unit   # quick unit tests (not slow: see tests/slow.json; ~2 min on 2 cores cold, 1.5 warm), no notebooks
 #   make lint   # ruff check . (configuration in pyproject.toml; CI fails on findings)
 #   make student-edition  # the notebooks without solutions, reader's code stubbed, into _build/student
 #   make colab-edition    # the executed notebooks with MyST rendered as Markdown, into _build/colab
@@ -41,7 +41,7 @@ help:
 	@echo "make install  create $(VENV) and install deqlab[book,test] (editable)"
 	@echo "make test     the quick tier of the unit tests (not slow) + every notebook in book/ (outputs written back);"
 	@echo "              make test TIER=all: every unit test, slow ones included (what CI runs)"
-	@echo "make unit     quick unit tests: tests/ without the slow ones (about 3 min cold, 1.5 warm)"
+	@echo "make unit     quick unit tests: tests/ without the slow ones (about 2 min cold, 1.5 warm)"
 	@echo "make unit-all all unit tests in tests/, slow ones included (no notebooks)"
 	@echo "make test-profile  every unit test on an empty compilation cache; the programs each compiles,"
 	@echo "              top 20 tests and files by compile work (tests/compile_counter.py)"

@@ -33,8 +33,9 @@
   plugin registered below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps
   XLA's defaults everywhere (to check a rounding-level failure against what users run); a flag the
   run was given (``XLA_FLAGS=--xla_backend_optimization_level=2 make unit``) is kept. Measured
-  (2026-12-01, 2-core machine, cold ``make unit``'s two passes): both flags 143.5 s against 183.1
-  and 177.9 s with level 0 alone (1,994 + 493 tests passed in each; warm 90.0 against 98.1 s); 362
+  (2026-12-01, 2-core machine, cold ``make unit``'s two passes): both flags 118.2 s idle (143.5 s
+  with other work running) against 183.1 and 177.9 s with level 0 alone (1,994 + 493 tests passed
+  in each; warm 88.6 against 98.1 s); 362
   single-operation programs compiled in 4.8-5.4 s against 11.5-11.9 s (and 8.6 against 12.8 s on
   the floors' jaxlib 0.7.2, which has the flag). Level 1 instead of 0 made the quick float32 pass slower (113 s
   against 101 s, one run each); level 1 for the notebooks cut their summed time by 7 % (632 s
