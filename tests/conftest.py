@@ -32,7 +32,10 @@
   JAX's defaults, so nbmake's kernels start with the ``XLA_FLAGS`` this process was given (a
   plugin registered below restores it while a notebook runs). ``DEQLAB_TEST_XLA_DEFAULTS=1`` keeps
   XLA's defaults everywhere (to check a rounding-level failure against what users run); a flag the
-  run was given (``XLA_FLAGS=--xla_backend_optimization_level=2 make unit``) is kept. Measured
+  run was given (``XLA_FLAGS=--xla_backend_optimization_level=2 make unit``) is kept. XLA aborts
+  on a flag it does not know: should a jaxlib drop the emitters' flag, every test process stops at
+  start with ``Unknown flag in XLA_FLAGS: --xla_cpu_use_fusion_emitters=false``; remove it from
+  ``UNIT_TEST_XLA_FLAGS`` (or run with ``DEQLAB_TEST_XLA_DEFAULTS=1``). Measured
   (2026-12-01, 2-core machine, cold ``make unit``'s two passes): both flags 118.2 s idle (143.5 s
   with other work running) against 183.1 and 177.9 s with level 0 alone (1,994 + 493 tests passed
   in each; warm 88.6 against 98.1 s); 362
@@ -52,17 +55,26 @@ import os
 import re
 
 # XLA_FLAGS as the run was started with, kept in the environment: pytest-xdist's workers inherit
-# the controller's environment, where this file has already added the unit tests' flag.
+# the controller's environment, where this file has already added the unit tests' flags.
 if "DEQLAB_GIVEN_XLA_FLAGS" not in os.environ:
     os.environ["DEQLAB_GIVEN_XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "<unset>")
 #: XLA_FLAGS as the run was started with (None: unset), restored for the notebooks' kernels.
 GIVEN_XLA_FLAGS = None if os.environ["DEQLAB_GIVEN_XLA_FLAGS"] == "<unset>" else os.environ["DEQLAB_GIVEN_XLA_FLAGS"]
 #: What the unit tests add to XLA_FLAGS (see the docstring); a flag the run was given is not overridden.
 UNIT_TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def unit_test_xla_flags(given):
+    """``XLA_FLAGS`` for the unit tests: ``given`` (None: unset) with each of
+    :data:`UNIT_TEST_XLA_FLAGS` whose flag ``given`` does not already set appended (flags are
+    compared by name, whole tokens: ``--name=value``)."""
+    names = {token.split("=", 1)[0] for token in (given or "").split()}
+    return " ".join([given or "", *(flag for flag in UNIT_TEST_XLA_FLAGS if flag.split("=", 1)[0] not in names)]).strip()
+
+
 if not os.environ.get("DEQLAB_TEST_XLA_DEFAULTS"):
-    _added = [flag for flag in UNIT_TEST_XLA_FLAGS if flag.split("=")[0] not in (GIVEN_XLA_FLAGS or "")]
     # before anything starts JAX's backend, which reads XLA_FLAGS once (see the docstring)
-    os.environ["XLA_FLAGS"] = " ".join([GIVEN_XLA_FLAGS or "", *_added]).strip()
+    os.environ["XLA_FLAGS"] = unit_test_xla_flags(GIVEN_XLA_FLAGS)
 
 import matplotlib  # noqa: E402
 
@@ -100,7 +112,7 @@ def float64_enabled():
 @contextlib.contextmanager
 def given_xla_flags():
     """``XLA_FLAGS`` as this process was given it inside the block (a notebook's kernel starts with
-    JAX's defaults, not the unit tests' flag), the unit tests' value restored after."""
+    JAX's defaults, not the unit tests' flags), the unit tests' value restored after."""
     unit_tests = os.environ.get("XLA_FLAGS")
     _set_env("XLA_FLAGS", GIVEN_XLA_FLAGS)
     try:

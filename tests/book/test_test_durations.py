@@ -275,13 +275,11 @@ def test_unit_tests_compile_with_their_flags_and_notebooks_with_the_given_flags(
 
     if os.environ.get("DEQLAB_TEST_XLA_DEFAULTS"):
         pytest.skip("DEQLAB_TEST_XLA_DEFAULTS=1 keeps XLA's defaults in the unit tests")
-    given = conftest.GIVEN_XLA_FLAGS or ""
-    for flag in conftest.UNIT_TEST_XLA_FLAGS:  # each one, unless the run was given its own value
-        assert flag in os.environ["XLA_FLAGS"].split() or flag.split("=")[0] in given, flag
+    assert os.environ["XLA_FLAGS"] == conftest.unit_test_xla_flags(conftest.GIVEN_XLA_FLAGS)
     unit_tests = os.environ["XLA_FLAGS"]
     with conftest.given_xla_flags():
         assert os.environ.get("XLA_FLAGS") == conftest.GIVEN_XLA_FLAGS
-    assert os.environ["XLA_FLAGS"] == unit_tests
+    assert os.environ.get("XLA_FLAGS") == unit_tests
     res = subprocess.run([sys.executable, "-c", "import os, jax; os.environ['XLA_FLAGS'] = "
                           "'--xla_no_such_flag_for_deqlab=1'; jax.devices()"],
                          capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
@@ -289,11 +287,33 @@ def test_unit_tests_compile_with_their_flags_and_notebooks_with_the_given_flags(
     assert res.returncode != 0 and "xla_no_such_flag_for_deqlab" in res.stderr, res.stderr[-2000:]
 
 
+LEVEL_0, OLD_EMITTERS = "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"
+
+
+@pytest.mark.parametrize("given, expected", [
+    (None, f"{LEVEL_0} {OLD_EMITTERS}"),
+    ("", f"{LEVEL_0} {OLD_EMITTERS}"),
+    ("--xla_backend_optimization_level=2", f"--xla_backend_optimization_level=2 {OLD_EMITTERS}"),
+    ("--xla_cpu_use_fusion_emitters=true", f"--xla_cpu_use_fusion_emitters=true {LEVEL_0}"),
+    (f"{OLD_EMITTERS} --xla_backend_optimization_level=3", f"{OLD_EMITTERS} --xla_backend_optimization_level=3"),
+    ("--xla_force_host_platform_device_count=8", f"--xla_force_host_platform_device_count=8 {LEVEL_0} {OLD_EMITTERS}"),
+    # a flag is recognised by its whole name, not by a prefix or by text inside another flag's value
+    ("--xla_backend_optimization_level_x=1 --xla_dump_hlo_pass_re=xla_cpu_use_fusion_emitters",
+     f"--xla_backend_optimization_level_x=1 --xla_dump_hlo_pass_re=xla_cpu_use_fusion_emitters {LEVEL_0} "
+     f"{OLD_EMITTERS}"),
+])
+def test_unit_test_flags_are_appended_unless_the_run_gives_its_own(given, expected):
+    import conftest
+
+    assert set(conftest.UNIT_TEST_XLA_FLAGS) == {LEVEL_0, OLD_EMITTERS}
+    assert conftest.unit_test_xla_flags(given) == expected
+
+
 @pytest.mark.slow  # a pytest run on two workers that starts a notebook kernel (about 10 s)
 def test_a_notebook_kernel_starts_without_the_unit_tests_flag(tmp_path):
     # the notebooks are collected from book/, outside tests/, where this folder's conftest hooks do
     # not reach: the restore is a plugin (a first version was a conftest hook, and CI's notebooks
-    # ran at level 0). The probe notebook fails if its kernel sees the flag.
+    # ran at level 0). The probe notebook fails if its kernel sees either of the unit tests' flags.
     pytest.importorskip("nbmake")
     probe = tmp_path / "probe.ipynb"
     probe.write_text(json.dumps({
