@@ -41,7 +41,11 @@ import statistics
 import sys
 import time
 
-os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # compile times of this run, never a cache hit
+if __name__ == "__main__":
+    # compile times of this run, never a cache hit: JAX reads the variable when it is imported. Only
+    # when run as a script: removed on import, it was gone from the environment of every process a
+    # test session collecting this module started later, and the notebooks ran without the cache.
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax
 import jax.numpy as jnp

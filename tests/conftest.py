@@ -97,6 +97,25 @@ else:
     settings.load_profile("deqlab-ci" if os.environ.get("CI") else "deqlab")
 
 
+# --- Collecting a test module leaves the environment as it was -------------------------------
+# The notebooks' kernels and the tests' subprocesses inherit this process's environment. A
+# benchmark module removed JAX_COMPILATION_CACHE_DIR on import, so in every run that collected it
+# (`make test`, CI) each notebook ran without JAX's persistent cache: never a cache hit, not even
+# on CI's kept cache. The environment is recorded here, before any test module is imported, and
+# compared after collection (test_collecting_the_tests_leaves_the_environment_as_it_was).
+ENVIRONMENT_BEFORE_COLLECTION = dict(os.environ)
+#: Set by a library on import, as in any process that imports it: scikit-learn's OpenMP settings.
+ENVIRONMENT_SET_BY_LIBRARIES = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
+#: Names whose value changed, appeared or disappeared while the test modules were collected.
+ENVIRONMENT_CHANGED_BY_COLLECTION: list = []
+
+
+def pytest_collection_finish(session):
+    before, now = ENVIRONMENT_BEFORE_COLLECTION, os.environ
+    ENVIRONMENT_CHANGED_BY_COLLECTION[:] = sorted(
+        name for name in (set(before) | set(now)) - ENVIRONMENT_SET_BY_LIBRARIES if before.get(name) != now.get(name))
+
+
 @contextlib.contextmanager
 def float64_enabled():
     """JAX's x64 mode on inside the block, the previous setting restored after (works on every

@@ -287,6 +287,16 @@ def test_unit_tests_compile_with_their_flags_and_notebooks_with_the_given_flags(
     assert res.returncode != 0 and "xla_no_such_flag_for_deqlab" in res.stderr, res.stderr[-2000:]
 
 
+def test_collecting_the_tests_leaves_the_environment_as_it_was():
+    # the notebooks' kernels inherit the environment of the worker that runs them, after it has
+    # imported every test module: a module that changes the environment on import changes the
+    # notebooks' run (benchmarks/compile.py removed JAX_COMPILATION_CACHE_DIR, and no notebook of
+    # `make test` or CI ever used JAX's persistent cache)
+    import conftest
+
+    assert conftest.ENVIRONMENT_CHANGED_BY_COLLECTION == []
+
+
 LEVEL_0, OLD_EMITTERS = "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"
 
 
