@@ -102,7 +102,9 @@ $(STAMP): pyproject.toml $(DOCS_CONSTRAINTS)
 NOTEBOOKS = $(shell find book -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
 
 # The execution report of the book (book/execution.md, book/_ext/execution_report.py) is made from
-# this run: pytest's JUnit XML (a time and status per notebook) and run.json (scale, start, workers).
+# this run: pytest's JUnit XML (a time and status per notebook) and run.json (scale, start, workers,
+# and the programs JAX's persistent compilation cache held at the start: a page's programs compiled
+# by an earlier run are loaded, not compiled, and its glued times are shorter).
 REPORTS := _build/reports
 TIER ?= quick
 ifeq ($(TIER),quick)
@@ -116,8 +118,9 @@ $(error TIER must be quick (the unit tests not marked slow, the default) or all 
 endif
 test: install
 	@mkdir -p $(REPORTS)
-	@printf '{"scale": "%s", "started": "%s", "workers": %s, "deqlab": "%s"}\n' "$${DEQLAB_SCALE:-quick}" \
-	  "$$(date -u +'%Y-%m-%d %H:%M UTC')" "$(JOBS)" "$$($(BIN)/python -c 'import deqlab; print(deqlab.__version__)')" > $(REPORTS)/run.json
+	@printf '{"scale": "%s", "started": "%s", "workers": %s, "deqlab": "%s", "compilation_cache_entries": %s}\n' "$${DEQLAB_SCALE:-quick}" \
+	  "$$(date -u +'%Y-%m-%d %H:%M UTC')" "$(JOBS)" "$$($(BIN)/python -c 'import deqlab; print(deqlab.__version__)')" \
+	  "$$(find "$$JAX_COMPILATION_CACHE_DIR" -type f 2>/dev/null | wc -l)" > $(REPORTS)/run.json
 	DEQLAB_BOOK_BUILD=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests book -m "$(TEST_SELECTION)" --nbmake --nbmake-timeout=$(NB_TIMEOUT) --overwrite --durations=25 --junitxml=$(REPORTS)/tests.xml; \
 	status=$$?; $(BIN)/python book/_ext/executed_notebooks.py stamp $(NOTEBOOKS) > /dev/null; \
 	JAX_ENABLE_X64=1 $(BLAS1) $(BIN)/python -m pytest -n $(JOBS) --dist worksteal -p no:nbmake tests -m "$(TEST_SELECTION_64)" --durations=15 --junitxml=$(REPORTS)/tests-float64.xml; \

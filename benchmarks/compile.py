@@ -10,7 +10,8 @@ For each program, in one process:
 * ``HLO``: instructions of XLA's optimised module (every ``name = op(...)`` line of
   ``compiled.as_text()``, all computations: the loop body and condition included);
 * ``compile s``: the best of ``--repeats`` lowerings and compilations of a fresh ``jax.jit``
-  (the persistent compilation cache is switched off for the run);
+  (run as a script, the persistent compilation cache is off; called from Python, its compiles
+  may be cache loads);
 
 for the Picard solve (deqlab's ``solve(..., solver="picard", batch_axis=0)``; optimistix's
 ``fixed_point`` with ``FixedPointIteration`` under ``jax.vmap``, its way of batching), the Anderson

@@ -106,14 +106,21 @@ else:
 ENVIRONMENT_BEFORE_COLLECTION = dict(os.environ)
 #: Set by a library on import, as in any process that imports it: scikit-learn's OpenMP settings.
 ENVIRONMENT_SET_BY_LIBRARIES = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
-#: Names whose value changed, appeared or disappeared while the test modules were collected.
-ENVIRONMENT_CHANGED_BY_COLLECTION: list = []
+#: Names whose value changed, appeared or disappeared while the test modules were collected (None
+#: until collection has finished: a check that reads it before then, or without this hook, fails).
+ENVIRONMENT_CHANGED_BY_COLLECTION: list | None = None
 
 
 def pytest_collection_finish(session):
     before, now = ENVIRONMENT_BEFORE_COLLECTION, os.environ
-    ENVIRONMENT_CHANGED_BY_COLLECTION[:] = sorted(
-        name for name in (set(before) | set(now)) - ENVIRONMENT_SET_BY_LIBRARIES if before.get(name) != now.get(name))
+    global ENVIRONMENT_CHANGED_BY_COLLECTION
+    ENVIRONMENT_CHANGED_BY_COLLECTION = environment_changes(before, now)
+
+
+def environment_changes(before, now) -> list:
+    """Names whose value differs between two environments, apart from :data:`ENVIRONMENT_SET_BY_LIBRARIES`."""
+    return sorted(name for name in (set(before) | set(now)) - ENVIRONMENT_SET_BY_LIBRARIES
+                  if before.get(name) != now.get(name))
 
 
 @contextlib.contextmanager

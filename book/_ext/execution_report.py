@@ -5,7 +5,8 @@
 - ``tests.xml``: pytest's JUnit XML (``--junitxml``), one ``<testcase>`` per notebook (its
   ``time`` in seconds, a ``<failure>`` / ``<error>`` / ``<skipped>`` child when it did not pass);
 - ``run.json``: what the XML does not say: the experiment scale (``DEQLAB_SCALE``), the start
-  time, the number of pytest workers and the deqlab version.
+  time, the number of pytest workers, the deqlab version and the number of programs in JAX's
+  persistent compilation cache at the start (:func:`cache_sentence`).
 
 The directive ``{execution-report}`` (used by ``book/execution.md``) renders them as a table: each
 notebook of the table of contents with its status, its time and the scale, then the total. With
@@ -78,6 +79,19 @@ def read_report(folder: Path) -> tuple[list[NotebookRun], dict] | None:
     return notebook_runs(junit), run_info
 
 
+def cache_sentence(info: dict) -> str:
+    """What JAX's persistent compilation cache held when the run started (``run.json``'s
+    ``compilation_cache_entries``), and what that means for the times."""
+    entries = info.get("compilation_cache_entries")
+    if entries is None:
+        return "The state of JAX's persistent compilation cache at the start was not recorded."
+    if entries == 0:
+        return "JAX's persistent compilation cache was empty at the start: every page compiled its programs."
+    return (f"JAX's persistent compilation cache held {entries:,} programs at the start: a page whose programs "
+            "an earlier run had compiled loaded them instead, so its time, and the times glued into it, "
+            "leave those compilations out (a fresh Colab runtime compiles them).")
+
+
 def format_seconds(seconds: float) -> str:
     """``75.2`` -> ``"1 min 15 s"``; under a minute, ``"42.0 s"``."""
     if seconds < 60:
@@ -139,7 +153,7 @@ def setup(app):  # pragma: no cover - exercised by the book build
             summary = nodes.paragraph("", "", *_with_code(
                 f"From the `make test` run started {started} (deqlab {version}, scale {scale}, "
                 f"{workers} pytest workers; times are each notebook's own wall time, run "
-                f"{workers} at a time beside the unit tests).", nodes))
+                f"{workers} at a time beside the unit tests). {cache_sentence(info)}", nodes))
             return [summary, table]
 
     app.add_directive("execution-report", ExecutionReport)

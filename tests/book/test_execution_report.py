@@ -66,10 +66,20 @@ def test_format_seconds(seconds, text):
     assert report.format_seconds(seconds) == text
 
 
+@pytest.mark.parametrize(("info", "text"), [
+    ({}, "was not recorded"),
+    ({"compilation_cache_entries": 0}, "was empty at the start: every page compiled its programs"),
+    ({"compilation_cache_entries": 5475}, "held 5,475 programs at the start"),
+])
+def test_the_report_says_what_the_compilation_cache_held(info, text):
+    # a warm cache loads a page's programs instead of compiling them: its times are not a fresh runtime's
+    assert text in report.cache_sentence(info)
+
+
 def test_make_test_writes_the_report_files():
     makefile = (ROOT / "Makefile").read_text()
     assert "--junitxml=$(REPORTS)/tests.xml" in makefile
-    assert "$(REPORTS)/run.json" in makefile
+    assert "$(REPORTS)/run.json" in makefile and '"compilation_cache_entries": %s' in makefile
     assert "execution_report: book/_ext" in (ROOT / "_config.yml").read_text()
     assert "```{execution-report}" in (ROOT / "book" / "execution.md").read_text()
 

@@ -297,6 +297,22 @@ def test_collecting_the_tests_leaves_the_environment_as_it_was():
     assert conftest.ENVIRONMENT_CHANGED_BY_COLLECTION == []
 
 
+def test_no_benchmark_module_changes_the_environment_when_imported(monkeypatch):
+    # the check above sees a removed variable only in a run that sets it (make test and CI set the
+    # cache folder; a plain `pytest` does not): each benchmark module is executed again here, under
+    # a name of its own, with the variable set
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(ROOT / "_build" / "no-such-cache"))
+    import conftest
+
+    modules = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert len(modules) > 10
+    for path in modules:
+        before = dict(os.environ)
+        spec = importlib.util.spec_from_file_location(f"_environment_probe_{path.stem}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        assert conftest.environment_changes(before, os.environ) == [], path.name
+
+
 LEVEL_0, OLD_EMITTERS = "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"
 
 
