@@ -336,25 +336,31 @@ def test_unit_test_flags_are_appended_unless_the_run_gives_its_own(given, expect
 
 
 @pytest.mark.slow  # a pytest run on two workers that starts a notebook kernel (about 10 s)
-def test_a_notebook_kernel_starts_without_the_unit_tests_flag(tmp_path):
+def test_a_notebook_kernel_starts_without_the_unit_tests_flag_and_with_the_compilation_cache(tmp_path):
     # the notebooks are collected from book/, outside tests/, where this folder's conftest hooks do
     # not reach: the restore is a plugin (a first version was a conftest hook, and CI's notebooks
-    # ran at level 0). The probe notebook fails if its kernel sees either of the unit tests' flags.
+    # ran at level 0). The probe notebook fails if its kernel sees either of the unit tests' flags,
+    # or not the run's compilation cache folder: the run also collects the benchmarks' smoke tests,
+    # whose modules once removed it on import (no notebook of make test or CI used the cache).
     pytest.importorskip("nbmake")
+    cache = str(tmp_path / "jax-cache")
     probe = tmp_path / "probe.ipynb"
     probe.write_text(json.dumps({
         "cells": [{"cell_type": "code", "execution_count": None, "id": "probe", "metadata": {}, "outputs": [],
                    "source": ["import os\n", "flags = os.environ.get('XLA_FLAGS') or ''\n",
                               "assert 'xla_backend_optimization_level' not in flags, flags\n",
-                              "assert 'xla_cpu_use_fusion_emitters' not in flags, flags\n"]}],
+                              "assert 'xla_cpu_use_fusion_emitters' not in flags, flags\n",
+                              f"assert os.environ.get('JAX_COMPILATION_CACHE_DIR') == {cache!r}, os.environ\n"]}],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4, "nbformat_minor": 5}))
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DEQLAB_GIVEN_XLA_FLAGS",
                                                              "DEQLAB_TEST_XLA_DEFAULTS", "PYTEST_ADDOPTS")}
+    env["JAX_COMPILATION_CACHE_DIR"] = cache
     # two xdist workers, as `make test` runs (the workers inherit the controller's environment)
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--rootdir", str(ROOT), "-c",
          str(ROOT / "pyproject.toml"), "--nbmake", str(probe),
-         "tests/book/test_test_durations.py::test_stored_table_names_existing_tests"],
+         "tests/book/test_test_durations.py::test_stored_table_names_existing_tests",
+         "tests/library/test_benchmarks_smoke.py::test_growth_exponent_recovers_a_power_law"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+    assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
