@@ -33,8 +33,8 @@ sample: on the transformer, whose states reach about 3, the two differ), steps o
 sample, ms, the ratio to
 the fastest oracle (issue 43's target for the default: at most 1.15x, within tol) and to the
 fastest peer that delivers 1e-5 (target: at most 1.0x). Last, the compile seconds of the default
-solve and of its gradient (a fresh ``jax.jit`` each, persistent cache off when run as a script; target at most 2 s
-together on the 2-core machine).
+solve and of its gradient (a fresh ``jax.jit`` each, persistent cache off when run as a script;
+target at most 2 s together on the 2-core machine).
 """
 
 from __future__ import annotations
