@@ -230,14 +230,20 @@ def test_copy_memory_jacobian_penalty_is_bai_et_als_term():
     model = cm.make_model("deq-transformer", parameters=3000, delay=3, max_steps=20, tol=1e-4)
     x, y = data.copy_memory(jax.random.key(1), batch_size=4, delay=3)
     key, gamma = jax.random.key(2), 3.0
-    objective, (loss, _) = cm._penalised_loss(model, x, y, key, gamma)
-    plain, _ = cm._loss(model, x, y)
+
+    @nnx.jit  # one program (run eagerly, the model's operations compile ~170 single-operation programs)
+    def terms(model):
+        objective, (loss, _) = cm._penalised_loss(model, x, y, key, gamma)
+        plain, _ = cm._loss(model, x, y)
+        _, _, z = model(x, return_state=True)
+        graph, state = nnx.split(model.block.cell)
+        penalty = jacobian_penalty(lambda z, s, e: nnx.merge(graph, s)(z, e), z, state, model.embed(x), key=key,
+                                   batch_axis=0)
+        return objective, loss, plain, z, penalty
+
+    objective, loss, plain, z, penalty = terms(model)
     assert float(loss) == pytest.approx(float(plain), rel=1e-6)
-    _, _, z = model(x, return_state=True)
     assert z.shape[-2] == 3 + 20  # the divisor is the size of z*: the whole sequence (T + 20) times the width
-    graph, state = nnx.split(model.block.cell)
-    penalty = jacobian_penalty(lambda z, s, e: nnx.merge(graph, s)(z, e), z, state, model.embed(x), key=key,
-                               batch_axis=0)
     expected = gamma * float(jnp.mean(penalty)) / (z.shape[-2] * z.shape[-1])
     assert expected > 1e-3 * float(plain)  # the term is not negligible, so the comparison tests it
     assert float(objective - loss) == pytest.approx(expected, rel=1e-4)
@@ -264,7 +270,7 @@ def test_copy_memory_jacobian_penalty_stops_the_gradient_at_z_star():
     model = cm.make_model("deq-transformer", parameters=3000, delay=3, max_steps=30, tol=1e-5)
     x, y = data.copy_memory(jax.random.key(1), batch_size=4, delay=3)
     key, gamma = jax.random.key(2), 3.0
-    _, _, z_star = model(x, return_state=True)
+    _, _, z_star = nnx.jit(lambda m: m(x, return_state=True))(model)
 
     def penalty_term(m):
         objective, (loss, _) = cm._penalised_loss(m, x, y, key, gamma)
@@ -278,10 +284,13 @@ def test_copy_memory_jacobian_penalty_stops_the_gradient_at_z_star():
     def penalty_through_z(m):
         return penalty_at(m, m(x, return_state=True)[2])
 
+    @nnx.jit  # the three gradients in one program (run eagerly they compile ~280 single-operation programs)
+    def gradients(m, z_star):
+        return (nnx.grad(penalty_term)(m), nnx.grad(lambda m: penalty_at(m, z_star))(m),
+                nnx.grad(penalty_through_z)(m))
+
     leaves = lambda g: jax.tree_util.tree_leaves(nnx.state(g, nnx.Param) if not isinstance(g, nnx.State) else g)  # noqa: E731
-    got = leaves(nnx.grad(penalty_term)(model))
-    fixed = leaves(nnx.grad(lambda m: penalty_at(m, z_star))(model))
-    through = leaves(nnx.grad(penalty_through_z)(model))
+    got, fixed, through = map(leaves, gradients(model, z_star))
     scale = max(float(jnp.max(jnp.abs(a))) for a in fixed)
     for a, b in zip(got, fixed):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4 * scale)  # float32, z* to 1e-5
@@ -305,8 +314,14 @@ def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
 
     cell = nn.TransformerCell(8, 8, heads=2, attention_residual=attention_residual, rngs=nnx.Rngs(3))
     z, x = jax.random.normal(jax.random.key(4), (2, 2, 5, 8))
+    # the cell's output and both builders below in one compiled program (run eagerly they compile ~280
+    # single-operation programs)
+    direct, generic, from_cell = nnx.jit(lambda cell, z, x: (
+        cell(z, x),
+        initialisation.causal_diagonal_blocks(lambda z, x: cell(z, x), z, x),
+        initialisation.causal_diagonal_blocks(cell, z, x)))(cell, z, x)
     f, blocks = lm.diagonal_blocks(cell, z, x)
-    np.testing.assert_allclose(f, cell(z, x), atol=1e-6)
+    np.testing.assert_allclose(f, direct, atol=1e-6)
     dense = np.asarray(weight_tied.jacobian(cell, z, x)).reshape(2, 5, 8, 5, 8)
     for t in range(5):
         np.testing.assert_allclose(blocks[:, t], dense[:, t, :, t, :], atol=1e-5)
@@ -314,9 +329,7 @@ def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
     np.testing.assert_allclose(initialisation.block_radius(blocks), dense_radius, rtol=1e-4)
     # the generic builder for any causal map (T * width JVPs) gives the same blocks; given the cell itself
     # (chapter 5 pages 5 and 6) it takes the diagonal path (width JVPs), checked here against the dense blocks
-    generic = initialisation.causal_diagonal_blocks(lambda z, x: cell(z, x), z, x)
     np.testing.assert_allclose(generic, blocks, atol=1e-5)
-    from_cell = initialisation.causal_diagonal_blocks(cell, z, x)
     for t in range(5):
         np.testing.assert_allclose(from_cell[:, t], dense[:, t, :, t, :], atol=1e-5)
 
