@@ -27,32 +27,37 @@ def test_correction_iterates_are_the_solvers_followed_by_one_step():
     with st.x64():
         deq = _deq(correction=3, correction_stride=2)
         x = jax.random.normal(jax.random.key(1), (5, 4), jnp.float64)
-        z, iterates = deq(x, return_iterates=True)
+
+        @nnx.jit  # the whole comparison is one compiled program (eager it compiled ~130 small ones)
+        def run(deq):
+            z, iterates = deq(x, return_iterates=True)
+            graphdef, state = nnx.split(deq.cell)
+
+            def step(z, state):
+                return nnx.merge(graphdef, state)(z, x)
+
+            hats = [solve(step, jnp.zeros((5, 6)), state, solver=get_solver(deq.solver, max_steps=2 * k),
+                          batch_axis=0).value for k in (1, 2, 3)]
+            # gradient: one differentiable step from each (detached) solver iterate
+            deq_graph, cell_state, rest = nnx.split(deq, nnx.PathContains("cell"), ...)
+
+            def loss(cell_state):
+                return jnp.sum(nnx.merge(deq_graph, cell_state, rest)(x, return_iterates=True)[1] ** 2)
+
+            def expected(state):
+                return sum(jnp.sum(step(jax.lax.stop_gradient(h), state) ** 2) for h in hats)
+
+            stepped = [step(h, state) for h in hats]
+            return z, iterates, deq(x), stepped, jax.grad(loss)(cell_state), jax.grad(expected)(state)
+
+        z, iterates, plain, stepped, got, want = run(deq)
         assert iterates.shape == (3, 5, 6)
-        np.testing.assert_array_equal(z, deq(x))  # the equilibrium is unchanged by the option
-        graphdef, state = nnx.split(deq.cell)
-
-        def step(z, state):
-            return nnx.merge(graphdef, state)(z, x)
-
-        hats = [solve(step, jnp.zeros((5, 6)), state, solver=get_solver(deq.solver, max_steps=2 * k), batch_axis=0).value
-                for k in (1, 2, 3)]
+        np.testing.assert_array_equal(z, plain)  # the equilibrium is unchanged by the option
         for k in range(3):
-            np.testing.assert_allclose(iterates[k], step(hats[k], state), rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(iterates[k], stepped[k], rtol=1e-10, atol=1e-12)
         # the iterates approach z*: the correction trains the early solver path
-        distances = [float(jnp.linalg.norm(iterates[k] - z)) for k in range(3)]
+        distances = [float(np.linalg.norm(iterates[k] - z)) for k in range(3)]
         assert distances == sorted(distances, reverse=True) and distances[-1] < distances[0]
-
-        # gradient: one differentiable step from each (detached) solver iterate
-        deq_graph, cell_state, rest = nnx.split(deq, nnx.PathContains("cell"), ...)
-
-        def loss(cell_state):
-            return jnp.sum(nnx.merge(deq_graph, cell_state, rest)(x, return_iterates=True)[1] ** 2)
-
-        def expected(state):
-            return sum(jnp.sum(step(jax.lax.stop_gradient(h), state) ** 2) for h in hats)
-
-        got, want = jax.grad(loss)(cell_state), jax.grad(expected)(state)
         assert len(jax.tree_util.tree_leaves(got)) == len(jax.tree_util.tree_leaves(want)) == 3
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
