@@ -379,11 +379,16 @@ def test_layer_jacobian_is_diag_sigma_prime_times_weights():
     fam = kglm.bernoulli().with_prior(kglm.log_cosh_prior(2.0))
     T = jnp.asarray((rng.random(12) < 0.5) * 1.0)
     z = jnp.asarray(rng.uniform(0.05, 0.95, 12))
-    J = np.asarray(jax.jacobian(kglm.deq_map)(z, params, T, fam))
-    u = params.W1 @ z + params.W2 @ T + params.W3 @ fam.rho(z)
-    inner = params.W1 + params.W3 * fam.rho_derivative(z)[None, :]
-    np.testing.assert_allclose(np.asarray(fam.curvature(u)[:, None] * inner), J, rtol=0, atol=1e-13 * np.abs(J).max())
-    printed = np.asarray(inner * fam.curvature(params.W1 @ z + params.W2 @ T)[None, :])
+
+    @jax.jit  # one compiled program (eager, ~70 small ones)
+    def jacobians(z, T):
+        u = params.W1 @ z + params.W2 @ T + params.W3 @ fam.rho(z)
+        inner = params.W1 + params.W3 * fam.rho_derivative(z)[None, :]
+        return (jax.jacobian(kglm.deq_map)(z, params, T, fam), fam.curvature(u)[:, None] * inner,
+                inner * fam.curvature(params.W1 @ z + params.W2 @ T)[None, :])
+
+    J, proved, printed = map(np.asarray, jacobians(z, T))
+    np.testing.assert_allclose(proved, J, rtol=0, atol=1e-13 * np.abs(J).max())
     assert np.abs(printed - J).max() > 0.05 * np.abs(J).max()
 
 
