@@ -66,7 +66,7 @@ def test_main_writes_the_slow_table_and_refuses_bad_reports(repository, capsys):
     durations.main([str(repository / "tests.xml"), str(repository / "tests-float64.xml"), "--out", str(out)])
     assert len(json.loads((out / "slow.json").read_text())) == 4
     assert sorted(p.name for p in out.iterdir()) == ["slow.json"]  # no test order is written any more
-    assert "4 files, 63 s; 4 tests of at least 3 s marked slow" in capsys.readouterr().err
+    assert "4 files, 63 s; 4 tests marked slow (at least 3 s in these reports)" in capsys.readouterr().err
     (repository / "broken.xml").write_text("<testsuites><testcase")
     (repository / "odd.xml").write_text('<testsuites><testcase classname="tests.test_a" name="t" time="x"/>'
                                         "</testsuites>")
@@ -103,6 +103,28 @@ def test_add_keeps_the_stored_table_and_adds_the_quick_runs_slow_tests(repositor
     (repository / "fast-unit.xml").write_text(PASS_2)
     durations.main([str(repository / "fast-unit.xml"), "--add", "--out", str(out)])
     assert len(json.loads((out / "slow.json").read_text())) == 4
+
+
+def test_warm_adds_the_quick_tests_over_the_warm_bar_and_never_replaces(repository, capsys):
+    # --add --warm: a warm `make unit` report adds its tests of at least WARM_SLOW_SECONDS (0.4 s), which the
+    # cold bar (3 s) would keep in the quick tier; alone, --warm is refused (it would replace the full run's table)
+    assert durations.WARM_SLOW_SECONDS == 0.4 < durations.SLOW_SECONDS
+    out = repository / "out"
+    out.mkdir()
+    (out / "slow.json").write_text(json.dumps(["tests/test_b.py::test_only_in_the_full_run"]))
+    (repository / "warm-unit.xml").write_text(PASS_1.replace('time="0.4"', 'time="0.39"') + "")
+    (repository / "warm-unit-float64.xml").write_text(PASS_2)
+    durations.main([str(repository / "warm-unit.xml"), str(repository / "warm-unit-float64.xml"), "--add", "--warm",
+                    "--out", str(out)])
+    stored = json.loads((out / "slow.json").read_text())
+    assert "tests/test_a.py::test_in_float64" in stored  # 1.2 s warm: over the warm bar, under the cold one
+    assert "tests/test_a.py::test_quick" not in stored  # 0.39 s: just under the warm bar
+    assert "tests/test_b.py::test_only_in_the_full_run" in stored and len(stored) == 7
+    assert "(at least 0.4 s in these reports or in those before)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        durations.main([str(repository / "warm-unit.xml"), "--warm", "--out", str(out)])
+    assert exit_info.value.code == 2 and "give --add with it" in capsys.readouterr().err
+    assert json.loads((out / "slow.json").read_text()) == stored
 
 
 FOREIGN = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
