@@ -190,7 +190,8 @@ def pytest_runtest_protocol(item, nextitem):
 # worker finishing a long notebook while the other idled; they are moved to the front (in their
 # collected order), so the run ends on short unit tests. No stored table of durations is needed
 # for that (tests/durations.json, which ordered every file by its measured time, is retired).
-# Unit tests that took at least 3 s in the last measured `make test TIER=all` are marked `slow`, so
+# Unit tests that took at least 3 s in the last measured `make test TIER=all` (or a cold `make unit`), or
+# at least 0.4 s in a warm `make unit`, are marked `slow`, so
 # that `make unit` (the quick inner loop) and `make test` leave them out; `make test TIER=all`,
 # `make unit-all` and CI run every test. Their node ids (tests/slow.json) are generated from the
 # JUnit reports of a `make test TIER=all` on a cold compilation cache, never edited by hand:
