@@ -1,7 +1,10 @@
 """The medium scale's store: run, provenance, staleness, and the stored results' own consistency."""
 
+import functools
 import json
 import re
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,11 +164,21 @@ def test_medium_sizes_are_the_power_analysis_sizes_on_fresh_seeds(key):
 _STEPS = "ch3 p6 ranking: spectral lowers the forward solver steps, last epoch at sqrt(V) = 2.5"
 
 
+@functools.lru_cache(maxsize=1)
+def _fake_ch3p6_text():
+    # the fake ch3p6 run, made once per worker: it is deterministic, and the tests below differ only in what they
+    # edit in it (each run recomputes every claim, ~0.25 s; test_run_stores_provenance_and_verdicts runs its own)
+    with tempfile.TemporaryDirectory() as directory:
+        medium.run("ch3p6", directory, collect=_fake_stabilisation)
+        return (Path(directory) / "ch3p6.json").read_text()
+
+
 def _stored(tmp_path, key="ch3p6"):
     # a stored result to edit: the fake ch3p6 run, or a copy of the real stored one of `key`
     if key == "ch3p6-fake":
-        medium.run("ch3p6", tmp_path, collect=_fake_stabilisation)
-        return tmp_path / "ch3p6.json"
+        target = tmp_path / "ch3p6.json"
+        target.write_text(_fake_ch3p6_text())
+        return target
     target = tmp_path / f"{key}.json"
     target.write_text(medium.path_for(key).read_text())
     return target
