@@ -187,6 +187,28 @@ def test_checkpoints_refuse_a_second_save_of_a_step(tmp_path):
             ckpt.restore({"a": jnp.ones(3)}, 2)
 
 
+def test_restored_arrays_are_committed_as_the_template_is(tmp_path, compile_counter):
+    """orbax restores every array committed to its device; jit lowers committed arguments with their
+    sharding, so a resumed state would compile every program it reaches a second time (chapter 5
+    page 4). An uncommitted template array comes back uncommitted and the jitted function runs the
+    program it already has; a committed one stays committed."""
+    import jax
+    import jax.numpy as jnp
+
+    fresh = {"a": jnp.arange(3.0), "b": jax.device_put(jnp.ones(2), jax.devices()[0]), "log": np.zeros(2)}
+    assert not fresh["a"].committed and fresh["b"].committed
+    double = jax.jit(lambda state: jax.tree_util.tree_map(lambda v: 2 * v, state))
+    double(fresh)
+    with sweep.Checkpoints(tmp_path) as ckpt:
+        ckpt.save(0, fresh)
+        restored = ckpt.restore(fresh)
+    assert not restored["a"].committed and restored["b"].committed and isinstance(restored["log"], np.ndarray)
+    assert restored["a"].tolist() == [0.0, 1.0, 2.0] and restored["a"].dtype == fresh["a"].dtype
+    with compile_counter() as counted:
+        double(restored)
+    assert counted.programs == 0  # the program the fresh state compiled (committed arguments: a second one)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "remove"])
 def test_checkpoints_corrupted_or_truncated_raise_a_checkpoint_error(tmp_path, damage):
     import shutil

@@ -206,6 +206,26 @@ def _is_leaf_value(leaf: Any) -> bool:
         isinstance(leaf, (int, float, np.number)) and not isinstance(leaf, (bool, np.bool_)))
 
 
+def _committed_like(template: Any, restored: Any) -> Any:
+    """``restored`` with each array whose ``template`` array is not committed to a device made
+    uncommitted too (on the default device, the same values).
+
+    orbax hands every restored array back committed to its device, while a freshly made array (a
+    model's initial parameters) is not committed. ``jax.jit`` lowers committed arguments with their
+    sharding, so a resumed run's state would reach another program than the fresh state's, the same
+    computation compiled again and stored again in the persistent cache, for every jitted function
+    it is passed to (chapter 5 page 4's resumed training: 4 programs, about 6 s of its run on the
+    2-core machine). Arrays placed on purpose (on a mesh, or committed to a device) keep their place."""
+    import jax
+
+    def like(t, r):
+        if isinstance(t, jax.Array) and isinstance(r, jax.Array) and not getattr(t, "committed", True):
+            return jax.device_put(np.asarray(r))  # no device given: uncommitted, as t
+        return r
+
+    return jax.tree_util.tree_map(like, template, restored)
+
+
 class Checkpoints:
     """Checkpoints of a pytree of arrays in a directory, with orbax-checkpoint.
 
@@ -302,12 +322,13 @@ class Checkpoints:
         if step not in steps:
             raise checks.fail("step", f"a saved step (one of {steps} in {self.directory})", step, where)
         try:
-            return self._manager.restore(step, args=self._ocp.args.StandardRestore(template))
+            restored = self._manager.restore(step, args=self._ocp.args.StandardRestore(template))
         except Exception as error:
             raise CheckpointError(
                 f"{where}: the checkpoint of step {step} in {self.directory} could not be restored: it is "
                 f"corrupted or truncated, or `template` does not have the structure, shapes and dtypes of the "
                 f"saved state ({_first_line(error)}).") from error
+        return _committed_like(template, restored)
 
     def close(self) -> None:
         self._manager.wait_until_finished()
