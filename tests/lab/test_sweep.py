@@ -195,15 +195,19 @@ def test_restored_arrays_are_committed_as_the_template_is(tmp_path, compile_coun
     import jax
     import jax.numpy as jnp
 
-    fresh = {"a": jnp.arange(3.0), "b": jax.device_put(jnp.ones(2), jax.devices()[0]), "log": np.zeros(2)}
+    fresh = {"a": jnp.arange(3.0), "b": jax.device_put(jnp.ones(2), jax.devices()[0]), "log": np.zeros(2),
+             "key": jax.random.key(7)}
     assert not fresh["a"].committed and fresh["b"].committed
-    double = jax.jit(lambda state: jax.tree_util.tree_map(lambda v: 2 * v, state))
+    double = jax.jit(lambda state: (2 * state["a"], 2 * state["b"], jax.random.split(state["key"])))
     double(fresh)
     with sweep.Checkpoints(tmp_path) as ckpt:
         ckpt.save(0, fresh)
         restored = ckpt.restore(fresh)
     assert not restored["a"].committed and restored["b"].committed and isinstance(restored["log"], np.ndarray)
     assert restored["a"].tolist() == [0.0, 1.0, 2.0] and restored["a"].dtype == fresh["a"].dtype
+    # a typed key too (it has no NumPy form): the same key, uncommitted
+    assert not restored["key"].committed and jax.random.key_impl(restored["key"]) == jax.random.key_impl(fresh["key"])
+    assert np.array_equal(jax.random.key_data(restored["key"]), jax.random.key_data(fresh["key"]))
     with compile_counter() as counted:
         double(restored)
     assert counted.programs == 0  # the program the fresh state compiled (committed arguments: a second one)

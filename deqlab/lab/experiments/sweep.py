@@ -218,9 +218,14 @@ def _committed_like(template: Any, restored: Any) -> Any:
     2-core machine). Arrays placed on purpose (on a mesh, or committed to a device) keep their place."""
     import jax
 
+    def uncommitted(r):
+        if jax.dtypes.issubdtype(r.dtype, jax.dtypes.prng_key):  # a typed key: through its key data
+            return jax.random.wrap_key_data(uncommitted(jax.random.key_data(r)), impl=jax.random.key_impl(r))
+        return jax.device_put(np.asarray(r))  # no device given: uncommitted
+
     def like(t, r):
         if isinstance(t, jax.Array) and isinstance(r, jax.Array) and not getattr(t, "committed", True):
-            return jax.device_put(np.asarray(r))  # no device given: uncommitted, as t
+            return uncommitted(r)
         return r
 
     return jax.tree_util.tree_map(like, template, restored)
