@@ -316,7 +316,8 @@ class Checkpoints:
 
     def restore(self, template: Any, step: int | None = None) -> Any:
         """The state saved at ``step`` (default the newest), with the structure and dtypes of
-        ``template``."""
+        ``template``; an array comes back uncommitted where the template's is not committed to a
+        device (a fresh array), so that jitted functions reuse the programs the fresh state compiled."""
         where = "sweep.Checkpoints.restore"
         steps = self.all_steps()
         if step is None:
