@@ -390,7 +390,10 @@ def _program(solver: Any, tol: float, max_steps: int, batch_size: int, n_batches
     sweep. Two Adam states, hidden ``(W1, W2, b)`` and readout ``(V1, V2, c)``: while the hidden
     weights are frozen (naive scheme) their state does not advance, as for a PyTorch parameter
     without a gradient."""
-    template = Seq2SeqDEQ("random", 1.0, solver=solver, tol=tol, max_steps=max_steps, rngs=nnx.Rngs(0))
+    # the graph and the state's structure only: an abstract model (nnx.eval_shape) makes no array and
+    # compiles no initialiser
+    template = nnx.eval_shape(lambda: Seq2SeqDEQ("random", 1.0, solver=solver, tol=tol, max_steps=max_steps,
+                                                 rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(template)
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(state)
     hidden = tuple(_is_hidden(path) for path, _ in with_paths)

@@ -162,8 +162,10 @@ def _program(remedy, in_features, n_batches, frozen_options):
     and family: they differ only in the initial arrays). Parameters (``nnx.Param``) are trained;
     the rest of the state (the spectral norm's power iterate) is advanced after each step."""
     o = dict(frozen_options)
-    template = StabilisedClassifier(in_features, remedy=remedy, ensemble="gaussian", scale=1.0, rngs=nnx.Rngs(0),
-                                    **o)
+    # the graph and the state's structure only: an abstract model (nnx.eval_shape) makes no array and
+    # compiles no initialiser (the seeds' models are initialised in train_seeds)
+    template = nnx.eval_shape(lambda: StabilisedClassifier(in_features, remedy=remedy, ensemble="gaussian", scale=1.0,
+                                                           rngs=nnx.Rngs(0), **o))
     graphdef, params, rest = nnx.split(template, nnx.Param, ...)
     p_def = jax.tree_util.tree_structure(params)
     r_def = jax.tree_util.tree_structure(rest)
@@ -234,8 +236,8 @@ program: a gradient method or an extra loss term changes nothing in the forward 
 def _evaluator(forward, in_features, frozen_options):
     """The compiled, seed-vmapped evaluation (test error and monitor) of a forward pass."""
     o = dict(frozen_options)
-    template = StabilisedClassifier(in_features, remedy=forward, ensemble="gaussian", scale=1.0, rngs=nnx.Rngs(0),
-                                    **o)
+    template = nnx.eval_shape(lambda: StabilisedClassifier(in_features, remedy=forward, ensemble="gaussian", scale=1.0,
+                                                           rngs=nnx.Rngs(0), **o))  # abstract, as in _program
     graphdef, params, rest = nnx.split(template, nnx.Param, ...)
     p_def = jax.tree_util.tree_structure(params)
     r_def = jax.tree_util.tree_structure(rest)

@@ -347,7 +347,9 @@ def _program(key_items: tuple, vocab: int, square: bool):
     from deqlab.stability import jacobian_penalty, spectral_radius
 
     o = dict(key_items)
-    template = _make_model(o, vocab, "goe" if square else "gaussian", 0.1, nnx.Rngs(0))
+    # the graph and the parameters' structure only: an abstract model (nnx.eval_shape) makes no array
+    # and compiles no initialiser (the seeds' models are initialised in train_seeds)
+    template = nnx.eval_shape(lambda: _make_model(o, vocab, "goe" if square else "gaussian", 0.1, nnx.Rngs(0)))
     graphdef, params = nnx.split(template, nnx.Param)
     treedef = jax.tree_util.tree_structure(params)
     tx = _optimizer(o)
