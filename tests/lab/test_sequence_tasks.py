@@ -334,19 +334,32 @@ def test_diagonal_blocks_are_the_dense_jacobians(attention_residual):
         np.testing.assert_allclose(from_cell[:, t], dense[:, t, :, t, :], atol=1e-5)
 
 
-def test_equilibrium_statistics_reports_each_sequences_convergence():
+def test_equilibrium_statistics_reports_each_sequences_convergence(compile_counter):
     """`language_model.equilibrium_statistics` returns, per sequence, whether its solve met the tolerance
     (chapter 5 page 4 quotes radii only there); its mean is the reported converged fraction, and a budget of
-    one step converges for none, a generous one for every sequence of a small contracting model."""
+    one step converges for none, a generous one for every sequence of a small contracting model. A budget of
+    the call's own (max_steps, tol) reuses the model's compiled program and gives exactly what a model built
+    with those settings gives (chapter 5 page 4 solves one model at three budgets); one above the model's
+    own limit is refused, named."""
     tokens = jnp.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
-    for max_steps, expected in ((1, False), (200, True)):
-        model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=max_steps, tol=1e-4, embedding_std=1.0)
-        out = lm.equilibrium_statistics(model, tokens)
+    model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=200, tol=1e-4, embedding_std=1.0)
+    generous = lm.equilibrium_statistics(model, tokens)
+    with compile_counter() as counted:
+        one_step = lm.equilibrium_statistics(model, tokens, max_steps=1)
+    assert counted.programs == 0, counted
+    for out, expected in ((one_step, False), (generous, True)):
         assert out["converged"].dtype == bool and out["converged"].shape == (3,)
         assert np.all(out["converged"] == expected), out
         assert out["converged_fraction"] == pytest.approx(float(np.mean(out["converged"])))
         # the relative residual at the returned iterate: within the tolerance where the solve converged
         assert out["residual"].shape == (3,) and np.all(out["residual"][out["converged"]] <= 1e-4 * (1 + 1e-3)), out
+    built = lm.equilibrium_statistics(lm.make_model(16, width=8, heads=2, seed=0, max_steps=1, tol=1e-2,
+                                                    embedding_std=1.0), tokens)
+    per_call = lm.equilibrium_statistics(model, tokens, max_steps=1, tol=1e-2)
+    for key in built:
+        np.testing.assert_array_equal(per_call[key], built[key], err_msg=key)
+    with pytest.raises(ValueError, match=r"max_steps.*\[1, 200\]"):
+        lm.equilibrium_statistics(model, tokens, max_steps=201)
 
 
 def test_evaluate_resolves_the_radius_sequences():

@@ -455,14 +455,21 @@ def _resolver(model, max_steps, tol):
     return twin
 
 
-def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
-    """The forward solve of a :func:`make_model` model on ``tokens`` at its own settings, and what
-    the equilibrium looks like: one compiled program.
+def equilibrium_statistics(model: nnx.Module, tokens: Any, *, max_steps: int | None = None,
+                           tol: float | None = None) -> dict[str, Any]:
+    """The forward solve of a :func:`make_model` model on ``tokens``, at its own settings or with a
+    budget of this call's, and what the equilibrium looks like: one compiled program.
 
     Args:
         model: a :func:`make_model` language model in equilibrium mode (its cell a
             :class:`deqlab.nn.TransformerCell`).
         tokens: int ``(batch, T)``.
+        max_steps, tol: this call's iteration limit and tolerance (the layer's budget per call,
+            :class:`deqlab.nn.DEQ`): ``max_steps`` an integer in ``[1, cap]``, the cap being the
+            model's own limit in its current mode; ``tol`` a number > 0. None: the model's own. They
+            are traced, so calls that differ only in them share one compiled program (a model built
+            with other solver settings compiles its own); the matmul precision follows the model's
+            own tolerance.
 
     Returns:
         ``converged_fraction`` and ``steps_mean`` of the solve; ``converged``: per sequence, whether
@@ -479,29 +486,40 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
         ``state_std`` that of the state's contribution to the queries ``z W_Q``.
 
     Raises:
-        ValueError: the model is unrolled or its cell is not a transformer cell, or ``tokens`` are
-            not valid ids.
+        ValueError: the model is unrolled or its cell is not a transformer cell, ``tokens`` are
+            not valid ids, or ``max_steps`` or ``tol`` is out of its range (named, with the range).
 
     Example:
         >>> import jax.numpy as jnp
         >>> import numpy as np
         >>> from deqlab.lab.experiments.sequence import language_model as lm
         >>> model = lm.make_model(16, width=8, heads=2, seed=0, max_steps=30, tol=1e-2, embedding_std=1.0)
-        >>> out = lm.equilibrium_statistics(model, jnp.array([[1, 2, 3, 4], [5, 6, 7, 8]]))
+        >>> tokens = jnp.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+        >>> out = lm.equilibrium_statistics(model, tokens)
         >>> out["radius"].shape, out["converged"].shape, round(out["f_norm"][0] ** 2)
         ((2,), (2,), 32)
         >>> bool(np.all(out["residual"][out["converged"]] <= 1e-2))
         True
+        >>> lm.equilibrium_statistics(model, tokens, max_steps=1)["steps_mean"]   # the same program
+        1.0
     """
     from deqlab.nn.lm import _token_ids
     from deqlab.nn.transformer import TransformerCell
+    from deqlab.solvers import make_budget
 
     where = "sequence.language_model.equilibrium_statistics"
     if model.block.depth is not None or not isinstance(model.block.cell, TransformerCell):
         raise checks.fail("model", "a make_model language model in equilibrium mode (a TransformerCell, depth None)",
                           type(model.block.cell).__name__, where)
     tokens = _token_ids(jnp.asarray(tokens), model.vocab_size, "tokens", where)
-    (stats, converged, power, f_norm, residual, inject, state), z, x = _equilibrium_statistics(model, tokens)
+    deq = model.block.deq
+    dtype = deq.dtype or nnx.eval_shape(lambda m, t: m.embed(t), model, tokens).dtype  # the solve's dtype
+    # always the budget's arrays (the mode's own settings where none is given), checked here: a call
+    # with and one without max_steps / tol run one compiled program
+    budget = make_budget(deq.eval_solver if deq.deterministic else deq.solver, dtype, max_steps=max_steps, tol=tol,
+                         where=where)
+    (stats, converged, power, f_norm, residual, inject, state), z, x = _equilibrium_statistics(
+        model, tokens, budget.max_steps, budget.tol)
     stats, converged, power, f_norm, residual, inject, state = jax.device_get(
         (stats, converged, power, f_norm, residual, inject, state))
     if model.block.cell.width <= EXACT_RADIUS_WIDTH:  # exact, at the same iterate z (one solve, not two)
@@ -516,13 +534,14 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any) -> dict[str, Any]:
 
 
 @nnx.jit
-def _equilibrium_statistics(model, tokens):
+def _equilibrium_statistics(model, tokens, max_steps, tol):
     from deqlab import stability
     from deqlab.nn.lm import solver_stats
     from deqlab.solvers import Result
 
     x = model.embed(tokens)
-    z, sol = model.block.deq(x, return_solution=True)  # what model.block(x) solves, with its per-sequence result
+    # what model.block(x) solves (with this call's budget), with its per-sequence result
+    z, sol = model.block.deq(x, return_solution=True, max_steps=max_steps, tol=tol)
     stats, converged = solver_stats(sol), sol.result == Result.SUCCESS
     cell = model.block.cell
     power = stability.spectral_radius(lambda z, x: cell(z, x), z, x, key=jax.random.key(0), steps=RADIUS_STEPS,
