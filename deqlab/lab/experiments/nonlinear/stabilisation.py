@@ -163,7 +163,7 @@ def _program(remedy, in_features, n_batches, frozen_options):
     the rest of the state (the spectral norm's power iterate) is advanced after each step."""
     o = dict(frozen_options)
     # the graph and the state's structure only: an abstract model (nnx.eval_shape) makes no array and
-    # compiles no initialiser (the seeds' models are initialised in train_seeds)
+    # compiles no initialiser (the seeds' models are initialised in train_remedy)
     template = nnx.eval_shape(lambda: StabilisedClassifier(in_features, remedy=remedy, ensemble="gaussian", scale=1.0,
                                                            rngs=nnx.Rngs(0), **o))
     graphdef, params, rest = nnx.split(template, nnx.Param, ...)

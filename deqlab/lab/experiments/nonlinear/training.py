@@ -121,8 +121,8 @@ def _program(in_features, width, solver, tol, max_steps, batch_size, n_batches):
     """The graph of the model and the compiled, seed-vmapped epoch, shared by every (family,
     scale, learning rate): they differ only in the initial parameters and in a traced argument, so
     one compilation serves the whole grid. The graph is taken from an abstract template model
-    (``nnx.eval_shape``: no array is made and no initialiser compiled). Adam is ``optax.scale_by_adam`` times ``-learning_rate``,
-    which is ``optax.adam(learning_rate)``."""
+    (``nnx.eval_shape``: no array is made and no initialiser compiled). Adam is
+    ``optax.scale_by_adam`` times ``-learning_rate``, which is ``optax.adam(learning_rate)``."""
     template = nnx.eval_shape(lambda: EquilibriumClassifier(in_features, width=width, ensemble="gaussian", scale=1.0,
                                                             solver=solver, tol=tol, max_steps=max_steps,
                                                             rngs=nnx.Rngs(0)))

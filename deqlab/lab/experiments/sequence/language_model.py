@@ -465,11 +465,14 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any, *, max_steps: int | N
             :class:`deqlab.nn.TransformerCell`).
         tokens: int ``(batch, T)``.
         max_steps, tol: this call's iteration limit and tolerance (the layer's budget per call,
-            :class:`deqlab.nn.DEQ`): ``max_steps`` an integer in ``[1, cap]``, the cap being the
-            model's own limit in its current mode; ``tol`` a number > 0. None: the model's own. They
-            are traced, so calls that differ only in them share one compiled program (a model built
-            with other solver settings compiles its own); the matmul precision follows the model's
-            own tolerance.
+            :class:`deqlab.nn.DEQ`): ``max_steps`` an integer (or integer scalar array) in ``[1,
+            cap]``, the cap being the model's own limit in its current mode; ``tol`` a number > 0
+            (one below what the dtype can reach warns, :mod:`deqlab.precision`). None: the model's
+            own. They are traced, so calls that differ only in them share one compiled program (a
+            model built with other solver settings compiles its own). The matmul precision follows
+            the model's own tolerance: on a CPU the result is exactly that of a model built with
+            this budget; on a TPU, or a GPU whose default precision is TF32, a looser ``tol`` than
+            the model's still runs at the model's (higher) precision.
 
     Returns:
         ``converged_fraction`` and ``steps_mean`` of the solve; ``converged``: per sequence, whether
@@ -481,7 +484,7 @@ def equilibrium_statistics(model: nnx.Module, tokens: Any, *, max_steps: int | N
         at the same point, for comparison;
         ``f_norm``: per sequence, ``||f(z)||`` (``sqrt(T d)`` for a LayerNorm output without gain);
         ``residual``: per sequence, the relative residual ``||f(z) - z|| / ||f(z)||`` at z (at most
-        the model's tolerance where ``converged``);
+        this call's tolerance where ``converged``);
         ``inject_std``: the standard deviation of the injection's entries ``x W_x`` and
         ``state_std`` that of the state's contribution to the queries ``z W_Q``.
 
