@@ -12,7 +12,6 @@ from typing import Any, Callable
 import numpy as np
 
 from deqlab.lab.exercises._core import Check, Report, _array, _call, _require_callable, _time_limited
-from deqlab.theory import freeprob
 
 __all__ = ["check_stieltjes"]
 
@@ -59,6 +58,10 @@ def check_stieltjes(my_stieltjes: Callable[..., Any]) -> Report:
         blocks the references listed in ``exercises._forbid.FORBIDDEN["check_stieltjes"]``, and a
         call of one fails the check with "you were asked to write this yourself".
     """
+    # imported here, not with the module: deqlab.theory.freeprob loads scipy's optimize, linalg and special
+    # (0.5 s), which the other chapters' pages, importing every grader, do not need
+    from deqlab.theory import freeprob
+
     _require_callable(my_stieltjes, "my_stieltjes", "check_stieltjes")
     usage = "my_stieltjes(eigenvalues, z) -> complex array of z's shape, G_N at every point of z"
     rng = np.random.default_rng(0)
