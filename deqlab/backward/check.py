@@ -10,7 +10,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqlab import _eager, checks
+from deqlab import _draws, _eager, checks
 from deqlab import precision as precision_module
 from deqlab.backward.adjoint import adjoint_solve
 from deqlab.backward.api import fixed_point
@@ -178,7 +178,7 @@ def check_gradients(
     for k in jax.random.split(key, directions):
         keys = jax.random.split(k, len(leaves))
         v = jax.tree_util.tree_unflatten(
-            treedef, [jax.random.normal(kk, jnp.shape(x), jnp.result_type(x)) for kk, x in zip(keys, leaves)]
+            treedef, [_draws.normal(kk, jnp.shape(x), jnp.result_type(x)) for kk, x in zip(keys, leaves)]
         )
         v = jax.tree_util.tree_map(lambda x: x / _tree_norm(v), v)
         plus = jax.tree_util.tree_map(lambda a, d: a + eps * d, args, v)

@@ -47,6 +47,7 @@ MODULES = (
     "deqlab.ensembles",
     "deqlab.failures",
     "deqlab.checks",
+    "deqlab._draws",
     "deqlab.nonlinearities",
     "deqlab.nn",
     "deqlab.nn.deq",
