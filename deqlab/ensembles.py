@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqlab import checks
+from deqlab import _draws, checks
 
 __all__ = [
     "ENSEMBLES",
@@ -143,7 +143,7 @@ def _haar(key: jax.Array, rows: int, cols: int, dtype: Any) -> jax.Array:
     so that the rows are orthonormal instead.
     """
     big, small = max(rows, cols), min(rows, cols)
-    g = jax.random.normal(key, (big, small), dtype)
+    g = _draws.normal(key, (big, small), dtype)
     q, r = jnp.linalg.qr(g)  # reduced: q is (big, small)
     signs = jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)
     q = q * signs[None, :]
@@ -153,7 +153,7 @@ def _haar(key: jax.Array, rows: int, cols: int, dtype: Any) -> jax.Array:
 def _w0(name: str, key: jax.Array, rows: int, cols: int, dtype: Any) -> jax.Array:
     if name == "gaussian":
         # Variance 1/fan_in; for rows == cols == n this is Ginibre N(0, 1/n).
-        return jax.random.normal(key, (rows, cols), dtype) / jnp.sqrt(jnp.asarray(rows, dtype))
+        return _draws.normal(key, (rows, cols), dtype) / jnp.sqrt(jnp.asarray(rows, dtype))
     if name == "orthogonal":
         return _haar(key, rows, cols, dtype)
     # goe / antisymmetric (square, checked by callers). The upper triangle of a standard
@@ -163,7 +163,7 @@ def _w0(name: str, key: jax.Array, rows: int, cols: int, dtype: Any) -> jax.Arra
     # differently for (i, j) and (j, i), breaking symmetry in the last bit. Here
     # W0_ij = W0_ji (or -W0_ji) holds bitwise, in eager mode and under jit/vmap.
     n = rows
-    g = jax.random.normal(key, (n, n), dtype)
+    g = _draws.normal(key, (n, n), dtype)
     i = jnp.arange(n)[:, None]
     j = jnp.arange(n)[None, :]
     off = 1.0 / math.sqrt(n)

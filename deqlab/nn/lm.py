@@ -34,7 +34,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from deqlab import checks
+from deqlab import _draws, checks
 from deqlab.nn.deq import DEQ
 from deqlab.solvers import Result, relative_residual
 
@@ -340,7 +340,7 @@ class LanguageModel(nnx.Module):
         embed_options = {}
         if embedding_std is not None:
             embedding_std = checks.positive_number(embedding_std, "embedding_std", where)
-            embed_options["embedding_init"] = nnx.initializers.normal(embedding_std)
+            embed_options["embedding_init"] = _draws.normal_initializer(embedding_std)  # flax's normal, drawn flat
         self.embed = nnx.Embed(vocab_size, cell.in_features, param_dtype=param_dtype, rngs=rngs, **embed_options)
         self.block = EquilibriumBlock(cell, depth=depth, solver=solver, tol=tol, max_steps=max_steps,
                                       backward=backward, on_failure=on_failure, precision=precision,

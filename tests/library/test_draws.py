@@ -19,10 +19,17 @@ def test_flat_normal_draws_equal_jax_random_bit_for_bit(partitionable):
     previous = jax.config.jax_threefry_partitionable
     jax.config.update("jax_threefry_partitionable", partitionable)
     try:
-        ours, theirs = jax.jit(lambda key: (draws.normal(key, SHAPE, jnp.float32),
-                                            jax.random.normal(key, SHAPE, jnp.float32)))(jax.random.key(11))
+        # also vmapped over a batch of keys, as deqlab.ensembles draws one matrix per seed
+        ours, theirs, ours_batched, theirs_batched = jax.jit(lambda key, keys: (
+            draws.normal(key, SHAPE, jnp.float32), jax.random.normal(key, SHAPE, jnp.float32),
+            jax.vmap(lambda k: draws.normal(k, SHAPE[2:], jnp.float32))(keys),
+            jax.vmap(lambda k: jax.random.normal(k, SHAPE[2:], jnp.float32))(keys)))(
+            jax.random.key(11), jax.random.split(jax.random.key(12), 3))
     finally:
         jax.config.update("jax_threefry_partitionable", previous)
     assert ours.shape == theirs.shape == SHAPE and ours.dtype == theirs.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     assert np.unique(np.asarray(ours)).size == ours.size  # not a constant or repeated draw
+    assert ours_batched.shape == (3, *SHAPE[2:])
+    np.testing.assert_array_equal(np.asarray(ours_batched), np.asarray(theirs_batched))
+    assert np.unique(np.asarray(ours_batched)).size == ours_batched.size  # one draw per key
