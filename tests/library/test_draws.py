@@ -14,14 +14,13 @@ SHAPE = (2, 3, 5, 4)  # rank 4, where the shaped draw compiles slowly; odd sizes
 
 @pytest.mark.parametrize("partitionable", [True, False])
 def test_flat_draws_equal_jax_random_bit_for_bit(partitionable):
-    # the library swaps it in for jax.random.normal where a draw is a program's result (the denoising page's
-    # noise and filters, check_gradients' directions, the convolutional power iteration's start): any
-    # difference would change a seeded result
+    # the library swaps these in for jax.random's where a draw is a program's result (deqlab._draws' docstring
+    # lists where): any difference would change a seeded result
     previous = jax.config.jax_threefry_partitionable
     jax.config.update("jax_threefry_partitionable", partitionable)
     try:
-        # also vmapped over a batch of keys, as deqlab.ensembles draws one matrix per seed
-        # and the integers of data.copy_memory's symbols (a range that is not a power of two: 1 to 8 of 1..10)
+        # also vmapped over a batch of keys, as deqlab.ensembles draws one matrix per seed; and integers as
+        # data.copy_memory draws its symbols, over 10 values (not a power of two, so not a mere bit mask)
         ours, theirs, ours_batched, theirs_batched, ours_int, theirs_int = jax.jit(lambda key, keys: (
             draws.normal(key, SHAPE, jnp.float32), jax.random.normal(key, SHAPE, jnp.float32),
             jax.vmap(lambda k: draws.normal(k, SHAPE[2:], jnp.float32))(keys),
