@@ -85,6 +85,7 @@ __all__ = [
     "hidden_variance",
     "spectral_radius",
     "critical_scale",
+    "scale_for_rate",
     "picard_rate",
     "picard_nfe",
 ]
@@ -572,7 +573,7 @@ def critical_scale(phi: str, ensemble: str, sigma_x2: float = 1.0, mean_x: float
     The predicted onset of instability of the fixed point. Linear: 1 (Ginibre, orthogonal) and
     1/2 (GOE); ReLU: ``sqrt(2)`` and ``1/sqrt(2)`` (``r^2 = V/2``, ``2 sqrt(V/2)``). Otherwise a
     geometric scan of ``sqrt(V)`` (steps of 1.25) up to ``scale_max`` and Brent's method on the
-    first crossing of ``r = 1``.
+    first crossing of ``r = 1``: :func:`scale_for_rate` at ``rate = 1``.
 
     Args:
         phi: one of :data:`PHIS`.
@@ -592,7 +593,50 @@ def critical_scale(phi: str, ensemble: str, sigma_x2: float = 1.0, mean_x: float
         >>> round(meanfield.critical_scale("relu", "goe"), 6)
         0.707107
     """
-    where = "theory.meanfield.critical_scale"
+    return _scale_for_rate(phi, ensemble, 1.0, sigma_x2, mean_x, scale_max, "theory.meanfield.critical_scale")
+
+
+def scale_for_rate(phi: str, ensemble: str, rate: float, sigma_x2: float = 1.0, mean_x: float = 0.0,
+                   scale_max: float = 20.0) -> float:
+    """The ``sqrt(V)`` at which :func:`spectral_radius`, Picard's asymptotic rate (001 Eq. 29),
+    reaches ``rate``; :func:`critical_scale` is ``rate = 1``.
+
+    A Picard solve within ``T`` steps to a tolerance ``tol`` needs ``r < tol^(1/T)``, so
+    ``scale_for_rate(phi, ensemble, tol ** (1 / T))`` is the largest ``sqrt(V)`` such a budget
+    allows. Linear: ``rate`` (Ginibre, orthogonal) and ``rate / 2`` (GOE); ReLU: ``sqrt(2) rate``
+    and ``rate / sqrt(2)``. Otherwise the radius grows with ``sqrt(V)`` (checked on a grid in the
+    tests): a geometric scan of ``sqrt(V)`` (steps of 1.25) up to ``scale_max`` and Brent's method
+    on the first crossing, a few dozen evaluations of the radius where a scan of a fine grid
+    would take hundreds.
+
+    Args:
+        phi: one of :data:`PHIS`.
+        ensemble: one of :data:`ENSEMBLES`.
+        rate: the rate ``r``, > 0.
+        sigma_x2: ``(1/N) x . x``; > 0 for the bounded nonlinearities.
+        mean_x: ``(1/N) 1^T x``, with ``mean_x^2 <= sigma_x2``.
+        scale_max: the largest ``sqrt(V)`` searched, > 0.
+
+    Returns:
+        The ``sqrt(V)``, a Python float.
+
+    Raises:
+        ValueError: arguments out of range (named), or no crossing below ``scale_max``.
+
+    Example:
+        >>> from deqlab.theory import meanfield
+        >>> meanfield.scale_for_rate("linear", "goe", 0.5)
+        0.25
+        >>> scale = meanfield.scale_for_rate("tanh", "gaussian", 1e-8 ** (1 / 300))  # 300 steps to 1e-8
+        >>> round(meanfield.picard_rate("tanh", "gaussian", scale**2), 6), round(1e-8 ** (1 / 300), 6)
+        (0.940445, 0.940445)
+    """
+    where = "theory.meanfield.scale_for_rate"
+    rate = checks.positive_number(rate, "rate", where)
+    return _scale_for_rate(phi, ensemble, rate, sigma_x2, mean_x, scale_max, where)
+
+
+def _scale_for_rate(phi, ensemble, rate, sigma_x2, mean_x, scale_max, where) -> float:
     nl = nonlinearity(phi, where)
     ensemble = _ensemble(ensemble, where)
     s, m = _input(sigma_x2, mean_x, where)
@@ -604,24 +648,24 @@ def critical_scale(phi: str, ensemble: str, sigma_x2: float = 1.0, mean_x: float
     scale_max = checks.positive_number(scale_max, "scale_max", where)
     goe = 2.0 if ensemble == "goe" else 1.0
     if nl.name == "linear":
-        return 1 / goe
+        return rate / goe
     if nl.name == "relu":
-        return math.sqrt(2) / goe
+        return math.sqrt(2) * rate / goe
 
     def excess(scale):
-        return spectral_radius(nl.name, ensemble, scale * scale, s, m) - 1.0
+        return spectral_radius(nl.name, ensemble, scale * scale, s, m) - rate
 
     # r grows with sqrt(V) for these phi (checked on a grid in the tests): step up geometrically
-    # from a scale where r < 1 and refine the first bracket by Brent's method.
+    # from a scale where r < rate and refine the first bracket by Brent's method.
     low = scale_max * 2.0**-20
     if excess(low) >= 0:
-        raise ValueError(f"{where}: the predicted spectral radius is >= 1 already at sqrt(V) = {low:g}")
+        raise ValueError(f"{where}: the predicted spectral radius is >= {rate:g} already at sqrt(V) = {low:g}")
     while low < scale_max:
         high = min(low * 1.25, scale_max)
         if excess(high) >= 0:
             return float(scipy.optimize.brentq(excess, low, high, xtol=1e-12, rtol=1e-12))
         low = high
-    raise ValueError(f"{where}: the predicted spectral radius stays below 1 for sqrt(V) <= {scale_max:g}; "
+    raise ValueError(f"{where}: the predicted spectral radius stays below {rate:g} for sqrt(V) <= {scale_max:g}; "
                      "`scale_max` must be larger")
 
 

@@ -291,6 +291,21 @@ def test_critical_scale_puts_radius_at_one_and_radius_grows(ensemble):
     assert mf.critical_scale("linear", ensemble) == (0.5 if ensemble == "goe" else 1.0)
 
 
+def test_scale_for_rate_inverts_the_rate():
+    # the rate at the returned scale is the target (Brent's tolerance 1e-12 in sqrt(V)): tanh at chapter 3 page 3's
+    # budget threshold (300 Picard steps to 1e-8) for its two ensembles, hard tanh's GOE edge far below it; rate 1 is
+    # critical_scale, the same computation; the closed forms of linear and ReLU scale with the rate
+    budget = 1e-8 ** (1 / 300)
+    for phi, ensemble, rate in (("tanh", "gaussian", budget), ("tanh", "orthogonal", budget), ("hard_tanh", "goe", 0.3)):
+        scale = mf.scale_for_rate(phi, ensemble, rate)
+        assert mf.picard_rate(phi, ensemble, scale * scale) == pytest.approx(rate, abs=1e-10), (phi, ensemble)
+    assert mf.scale_for_rate("hard_tanh", "goe", 1.0) == mf.critical_scale("hard_tanh", "goe")
+    for phi in ("linear", "relu"):
+        for ensemble in mf.ENSEMBLES:
+            assert mf.scale_for_rate(phi, ensemble, 0.5) == pytest.approx(0.5 * mf.critical_scale(phi, ensemble),
+                                                                          rel=1e-15)
+
+
 # ---------------------------------------------------------------------------------------------
 # Theory against simulated DEQs
 # ---------------------------------------------------------------------------------------------
@@ -473,6 +488,8 @@ def test_picard_nfe_forward_and_backward(phi, ensemble):
     (lambda: mf.picard_nfe("hard_tanh", "goe", 1.0, 1e-6), "`V` must be below the critical variance"),
     (lambda: mf.critical_scale("tanh", "gaussian", scale_max=1.0), "`scale_max` must be larger"),
     (lambda: mf.critical_scale("erf", "gaussian", sigma_x2=0.0), "`sigma_x2` must be > 0 for 'erf'"),
+    (lambda: mf.scale_for_rate("tanh", "gaussian", 0.0), "`rate` must be a finite real number > 0"),
+    (lambda: mf.scale_for_rate("tanh", "gaussian", 2.0, scale_max=5.0), "`scale_max` must be larger"),
     (lambda: mf.gaussian_moments("erf", -1.0), "`q` must be a finite real number >= 0"),
 ])
 def test_bad_arguments_raise_naming_the_range(call, match):
