@@ -31,6 +31,8 @@ matrix, or a GOE matrix of off-diagonal variance ``V/N`` (semicircle of radius `
   D^{1/2}``, ``D = diag(phi'(h))`` free from ``W`` (001 §3.2, App. C.1); for hard tanh (and ReLU,
   linear) ``2 sqrt(V p)``, ``p = P(phi'(h) = 1)`` (001 Eq. 124).
 - :func:`critical_scale`: the ``sqrt(V)`` at which that radius reaches 1 (001 §3.2, Fig. 4).
+- :func:`scale_for_rate`: the ``sqrt(V)`` at which it reaches a given rate, e.g. a step budget's
+  ``tol^(1/T)`` (Picard within ``T`` steps to ``tol`` needs ``r < tol^(1/T)``).
 - :func:`picard_rate`, :func:`picard_nfe`: the linear convergence rate of Picard iteration near
   ``h*`` and the number of steps to a tolerance, ``log(tol) / log(r)``, forward and adjoint.
 
@@ -604,10 +606,13 @@ def scale_for_rate(phi: str, ensemble: str, rate: float, sigma_x2: float = 1.0, 
     A Picard solve within ``T`` steps to a tolerance ``tol`` needs ``r < tol^(1/T)``, so
     ``scale_for_rate(phi, ensemble, tol ** (1 / T))`` is the largest ``sqrt(V)`` such a budget
     allows. Linear: ``rate`` (Ginibre, orthogonal) and ``rate / 2`` (GOE); ReLU: ``sqrt(2) rate``
-    and ``rate / sqrt(2)``. Otherwise the radius grows with ``sqrt(V)`` (checked on a grid in the
-    tests): a geometric scan of ``sqrt(V)`` (steps of 1.25) up to ``scale_max`` and Brent's method
-    on the first crossing, a few dozen evaluations of the radius where a scan of a fine grid
-    would take hundreds.
+    and ``rate / sqrt(2)`` (closed forms, whatever ``scale_max``; at ``rate >= 1`` the scale is
+    past Picard's stability edge, where Eq. 25 has no fixed point). Otherwise a geometric scan of
+    ``sqrt(V)`` (steps of 1.25, from below ``rate / 2``, where ``r <= 2 sqrt(V)`` since
+    ``0 <= phi' <= 1``) up to ``scale_max`` and Brent's method on the first crossing: a few dozen
+    evaluations of the radius where a scan of a fine grid would take hundreds. The radius grows
+    with ``sqrt(V)`` (checked on a grid in the tests for hard tanh, erf and, with Gaussian and
+    orthogonal weights, tanh), so the first crossing is the only one.
 
     Args:
         phi: one of :data:`PHIS`.
@@ -615,13 +620,14 @@ def scale_for_rate(phi: str, ensemble: str, rate: float, sigma_x2: float = 1.0, 
         rate: the rate ``r``, > 0.
         sigma_x2: ``(1/N) x . x``; > 0 for the bounded nonlinearities.
         mean_x: ``(1/N) 1^T x``, with ``mean_x^2 <= sigma_x2``.
-        scale_max: the largest ``sqrt(V)`` searched, > 0.
+        scale_max: the largest ``sqrt(V)`` searched (bounded ``phi``), > 0.
 
     Returns:
         The ``sqrt(V)``, a Python float.
 
     Raises:
-        ValueError: arguments out of range (named), or no crossing below ``scale_max``.
+        ValueError: arguments out of range (named), or, for a bounded ``phi``, no crossing below
+            ``scale_max``.
 
     Example:
         >>> from deqlab.theory import meanfield
@@ -657,7 +663,9 @@ def _scale_for_rate(phi, ensemble, rate, sigma_x2, mean_x, scale_max, where) -> 
 
     # r grows with sqrt(V) for these phi (checked on a grid in the tests): step up geometrically
     # from a scale where r < rate and refine the first bracket by Brent's method.
-    low = scale_max * 2.0**-20
+    # below rate / (2 goe) the radius is below the rate (r <= goe sqrt(V), as 0 <= phi' <= 1); at rate 1 the start
+    # is critical_scale's, scale_max 2^-20, for every scale_max below 2^18
+    low = min(scale_max * 2.0**-20, rate / (2 * goe))
     if excess(low) >= 0:
         raise ValueError(f"{where}: the predicted spectral radius is >= {rate:g} already at sqrt(V) = {low:g}")
     while low < scale_max:
