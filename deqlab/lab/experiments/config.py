@@ -115,9 +115,9 @@ def _echo_text(value: Any, limit: int = 120) -> str:
 def glue(name: str, value: Any, display: bool = False) -> None:
     """Store ``value`` under ``name`` for the prose (``{glue:text}`name:.3f```), readable everywhere.
 
-    On the book's site the prose shows the value where it references ``name``, through
-    :func:`myst_nb.glue` (``display=False``: not under the cell). Elsewhere the same notebook must
-    read well too:
+    On the book's site the prose shows the value where it references ``name``: the cell's output
+    carries the record :func:`myst_nb.glue` writes (``display=False``: not under the cell), made
+    by :func:`_glue_record`. Elsewhere the same notebook must read well too:
 
     - without ``myst_nb`` installed (Colab, a plain Jupyter or JupyterHub, Kaggle: myst-nb is only
       in deqlab's ``book`` extra) nothing is stored and no ImportError is raised;
@@ -136,10 +136,39 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     """
     value = plain_number(value)
     try:
-        from myst_nb import glue as myst_glue  # the book extra; deqlab itself does not need myst-nb
+        import myst_nb  # noqa: F401  the book extra (deqlab itself does not need myst-nb); a small module
+        stored = True
     except ImportError:
-        myst_glue = None
-    if myst_glue is not None:
-        myst_glue(name, value, display=display)
-    if not os.environ.get(BOOK_BUILD_ENV) and not (display and myst_glue is not None):
+        stored = False
+    if stored:
+        _glue_record(name, value, display=display)
+    if not os.environ.get(BOOK_BUILD_ENV) and not (display and stored):
         print(f"{name} = {_echo_text(value)}")
+
+
+_GLUE_PREFIX = "application/papermill.record/"
+"""The MIME-type prefix of a value stored for the prose but not shown (myst-nb's ``GLUE_PREFIX``)."""
+
+
+def _glue_record(name: str, value: Any, display: bool = False) -> None:
+    """Display the record :func:`myst_nb.glue` displays, without importing ``myst_nb.ext.glue``.
+
+    That module imports ``nbformat`` (for a type hint), whose validator loads jsonschema's format
+    checkers, and with them ``rfc3987_syntax``, which builds a grammar when it is imported: the
+    first ``myst_nb.glue`` of every notebook kernel took 1.9 s (2-core machine), once per page of
+    the book. The record is myst-nb's glue format: ``value``'s MIME bundle, each type prefixed with
+    ``_GLUE_PREFIX`` unless ``display``, and ``{"scrapbook": {"name", "mime_prefix"}}`` in the
+    metadata; ``tests/lab/test_experiments_config.py`` checks it against the installed myst-nb's.
+
+    Args:
+        name: Key referenced from the prose.
+        value: Any object IPython can format.
+        display: Also show the value under the cell (no prefix).
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as ipython_display
+
+    bundle, metadata = format_display_data(value)
+    prefix = "" if display else _GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    ipython_display({prefix + kind: data for kind, data in bundle.items()}, raw=True, metadata=metadata)
