@@ -135,7 +135,9 @@ def test_glue_echo_is_silent_in_the_book_build_and_stores_the_record(monkeypatch
 def test_glue_record_is_the_record_myst_nb_glue_writes(monkeypatch):
     # deqlab's glue writes myst-nb's record itself (importing myst_nb.ext.glue costs every kernel 1.9 s: see
     # config._glue_record); this holds it to the installed myst-nb's, for the kinds of value the pages glue
-    myst_glue = pytest.importorskip("myst_nb.ext.glue", reason="myst-nb (deqlab's book extra) is not installed")
+    myst_glue = pytest.importorskip("myst_nb.ext.glue",
+                                    reason="myst-nb (deqlab's book extra) is not installed; the floor environment of "
+                                           ".ci/run, like Colab, has none, and CI's main test phase runs this check")
     from deqlab.lab.experiments import config
 
     shown = _capture_display(monkeypatch)
