@@ -118,13 +118,52 @@ _CIFAR10_FOLDERS = ("cifar-10-batches-py", "cifar10")  # the archive's folder, t
 _PIXEL_MAX = 255.0  # 8-bit images: both the sample JPEGs and CIFAR-10
 
 
+def _sklearn_data_file(*parts: str) -> Path | None:
+    """A data file scikit-learn ships (``sklearn/datasets/<parts>``), found without importing
+    ``sklearn.datasets``; None if scikit-learn or the file is absent."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package; runs none of its code
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations)), "datasets", *parts)
+    return path if path.is_file() else None
+
+
+def _sample_images_sklearn() -> list[np.ndarray]:
+    # The JPEGs sklearn.datasets.load_sample_images decodes (sorted by name: china, flower), decoded
+    # the same way (Pillow, np.asarray) without importing sklearn.datasets (as _digits_sklearn)
+    folder = _sklearn_data_file("images", "china.jpg")
+    if folder is None:
+        from sklearn.datasets import load_sample_images  # bundled JPEGs (Pillow decodes them)
+
+        return list(load_sample_images().images)
+    from PIL import Image
+
+    images = []
+    for path in sorted(folder.parent.glob("*.jpg")):
+        with Image.open(path) as image:
+            images.append(np.asarray(image))
+    return images
+
+
 @functools.lru_cache(maxsize=None)
 def _digits_sklearn() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits as _sk_load_digits  # bundled data, no download
+    # The CSV that sklearn.datasets.load_digits parses (64 pixel columns, then the label), read
+    # directly: importing sklearn.datasets (scikit-learn's estimators' machinery) took 0.57 s of a
+    # page's first call, after jax and scipy.stats (2-core machine); the arrays are the same
+    # (tests/lab/test_data.py compares them with load_digits'). Elsewhere, scikit-learn's own loader.
+    path = _sklearn_data_file("data", "digits.csv.gz")
+    if path is not None:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+        pixels, labels = table[:, :-1], table[:, -1]
+    else:
+        from sklearn.datasets import load_digits as _sk_load_digits  # bundled data, no download
 
-    bunch = _sk_load_digits()
-    x = np.asarray(bunch.data, dtype=np.float32) / np.float32(_DIGITS_MAX_PIXEL)
-    y = np.asarray(bunch.target, dtype=np.int32)
+        bunch = _sk_load_digits()
+        pixels, labels = bunch.data, bunch.target
+    x = np.asarray(pixels, dtype=np.float32) / np.float32(_DIGITS_MAX_PIXEL)
+    y = np.asarray(labels, dtype=np.int32)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
@@ -327,10 +366,8 @@ def load_mnist(
 
 @functools.lru_cache(maxsize=None)
 def _sample_image_patches(size: int) -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_sample_images  # bundled JPEGs (Pillow decodes them)
-
     patches, labels = [], []
-    for label, image in enumerate(load_sample_images().images):
+    for label, image in enumerate(_sample_images_sklearn()):
         h, w = image.shape[0] // size, image.shape[1] // size
         # A non-overlapping grid of tiles: no pixel is in two patches, so a train/test split of
         # the patches is a split of the pixels (no test pixel was seen in training).

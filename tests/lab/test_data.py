@@ -56,6 +56,27 @@ def test_train_test_partition_the_dataset():
         assert all(counts[r] > 1 for r in shared)
 
 
+def test_digits_read_from_the_bundled_csv_are_scikit_learns(monkeypatch):
+    # _digits_sklearn reads the CSV scikit-learn ships instead of importing sklearn.datasets (0.57 s
+    # a page); the arrays, in order, must be load_digits' own, and so must the fallback's (no file)
+    from sklearn.datasets import load_digits as sk_load
+
+    from deqlab.lab import data
+
+    bunch = sk_load()
+    expected = (np.asarray(bunch.data / 16.0, np.float32), np.asarray(bunch.target, np.int32))
+    assert data._sklearn_data_file("data", "digits.csv.gz") is not None  # the fast path is the one taken here
+    for fast in (True, False):
+        data._digits_sklearn.cache_clear()
+        if not fast:
+            monkeypatch.setattr(data, "_sklearn_data_file", lambda *parts: None)
+        x, y = data._digits_sklearn()
+        np.testing.assert_array_equal(x, expected[0])
+        np.testing.assert_array_equal(y, expected[1])
+        assert x.dtype == np.float32 and y.dtype == np.int32 and not x.flags.writeable
+    data._digits_sklearn.cache_clear()
+
+
 def test_deterministic():
     a = load_digits(split="train", seed=7)
     b = load_digits(split="train", seed=7)

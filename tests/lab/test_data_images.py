@@ -53,6 +53,26 @@ def test_patches_are_the_tiles_of_the_sample_images():
             assert (label, (tile.astype(np.float32) / np.float32(255)).tobytes()) in keys
 
 
+def test_sample_images_read_from_the_bundled_jpegs_are_scikit_learns(monkeypatch):
+    # the patches' photographs are decoded from the JPEGs scikit-learn ships, without importing
+    # sklearn.datasets; they must be load_sample_images' arrays, in its order, and so must the
+    # fallback's (no file found: scikit-learn's loader)
+    from sklearn.datasets import load_sample_images
+
+    from deqlab.lab import data
+
+    expected = load_sample_images().images
+    assert data._sklearn_data_file("images", "china.jpg") is not None  # the fast path is the one taken here
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(data, "_sklearn_data_file", lambda *parts: None)
+        images = data._sample_images_sklearn()
+        assert len(images) == len(expected) == 2
+        for mine, theirs in zip(images, expected):
+            assert mine.dtype == theirs.dtype == np.uint8
+            np.testing.assert_array_equal(mine, theirs)
+
+
 def test_patches_deterministic_and_seeded():
     a = load_image_patches(split="test", seed=3)
     b = load_image_patches(split="test", seed=3)

@@ -148,7 +148,7 @@ def test_prepare_corpus(tiny_corpus):
 
 
 @pytest.mark.slow  # training (and its compilation) on a 2-core CPU
-def test_language_model_resumes_exactly(tmp_path, tiny_corpus):
+def test_language_model_resumes_exactly(tmp_path, tiny_corpus, compile_counter):
     config = {**TINY, "eval_every": 2}
     whole = lm.train_language_model(config, tmp_path / "a", corpus=tiny_corpus)
     assert whole["resumed_from"] == 0 and len(whole["loss"]) == 6 and np.all(np.isfinite(whole["loss"]))
@@ -156,7 +156,11 @@ def test_language_model_resumes_exactly(tmp_path, tiny_corpus):
     assert all(1 <= s <= 4 for s in whole["steps_mean"])
     # interrupted after 3 steps (a checkpoint at 3), then resumed: the same run
     assert lm.train_language_model(config, tmp_path / "b", corpus=tiny_corpus, stop_after=3) is None
-    resumed = lm.train_language_model(config, tmp_path / "b", corpus=tiny_corpus)
+    with compile_counter() as counted:
+        resumed = lm.train_language_model(config, tmp_path / "b", corpus=tiny_corpus)
+    # the same schedule, the same optimiser transformation: every program of the first run is reused
+    # (a fresh optax chain per run made train_step's cache key new: traced and compiled again)
+    assert counted.programs == 0, counted.programs
     assert resumed["resumed_from"] == 3
     np.testing.assert_allclose(resumed["loss"], whole["loss"], rtol=1e-5)
     assert resumed["validation_loss"] == pytest.approx(whole["validation_loss"], rel=1e-5)

@@ -410,6 +410,47 @@ def test_root_following_reports_failure():
         fp.follow_roots(lambda x, z: x * np.conj(x) + 1, lambda z: 1 / z, np.array([1.0]), 1e-3, max_newton=5)
 
 
+def test_root_following_skips_the_argument_checks_only_inside_and_changes_no_number(monkeypatch):
+    # follow_roots evaluates transforms at its own iterates without the spectral-variable checks
+    # (transforms._CHECKING); the densities must be those computed with every check run, bit for bit,
+    # and the checks must be back on afterwards, also when f raises inside the walk
+    from deqlab.theory.freeprob import spectra, transforms
+
+    def densities():
+        lam = np.geomspace(0.05, 4.0, 7)
+        return [fp.jacobian_density("erf", "gaussian", depth=2, q_star=0.5, lam=lam).density,
+                fp.jacobian_density("hard_tanh", "orthogonal", depth=3, q_star=1.0, lam=lam).density,
+                fp.Bernoulli(0.4).stieltjes(np.array([0.3 + 1e-3j]))]
+
+    skipped = densities()
+
+    class AlwaysChecking:  # a stand-in for the context variable that keeps every check on
+        def get(self):
+            return True
+
+        def set(self, value):
+            return None
+
+        def reset(self, token):
+            pass
+
+    with monkeypatch.context() as m:
+        m.setattr(transforms, "_CHECKING", AlwaysChecking())
+        m.setattr(spectra, "_CHECKING", AlwaysChecking())
+        checked = densities()
+    for a, b in zip(skipped, checked):
+        np.testing.assert_array_equal(a, b)
+
+    def raising(x, z):
+        raise RuntimeError("inside the walk")
+
+    with pytest.raises(RuntimeError, match="inside the walk"):
+        fp.follow_roots(raising, lambda z: 1 / z, np.array([1.0]), 1e-3)
+    assert transforms._CHECKING.get()
+    with pytest.raises(ValueError, match="off the support"):
+        fp.Semicircle(1.0).stieltjes(np.array([0.5 + 0j]))  # on the cut: refused again
+
+
 # ------------------------------------------- 001 App. C, chapter 2 page 4 (equilibrium networks)
 
 
